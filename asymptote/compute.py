@@ -1,0 +1,71 @@
+"""Compute accounting: each instance's cumulative accelerator time.
+
+The curve's x-axis is training compute in accelerator-seconds (the paper's
+GPU-hours), generators plus learner. Each instance publishes its own
+cumulative total (wall seconds x devices held since it started, and the busy
+part of it); the fitter sums the latest total of every instance ever seen,
+which integrates over a changing number of generators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.js import JetStreamContext
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.streams import Names
+
+log = logging.getLogger(__name__)
+
+
+class ComputeMeter:
+    """Accumulates one instance's device time and publishes it."""
+
+    def __init__(self, service: str, instance_id: str, device_kind: str, num_devices: int) -> None:
+        self.service = service
+        self.instance_id = instance_id
+        self.device_kind = device_kind
+        self.num_devices = num_devices
+        self._start = time.monotonic()
+        self.busy_seconds = 0.0
+        self.num_tokens = 0
+        self.policy_version = 0
+
+    def add_busy(self, seconds: float, num_tokens: int = 0) -> None:
+        self.busy_seconds += seconds
+        self.num_tokens += num_tokens
+
+    def snapshot(self) -> rollout_pb2.ComputeTelemetry:
+        return rollout_pb2.ComputeTelemetry(
+            service=self.service,
+            instance_id=self.instance_id,
+            device_kind=self.device_kind,
+            num_devices=self.num_devices,
+            device_seconds_total=(time.monotonic() - self._start) * self.num_devices,
+            busy_seconds_total=self.busy_seconds,
+            unix_s=time.time(),
+            policy_version=self.policy_version,
+            num_tokens_total=self.num_tokens,
+        )
+
+    async def publish(self, js: JetStreamContext, names: Names) -> None:
+        await js.publish(names.telemetry, self.snapshot().SerializeToString())
+
+    async def run(self, js: JetStreamContext, names: Names, stop: asyncio.Event, interval_s: float) -> None:
+        """Publish every ``interval_s`` until stop, then once more."""
+        while not stop.is_set():
+            try:
+                await self.publish(js, names)
+            except Exception as exc:  # monitoring must not kill the service
+                log.warning("compute telemetry not published: %s", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+        try:
+            await self.publish(js, names)
+        except Exception as exc:
+            log.warning("final compute telemetry not published: %s", exc)

@@ -1,0 +1,179 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    TASK_KIND_TRAIN: _ClassVar[TaskKind]
+    TASK_KIND_EVAL: _ClassVar[TaskKind]
+TASK_KIND_UNSPECIFIED: TaskKind
+TASK_KIND_TRAIN: TaskKind
+TASK_KIND_EVAL: TaskKind
+
+class SamplingParams(_message.Message):
+    __slots__ = ("num_samples", "temperature", "top_p", "max_tokens", "seed")
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    num_samples: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    def __init__(self, num_samples: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerationTask(_message.Message):
+    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EVAL_NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    kind: TaskKind
+    task_name: str
+    prompt_id: str
+    prompt: str
+    reference: str
+    sampling: SamplingParams
+    issued_at_version: int
+    issued_unix_s: float
+    epoch: int
+    eval_id: str
+    eval_num_prompts: int
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("version", "start", "end")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    start: int
+    end: int
+    def __init__(self, version: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    reward: float
+    truncated: bool
+    finish_reason: str
+    text: str
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RolloutGroup(_message.Message):
+    __slots__ = ("group_id", "task", "prompt_token_ids", "completions", "generator_id", "started_unix_s", "finished_unix_s", "min_version", "max_version")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    task: GenerationTask
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    generator_id: str
+    started_unix_s: float
+    finished_unix_s: float
+    min_version: int
+    max_version: int
+    def __init__(self, group_id: _Optional[str] = ..., task: _Optional[_Union[GenerationTask, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., generator_id: _Optional[str] = ..., started_unix_s: _Optional[float] = ..., finished_unix_s: _Optional[float] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
+
+class EvalResult(_message.Message):
+    __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CORRECT_FIELD_NUMBER: _ClassVar[int]
+    EVAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    eval_id: str
+    task_id: str
+    prompt_id: str
+    num_samples: int
+    num_correct: int
+    eval_version: int
+    min_version: int
+    max_version: int
+    eval_num_prompts: int
+    generator_id: str
+    finished_unix_s: float
+    num_tokens: int
+    def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class PolicyVersion(_message.Message):
+    __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    weights_endpoint: str
+    sha256: str
+    num_bytes: int
+    num_tensors: int
+    published_unix_s: float
+    samples_trained: int
+    def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., sha256: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ...) -> None: ...
+
+class ComputeTelemetry(_message.Message):
+    __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    instance_id: str
+    device_kind: str
+    num_devices: int
+    device_seconds_total: float
+    busy_seconds_total: float
+    unix_s: float
+    policy_version: int
+    num_tokens_total: int
+    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ...) -> None: ...

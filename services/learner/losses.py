@@ -1,0 +1,158 @@
+"""RL losses and advantages as small pure functions.
+
+Owns the maths of RECIPE.md sections 1 and 2: group-centred advantages with
+their normalisation, the zero-variance mask, and the policy-gradient losses
+with their token aggregation. Knows nothing about batching, models or the
+wire: inputs are padded tensors, outputs a scalar loss and float metrics.
+
+Shapes used throughout:
+  N completions, padded to T tokens; ``mask[n, t]`` is 1 where token t of
+  completion n is in the loss (real, not padding, not injected);
+  ``prompt_index[n]`` in [0, P) says which prompt group completion n belongs
+  to; ``advantages[n]`` is that completion's advantage.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["prompt", "sample", "token"]
+Normalization = Literal["batch", "group", "none"]
+
+# exp() of a log-ratio beyond +-20 overflows float32 usefulness (e^20 ~ 5e8)
+# and only arises from numerically broken tokens; clamping keeps one bad
+# token from producing inf/NaN gradients for the whole batch.
+LOG_RATIO_CLAMP = 20.0
+
+_STD_FLOOR = 1e-8
+
+
+def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
+    """[P, G] rewards -> [P] bool, True where the group's rewards are not all equal.
+
+    Tests "all equal" rather than "0 < mean < 1" so {-1, +1} rewards work.
+    """
+    return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def group_advantages(
+    rewards: torch.Tensor, normalization: Normalization = "batch"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL, RECIPE 1).
+
+    ``normalization``: "batch" divides by the std of all advantages of the
+    kept prompts (ScaleRL default), "group" by each group's own std (GRPO),
+    "none" leaves them centred (Dr. GRPO). Returns ([P, G] advantages with
+    zero rows for zero-variance prompts, [P] keep mask).
+    """
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [num_prompts, group_size], got shape {tuple(rewards.shape)}")
+    rewards = rewards.to(torch.float64) if rewards.dtype == torch.float64 else rewards.float()
+    keep = zero_variance_mask(rewards)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if normalization == "batch":
+        kept = centred[keep]
+        # A std of zero only happens when no prompt is kept; the floor keeps
+        # the division finite and the (all-zero) advantages unchanged.
+        std = kept.std(unbiased=False) if kept.numel() > 1 else centred.new_tensor(1.0)
+        centred = centred / std.clamp_min(_STD_FLOOR)
+    elif normalization == "group":
+        std = centred.std(dim=1, unbiased=False, keepdim=True)
+        centred = centred / std.clamp_min(_STD_FLOOR)
+    elif normalization != "none":
+        raise ValueError(f"normalization must be 'batch', 'group' or 'none', got {normalization!r}")
+    return centred * keep[:, None], keep
+
+
+def aggregate(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    aggregation: Aggregation = "prompt",
+) -> torch.Tensor:
+    """Reduce masked per-token losses [N, T] to a scalar (RECIPE 2).
+
+    "prompt": per prompt, sum over all its completions' tokens divided by the
+    prompt's token count, then mean over prompts present (ScaleRL default).
+    "sample": mean over tokens of each completion, then mean over completions.
+    "token": mean over all loss tokens of the batch.
+    """
+    mask = mask.to(token_loss.dtype)
+    masked = token_loss * mask
+    if aggregation == "token":
+        return masked.sum() / mask.sum().clamp_min(1.0)
+    if aggregation == "sample":
+        per_sample = masked.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+        return per_sample.mean()
+    if aggregation == "prompt":
+        num_prompts = int(prompt_index.max().item()) + 1 if prompt_index.numel() else 0
+        loss_sums = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, masked.sum(dim=1))
+        token_counts = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, mask.sum(dim=1))
+        present = token_counts > 0
+        return (loss_sums[present] / token_counts[present]).mean()
+    raise ValueError(f"aggregation must be 'prompt', 'sample' or 'token', got {aggregation!r}")
+
+
+def log_ratio(logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
+    """Clamped ``logp - logp_gen`` (see LOG_RATIO_CLAMP for why)."""
+    return (logp - logp_gen).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def cispo_loss(
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    eps_max: float = 4.0,
+    aggregation: Aggregation = "prompt",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585; ScaleRL arXiv 2510.13786).
+
+    Per token ``-sg(min(rho, eps_max)) * A * logp`` with
+    ``rho = exp(logp - logp_gen)`` taken against the generator's log-probs,
+    so the truncated importance-sampling correction is folded in.
+    ``eps_max`` caps the weight itself (ScaleRL's convention: eps_max = 4
+    equals ``1 + eps_high`` with eps_high = 3 in the MiniMax/verl notation).
+    """
+    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
+    ratio = torch.exp(log_ratio(logp.detach(), logp_gen))
+    weight = ratio.clamp(max=eps_max)
+    token_loss = -weight * advantages[:, None] * logp
+    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    return loss, ratio_stats(ratio, mask, capped=ratio > eps_max)
+
+
+def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> dict[str, float]:
+    """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4)."""
+    m = mask.bool()
+    if not m.any():
+        return {"is/capped_frac": 0.0, "is/rho_max": 1.0, "is/rho_min": 1.0}
+    r = ratio[m]
+    return {
+        "is/capped_frac": float(capped[m].float().mean()),
+        "is/rho_max": float(r.max()),
+        "is/rho_min": float(r.min()),
+    }
+
+
+def _check_shapes(
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+) -> None:
+    if logp.ndim != 2 or logp.shape != logp_gen.shape or logp.shape != mask.shape:
+        raise ValueError(
+            "logp, logp_gen and mask must all be [num_completions, num_tokens]; got "
+            f"{tuple(logp.shape)}, {tuple(logp_gen.shape)}, {tuple(mask.shape)}"
+        )
+    n = logp.shape[0]
+    if advantages.shape != (n,) or prompt_index.shape != (n,):
+        raise ValueError(
+            f"advantages and prompt_index must be [{n}]; got {tuple(advantages.shape)}, "
+            f"{tuple(prompt_index.shape)}"
+        )
