@@ -16,6 +16,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,10 @@ _WIRE_DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype("<i4"),
 }
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64", "I32": "int32"}
+
+Signature = dict[str, tuple[str, tuple[int, ...]]]
+"""Tensor name -> (wire dtype, shape): what a model's weights must look like."""
 
 
 @dataclass(frozen=True)
@@ -166,3 +171,20 @@ def check_finite(tensors: Mapping[str, WireTensor]) -> None:
             bad = not bool(np.isfinite(arr).all())
         if bad:
             raise WeightsError(f"tensor {name!r} holds NaN or Inf")
+
+
+def read_signature(model_dir: Path) -> Signature:
+    """Tensor name -> (dtype, shape) of the model the engine was built from."""
+    from safetensors import safe_open
+
+    signature: Signature = {}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    for path in files:
+        with safe_open(str(path), framework="numpy") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                dtype = _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype().lower())
+                signature[name] = (dtype, tuple(int(d) for d in sl.get_shape()))
+    return signature

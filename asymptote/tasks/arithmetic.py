@@ -49,6 +49,8 @@ class ArithmeticSettings(Frozen):
     """Operations drawn uniformly; "-" puts the larger operand first (no negatives)."""
     reverse_answer: bool = True
     """Reference written least significant digit first (see module docstring)."""
+    pad_operands: bool = False
+    """Operands zero-padded to max_digits ("007+485="), so digits of equal weight align."""
     num_train: int = Field(default=20_000, ge=1)
     """Problems in the train split (fewer if the problem space is smaller)."""
     num_heldout: int = Field(default=200, ge=1)
@@ -105,6 +107,9 @@ class ArithmeticTask:
         answer = str(value)
         if self.settings.reverse_answer:
             answer = answer[::-1]
+        if self.settings.pad_operands:
+            width = self.settings.max_digits
+            return f"{a:0{width}d}{op}{b:0{width}d}=", answer
         return f"{a}{op}{b}=", answer
 
     def _space_size(self) -> int:

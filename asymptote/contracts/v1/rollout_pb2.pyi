@@ -177,3 +177,28 @@ class ComputeTelemetry(_message.Message):
     policy_version: int
     num_tokens_total: int
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ...) -> None: ...
+
+class CurriculumState(_message.Message):
+    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued")
+    class PassRatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    PASS_RATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    cursor: int
+    pass_rates: _containers.ScalarMap[str, float]
+    num_issued: int
+    seed: int
+    last_eval_version: int
+    eval_issued: bool
+    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ...) -> None: ...

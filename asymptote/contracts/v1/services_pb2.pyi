@@ -86,10 +86,12 @@ class BatchPart(_message.Message):
     def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., group: _Optional[_Union[_rollout_pb2.RolloutGroup, _Mapping]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("batch_ids",)
+    __slots__ = ("batch_ids", "release_unacked")
     BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_UNACKED_FIELD_NUMBER: _ClassVar[int]
     batch_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, batch_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    release_unacked: bool
+    def __init__(self, batch_ids: _Optional[_Iterable[str]] = ..., release_unacked: _Optional[bool] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("num_acked", "unknown_batch_ids")

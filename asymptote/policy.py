@@ -1,0 +1,75 @@
+"""The policy version announcement in the JetStream KV bucket.
+
+The learner publishes; the broker, generators and fitter watch. A watcher
+yields every new version in order (at least the latest one after a gap) and
+survives a NATS reconnect by re-creating the watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from nats.js.kv import KeyValue
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+from asymptote.streams import Names
+
+log = logging.getLogger(__name__)
+
+
+def decode_policy(raw: bytes) -> rollout_pb2.PolicyVersion:
+    try:
+        policy = rollout_pb2.PolicyVersion.FromString(raw)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise PayloadError(f"policy version entry is not a PolicyVersion protobuf: {exc}") from exc
+    if not policy.weights_endpoint or not policy.sha256:
+        raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or sha256")
+    return policy
+
+
+async def publish_policy(kv: KeyValue, names: Names, policy: rollout_pb2.PolicyVersion) -> None:
+    await kv.put(names.policy_key, policy.SerializeToString())
+
+
+async def current_policy(kv: KeyValue, names: Names) -> rollout_pb2.PolicyVersion | None:
+    try:
+        entry = await kv.get(names.policy_key)
+    except Exception:  # KeyNotFoundError: no version published yet
+        return None
+    return decode_policy(entry.value) if entry.value else None
+
+
+async def watch_policy(kv: KeyValue, names: Names, stop: asyncio.Event) -> AsyncIterator[rollout_pb2.PolicyVersion]:
+    """Yield policy versions as they are published, newest last, until stop."""
+    last = -1
+    while not stop.is_set():
+        try:
+            watcher = await kv.watch(names.policy_key)
+        except Exception as exc:
+            log.warning("cannot watch policy version (%s); retrying", exc)
+            await asyncio.sleep(1.0)
+            continue
+        try:
+            while not stop.is_set():
+                try:
+                    entry = await watcher.updates(timeout=1.0)
+                except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+                    continue
+                if entry is None or not entry.value:
+                    continue
+                try:
+                    policy = decode_policy(entry.value)
+                except PayloadError as exc:
+                    log.error("ignoring bad policy version entry: %s", exc)
+                    continue
+                if policy.version > last:
+                    last = policy.version
+                    yield policy
+        finally:
+            try:
+                await watcher.stop()
+            except Exception:
+                pass

@@ -1,0 +1,211 @@
+"""Admission and continuous batch assembly.
+
+Owns what happens to a rollout group between JetStream and the learner:
+validation, the zero-variance filter, the staleness bound (PipelineRL-k),
+the buffer of ready groups, batches handed out and waiting for the
+learner's ack, and the counters of everything dropped with its reason.
+Messages are held unacked until the learner confirms; the batcher never
+acks a group it has not either dropped (with a reason) or seen trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+
+log = logging.getLogger(__name__)
+
+
+class Ackable(Protocol):
+    async def ack(self) -> None: ...
+    async def nak(self, delay: float | None = None) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+@dataclass
+class Held:
+    group: rollout_pb2.RolloutGroup
+    msg: Ackable
+    received_s: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class HandedOut:
+    batch_id: str
+    items: list[Held]
+    handed_s: float = field(default_factory=time.monotonic)
+
+
+def validate_group(group: rollout_pb2.RolloutGroup) -> None:
+    """Raise PayloadError naming the first thing wrong with a group."""
+    if not group.group_id:
+        raise PayloadError("rollout group has no group_id")
+    if not group.completions:
+        raise PayloadError(f"group {group.group_id}: no completions")
+    if not group.prompt_token_ids:
+        raise PayloadError(f"group {group.group_id}: no prompt tokens")
+    for i, c in enumerate(group.completions):
+        n = len(c.token_ids)
+        if n == 0:
+            raise PayloadError(f"group {group.group_id} completion {i}: no tokens")
+        if len(c.logprobs) != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: {len(c.logprobs)} logprobs for {n} tokens")
+        if c.loss_mask and len(c.loss_mask) != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
+        if any(not (lp <= 0.0) for lp in c.logprobs):  # also catches NaN
+            raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
+        if not (c.reward == c.reward) or abs(c.reward) == float("inf"):
+            raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
+        covered = 0
+        for span in c.version_spans:
+            if span.start != covered or span.end <= span.start:
+                raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
+            covered = span.end
+        if c.version_spans and covered != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens")
+
+
+def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
+    """All G rewards equal: no gradient (tests equality, so {-1,+1} works)."""
+    first = group.completions[0].reward
+    return all(c.reward == first for c in group.completions)
+
+
+def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
+    return sum(1 for c in group.completions if c.reward > 0) / len(group.completions)
+
+
+class Batcher:
+    def __init__(self, batch_prompts: int, max_staleness_versions: int) -> None:
+        self.batch_prompts = batch_prompts
+        self.max_staleness = max_staleness_versions
+        self.ready: deque[Held] = deque()
+        self.handed_out: dict[str, HandedOut] = {}
+        self.dropped: Counter[str] = Counter()
+        self.num_received = 0
+        self.num_served = 0
+        self.num_trained = 0
+        self.learner_version = 0
+        self._since_batch: Counter[str] = Counter()
+        self._changed = asyncio.Condition()
+
+    def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
+        return learner_version - int(group.min_version) > self.max_staleness
+
+    async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable) -> str | None:
+        """Take a decoded, validated group; returns the drop reason, if any."""
+        self.num_received += 1
+        reason: str | None = None
+        if is_zero_variance(group):
+            reason = "zero_variance"
+        elif self.is_stale(group, self.learner_version):
+            reason = "stale"
+        if reason is not None:
+            await self._drop(msg, reason)
+            return reason
+        async with self._changed:
+            self.ready.append(Held(group, msg))
+            self._changed.notify_all()
+        return None
+
+    async def _drop(self, msg: Ackable, reason: str) -> None:
+        await msg.ack()  # accounted for: filtered with a reason
+        self.dropped[reason] += 1
+        self._since_batch[reason] += 1
+
+    async def set_learner_version(self, version: int) -> None:
+        if version > self.learner_version:
+            self.learner_version = version
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def next_batch(self, learner_version: int, num_groups: int, timeout_s: float) -> HandedOut | None:
+        """Wait up to ``timeout_s`` for ``num_groups`` fresh groups and hand them out."""
+        await self.set_learner_version(learner_version)
+        deadline = time.monotonic() + timeout_s
+        async with self._changed:
+            while True:
+                await self._evict_stale()
+                if len(self.ready) >= num_groups:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return None
+            items = [self.ready.popleft() for _ in range(num_groups)]
+        batch = HandedOut(uuid.uuid4().hex, items)
+        self.handed_out[batch.batch_id] = batch
+        self.num_served += len(items)
+        return batch
+
+    def take_counters(self) -> Counter[str]:
+        """Drops since the last batch (for the learner's step metrics)."""
+        out, self._since_batch = self._since_batch, Counter()
+        return out
+
+    async def _evict_stale(self) -> None:
+        kept: deque[Held] = deque()
+        for held in self.ready:
+            if self.is_stale(held.group, self.learner_version):
+                await self._drop(held.msg, "stale")
+            else:
+                kept.append(held)
+        self.ready = kept
+
+    async def ack(self, batch_ids: Sequence[str]) -> tuple[int, list[str]]:
+        """The learner's checkpoint holds these batches: ack their messages."""
+        num, unknown = 0, []
+        for batch_id in batch_ids:
+            batch = self.handed_out.pop(batch_id, None)
+            if batch is None:
+                unknown.append(batch_id)
+                continue
+            for held in batch.items:
+                await held.msg.ack()
+            self.num_trained += len(batch.items)
+            num += len(batch.items)
+        return num, unknown
+
+    async def release(self, batch_ids: Sequence[str] | None = None) -> int:
+        """Put handed-out batches back at the front of the queue (learner restarted)."""
+        ids = list(self.handed_out) if batch_ids is None else list(batch_ids)
+        items: list[Held] = []
+        for batch_id in ids:
+            batch = self.handed_out.pop(batch_id, None)
+            if batch is not None:
+                items.extend(batch.items)
+        async with self._changed:
+            self.ready.extendleft(reversed(items))
+            self._changed.notify_all()
+        if items:
+            log.info("released %d groups of %d unacked batches back to the queue", len(items), len(ids))
+        return len(items)
+
+    async def release_expired(self, max_age_s: float) -> int:
+        now = time.monotonic()
+        expired = [b.batch_id for b in self.handed_out.values() if now - b.handed_s > max_age_s]
+        return await self.release(expired) if expired else 0
+
+    async def heartbeat(self) -> None:
+        """Extend the ack deadline of every held message."""
+        for held in list(self.ready) + [h for b in list(self.handed_out.values()) for h in b.items]:
+            try:
+                await held.msg.in_progress()
+            except Exception as exc:  # a lost heartbeat only risks a redelivery
+                log.warning("in_progress failed for group %s: %s", held.group.group_id, exc)
+
+    @property
+    def num_held(self) -> int:
+        return len(self.ready) + sum(len(b.items) for b in self.handed_out.values())

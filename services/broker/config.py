@@ -1,0 +1,84 @@
+"""The broker's configuration (one frozen model, loaded by asymptote.config)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from asymptote.config import Frozen, ListenSettings, NatsSettings
+from asymptote.tasks import TaskSettings
+
+
+class SamplingSettings(Frozen):
+    """How generators sample train rollouts."""
+
+    group_size: int = Field(default=8, ge=2)
+    """G: completions per prompt (advantages need at least 2)."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature; 1.0 makes generator log-probs the sampling distribution."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus truncation; 1.0 is none."""
+    max_tokens: int = Field(default=16, ge=1)
+    """Completion length cap in tokens."""
+
+
+class EvalSettings(Frozen):
+    """Held-out evaluation rounds that feed the fitter."""
+
+    every_versions: int = Field(default=10, ge=1)
+    """Issue an eval round whenever the policy version reaches a multiple of this."""
+    num_samples: int = Field(default=4, ge=1)
+    """k: samples per held-out prompt; the pass rate is their mean."""
+    num_prompts: int | None = Field(default=None, ge=1)
+    """Held-out prompts per round; None uses the whole held-out split."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Eval sampling temperature (the RL temperature measures what RL optimises)."""
+
+
+class BrokerConfig(Frozen):
+    """Broker: curriculum, admission, batching and the learner's data feed."""
+
+    nats: NatsSettings = NatsSettings()
+    """Where JetStream is."""
+    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
+    """Namespace of this run's streams, subjects and buckets."""
+    grpc: ListenSettings = ListenSettings(port=50051)
+    """gRPC listener (Broker service and health)."""
+    http: ListenSettings = ListenSettings(port=9101)
+    """HTTP listener (/metrics, /healthz, /readyz)."""
+    task: TaskSettings = TaskSettings()
+    """The task the curriculum draws prompts from, with its parameters (splits, sizes, seed)."""
+    sampling: SamplingSettings = SamplingSettings()
+    """Train rollout sampling."""
+    eval: EvalSettings = EvalSettings()
+    """Held-out evaluation schedule."""
+    batch_prompts: int = Field(default=16, ge=1)
+    """B: prompt groups per learner batch (after filtering)."""
+    max_staleness_versions: int = Field(default=8, ge=0)
+    """k of PipelineRL-k: drop groups whose oldest token is more than k versions behind the learner."""
+    max_outstanding_tasks: int | None = Field(default=None, ge=1)
+    """Cap on prompt tasks queued or being generated plus groups waiting for the learner; None derives 2 x batch_prompts."""
+    pass_rate_retire: float = Field(default=0.9, gt=0.0, le=1.0)
+    """No-Positive-Resampling: from the next epoch on, skip prompts whose latest pass rate reached this."""
+    seed: int = 0
+    """Seed of the per-epoch shuffle of the train split."""
+    ack_wait_s: float = Field(default=300.0, gt=1.0)
+    """JetStream ack wait on rollout groups; the broker heartbeats held ones well inside it."""
+    batch_release_s: float = Field(default=900.0, gt=1.0)
+    """A batch handed out and not acked for this long goes back to the queue."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """Log format: JSON in pods, text on a terminal."""
+
+    @property
+    def outstanding_limit(self) -> int:
+        return self.max_outstanding_tasks or 2 * self.batch_prompts
+
+    @model_validator(mode="after")
+    def _check(self) -> "BrokerConfig":
+        if self.max_outstanding_tasks is not None and self.max_outstanding_tasks < self.batch_prompts:
+            raise ValueError(
+                f"max_outstanding_tasks ({self.max_outstanding_tasks}) must be at least batch_prompts "
+                f"({self.batch_prompts}), or no batch can ever fill"
+            )
+        return self

@@ -1,0 +1,70 @@
+"""The curriculum: which train prompt comes next.
+
+Owns the per-epoch deterministic shuffle of the train split, the cursor,
+each prompt's latest observed pass rate, and No-Positive-Resampling
+(ScaleRL): from the epoch after a prompt's pass rate reached the retire
+threshold, it is never issued again. The state is a protobuf message so the
+broker can keep it in a JetStream KV bucket and resume after a restart.
+Knows nothing about NATS.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.tasks import Problem
+
+
+class Curriculum:
+    def __init__(
+        self,
+        problems: Sequence[Problem],
+        seed: int,
+        retire_at: float,
+        state: rollout_pb2.CurriculumState | None = None,
+    ) -> None:
+        if not problems:
+            raise ValueError("the train split is empty: nothing to issue")
+        self._problems = list(problems)
+        self._retire_at = retire_at
+        self.state = state if state is not None else rollout_pb2.CurriculumState(seed=seed)
+        self._order = self._epoch_order(self.state.epoch)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """Shuffled indices of the prompts still eligible in ``epoch``.
+
+        Eligibility is decided at the epoch's start from the pass rates seen
+        so far, so a prompt retired mid-epoch is still issued in this epoch's
+        remaining order only if it was eligible when the epoch began.
+        """
+        rng = random.Random(f"{self.state.seed}:{epoch}")
+        order = list(range(len(self._problems)))
+        rng.shuffle(order)
+        if epoch == 0:
+            return order
+        rates = self.state.pass_rates
+        return [i for i in order if rates.get(self._problems[i].prompt_id, 0.0) < self._retire_at]
+
+    @property
+    def num_retired(self) -> int:
+        return sum(1 for r in self.state.pass_rates.values() if r >= self._retire_at)
+
+    def next(self) -> tuple[Problem, int, int]:
+        """The next prompt with its (epoch, position); advances the cursor."""
+        while self.state.cursor >= len(self._order):
+            self.state.epoch += 1
+            self.state.cursor = 0
+            self._order = self._epoch_order(self.state.epoch)
+            if not self._order and self.num_retired >= len(self._problems):
+                raise RuntimeError("every train prompt is retired by No-Positive-Resampling: the run is done")
+        position = int(self.state.cursor)
+        problem = self._problems[self._order[position]]
+        self.state.cursor += 1
+        self.state.num_issued += 1
+        return problem, int(self.state.epoch), position
+
+    def record(self, prompt_id: str, pass_rate: float) -> None:
+        """Keep the latest observed pass rate of a prompt."""
+        self.state.pass_rates[prompt_id] = pass_rate

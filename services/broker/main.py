@@ -1,0 +1,67 @@
+"""``asymptote broker``: parse config, set up logging, run the broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from asymptote.config import load_config, log_resolved
+from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.lifecycle import run_until_stopped
+from asymptote.logs import setup_logging
+from asymptote.rpc import start_server
+from asymptote.runtime import service_runtime, supervise
+from asymptote.streams import ensure_bucket
+from services.broker.config import BrokerConfig
+from services.broker.metrics import BrokerMetrics
+from services.broker.pipeline import BrokerPipeline
+from services.broker.server import BrokerServicer
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
+    metrics = BrokerMetrics()
+    async with service_runtime("broker", config.nats, config.prefix, config.http, metrics.registry) as rt:
+        policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
+        curriculum_kv = await ensure_bucket(rt.js, rt.names.curriculum_bucket)
+        pipeline = BrokerPipeline(config, rt.js, rt.names, curriculum_kv, policy_kv, metrics)
+        await pipeline.load_state()
+        servicer = BrokerServicer(pipeline, rt.health, rt.instance_id)
+        server, _ = await start_server(
+            config.grpc,
+            rt.health,
+            lambda s: services_pb2_grpc.add_BrokerServicer_to_server(servicer, s),
+            ["asymptote.contracts.v1.Broker"],
+        )
+        await rt.health.unblock("starting")
+        try:
+            await supervise(
+                stop,
+                {
+                    "issue": pipeline.issue_loop(stop),
+                    "consume": pipeline.consume_loop(stop),
+                    "policy": pipeline.policy_loop(stop),
+                    "persist": pipeline.persist_loop(stop),
+                    "upkeep": pipeline.upkeep_loop(stop),
+                },
+            )
+        finally:
+            await rt.health.shutting_down()
+            await server.stop(grace=5.0)
+            try:
+                await pipeline.save_state()
+            except Exception as exc:
+                log.warning("final curriculum save failed: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asymptote broker", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_BROKER__...)")
+    args = parser.parse_args(argv)
+    config = load_config(BrokerConfig, args.config, "ASY_BROKER")
+    setup_logging("broker", config.log_format)
+    log_resolved(config, "broker")
+    return run_until_stopped(lambda stop: serve(config, stop))

@@ -1,0 +1,284 @@
+"""The broker's loops over JetStream.
+
+Owns issuing train tasks with back-pressure, consuming rollout groups into
+the batcher, dead-lettering poison messages, scheduling eval rounds on
+policy-version changes, and persisting the curriculum. The gRPC face is in
+server.py; wiring in main.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.kv import KeyValue
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+from asymptote.lifecycle import wait_or_stop
+from asymptote.policy import watch_policy
+from asymptote.streams import Names
+from asymptote.tasks import Problem, get_task
+from services.broker.batcher import Batcher, pass_rate, validate_group
+from services.broker.config import BrokerConfig
+from services.broker.curriculum import Curriculum
+from services.broker.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "state"
+MAX_DELIVER = 5
+"""Redeliveries of a rollout group before JetStream gives up on it."""
+
+
+class BrokerPipeline:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        js: JetStreamContext,
+        names: Names,
+        curriculum_kv: KeyValue,
+        policy_kv: KeyValue,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.config = config
+        self.js = js
+        self.names = names
+        self.curriculum_kv = curriculum_kv
+        self.policy_kv = policy_kv
+        self.metrics = metrics
+        task = get_task(config.task.name, config.task)
+        self.heldout: list[Problem] = list(task.problems("heldout"))
+        if config.eval.num_prompts:
+            self.heldout = self.heldout[: config.eval.num_prompts]
+        self._train = list(task.problems("train"))
+        self.curriculum: Curriculum | None = None
+        self.batcher = Batcher(config.batch_prompts, config.max_staleness_versions)
+        self.pending_tasks = 0
+        self._state_dirty = False
+        self._generators_seen: dict[str, float] = {}
+        self._eval_lock = asyncio.Lock()
+        # Train tasks wait for the first policy version, whose eval round
+        # (R0) must be queued ahead of them so it runs on the initial weights.
+        self.policy_seen = asyncio.Event()
+
+    # -- state -------------------------------------------------------------
+
+    async def load_state(self) -> None:
+        state = None
+        try:
+            entry = await self.curriculum_kv.get(STATE_KEY)
+            if entry.value:
+                state = rollout_pb2.CurriculumState.FromString(entry.value)
+                log.info(
+                    "resuming curriculum: epoch %d, cursor %d, %d pass rates",
+                    state.epoch, state.cursor, len(state.pass_rates),
+                )
+        except Exception as exc:  # KeyNotFoundError on a fresh run
+            log.info("fresh curriculum (%s)", type(exc).__name__)
+        self.curriculum = Curriculum(self._train, self.config.seed, self.config.pass_rate_retire, state)
+
+    async def save_state(self) -> None:
+        assert self.curriculum is not None
+        await self.curriculum_kv.put(STATE_KEY, self.curriculum.state.SerializeToString())
+        self._state_dirty = False
+
+    async def persist_loop(self, stop: asyncio.Event, interval_s: float = 2.0) -> None:
+        while not stop.is_set():
+            await wait_or_stop(stop, interval_s)
+            if self._state_dirty:
+                try:
+                    await self.save_state()
+                except Exception as exc:
+                    log.warning("curriculum state not saved (will retry): %s", exc)
+
+    # -- issuing -----------------------------------------------------------
+
+    async def count_pending_tasks(self) -> int:
+        """Train tasks in the work queue: queued or leased, not yet acked."""
+        info = await self.js.stream_info(self.names.tasks_stream, subjects_filter=self.names.train_tasks)
+        return int((info.state.subjects or {}).get(self.names.train_tasks, 0))
+
+    async def issue_loop(self, stop: asyncio.Event) -> None:
+        """Keep pending tasks + groups waiting for the learner at the limit."""
+        assert self.curriculum is not None
+        limit = self.config.outstanding_limit
+        if not self.policy_seen.is_set():
+            log.info("waiting for the learner's first policy version before issuing train tasks")
+        while not self.policy_seen.is_set():
+            if await wait_or_stop(stop, 0.5):
+                return
+        while not stop.is_set():
+            try:
+                self.pending_tasks = await self.count_pending_tasks()
+            except Exception as exc:
+                log.warning("cannot read the task queue depth: %s", exc)
+                await wait_or_stop(stop, 1.0)
+                continue
+            waiting = len(self.batcher.ready)
+            room = limit - self.pending_tasks - waiting
+            for _ in range(max(room, 0)):
+                await self._issue_train_task()
+            self._update_gauges()
+            await wait_or_stop(stop, 0.05 if room > 0 else 0.2)
+
+    async def _issue_train_task(self) -> None:
+        assert self.curriculum is not None
+        problem, epoch, position = self.curriculum.next()
+        s = self.config.sampling
+        task = rollout_pb2.GenerationTask(
+            task_id=f"train-e{epoch}-p{position}-{problem.prompt_id}",
+            kind=rollout_pb2.TASK_KIND_TRAIN,
+            task_name=self.config.task.name,
+            prompt_id=problem.prompt_id,
+            prompt=problem.prompt,
+            reference=problem.reference,
+            sampling=rollout_pb2.SamplingParams(
+                num_samples=s.group_size, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
+            ),
+            issued_at_version=self.batcher.learner_version,
+            issued_unix_s=time.time(),
+            epoch=epoch,
+        )
+        await self.js.publish(
+            self.names.train_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
+        )
+        self.pending_tasks += 1
+        self._state_dirty = True
+        self.metrics.tasks_issued.labels("train").inc()
+
+    async def issue_eval_round(self, version: int) -> None:
+        """One eval task per held-out prompt, at ``version``; ids dedupe reissues."""
+        assert self.curriculum is not None
+        async with self._eval_lock:
+            state = self.curriculum.state
+            if state.eval_issued and version <= state.last_eval_version:
+                return
+            eval_id = f"eval-v{version}"
+            e = self.config.eval
+            for problem in self.heldout:
+                task = rollout_pb2.GenerationTask(
+                    task_id=f"{eval_id}-{problem.prompt_id}",
+                    kind=rollout_pb2.TASK_KIND_EVAL,
+                    task_name=self.config.task.name,
+                    prompt_id=problem.prompt_id,
+                    prompt=problem.prompt,
+                    reference=problem.reference,
+                    sampling=rollout_pb2.SamplingParams(
+                        num_samples=e.num_samples,
+                        temperature=e.temperature,
+                        top_p=1.0,
+                        max_tokens=self.config.sampling.max_tokens,
+                    ),
+                    issued_at_version=version,
+                    issued_unix_s=time.time(),
+                    eval_id=eval_id,
+                    eval_num_prompts=len(self.heldout),
+                )
+                await self.js.publish(
+                    self.names.eval_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
+                )
+            state.last_eval_version = version
+            state.eval_issued = True
+            await self.save_state()
+            self.metrics.tasks_issued.labels("eval").inc(len(self.heldout))
+            log.info("eval round %s issued: %d prompts x %d samples", eval_id, len(self.heldout), e.num_samples)
+
+    async def policy_loop(self, stop: asyncio.Event) -> None:
+        """Track the learner's version; issue eval rounds on schedule."""
+        async for policy in watch_policy(self.policy_kv, self.names, stop):
+            await self.batcher.set_learner_version(int(policy.version))
+            self.metrics.learner_version.set(policy.version)
+            if policy.version % self.config.eval.every_versions == 0 or not self.policy_seen.is_set():
+                await self.issue_eval_round(int(policy.version))
+            self.policy_seen.set()
+
+    # -- consuming ---------------------------------------------------------
+
+    async def consume_loop(self, stop: asyncio.Event) -> None:
+        sub = await self.js.pull_subscribe(
+            self.names.rollouts,
+            durable=self.names.broker_consumer,
+            stream=self.names.rollouts_stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=self.config.ack_wait_s,
+                max_deliver=MAX_DELIVER,
+                max_ack_pending=-1,
+            ),
+        )
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch=64, timeout=0.5)
+            except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+                continue
+            except Exception as exc:
+                log.warning("fetch of rollout groups failed: %s", exc)
+                await wait_or_stop(stop, 0.5)
+                continue
+            for msg in msgs:
+                await self._on_group(msg)
+            self._update_gauges()
+
+    async def _on_group(self, msg: Msg) -> None:
+        try:
+            group = rollout_pb2.RolloutGroup.FromString(msg.data)
+            validate_group(group)
+        except Exception as exc:  # poison: DecodeError or PayloadError
+            reason = str(exc) if isinstance(exc, PayloadError) else f"undecodable RolloutGroup: {exc}"
+            await self.deadletter(msg, "rollouts", reason)
+            return
+        assert self.curriculum is not None
+        self.metrics.groups_received.inc()
+        self._generators_seen[group.generator_id] = time.monotonic()
+        if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
+            self.curriculum.record(group.task.prompt_id, pass_rate(group))
+            self._state_dirty = True
+        reason = await self.batcher.admit(group, msg)
+        if reason is not None:
+            self.metrics.groups_dropped.labels(reason).inc()
+
+    async def deadletter(self, msg: Msg, source: str, reason: str) -> None:
+        log.error("dead-lettering a %s message: %s", source, reason)
+        try:
+            await self.js.publish(
+                self.names.deadletter(source), msg.data, headers={"Asymptote-Reason": reason[:512]}
+            )
+        finally:
+            await msg.term()
+        self.metrics.deadlettered.labels(source).inc()
+
+    # -- upkeep ------------------------------------------------------------
+
+    async def upkeep_loop(self, stop: asyncio.Event) -> None:
+        """Heartbeat held messages; return batches the learner abandoned."""
+        interval = max(1.0, self.config.ack_wait_s / 4)
+        while not stop.is_set():
+            await wait_or_stop(stop, interval)
+            await self.batcher.heartbeat()
+            await self.batcher.release_expired(self.config.batch_release_s)
+
+    def desired_generators(self) -> int:
+        """Generators the pipeline wants: more while the learner starves."""
+        now = time.monotonic()
+        active = sum(1 for t in self._generators_seen.values() if now - t < 60.0) or 1
+        if len(self.batcher.ready) >= self.config.batch_prompts:
+            return active
+        starving = 1.0 - len(self.batcher.ready) / self.config.batch_prompts
+        return active + math.ceil(starving * active * 0.5) if self.pending_tasks > 0 else active
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.ready_groups.set(len(self.batcher.ready))
+        m.handed_out_groups.set(sum(len(b.items) for b in self.batcher.handed_out.values()))
+        m.pending_tasks.set(self.pending_tasks)
+        if self.curriculum is not None:
+            m.epoch.set(self.curriculum.state.epoch)
+            m.retired_prompts.set(self.curriculum.num_retired)
+        m.desired_generators.set(self.desired_generators())
+

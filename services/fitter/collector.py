@@ -1,0 +1,198 @@
+"""Validation points and the live projection.
+
+Owns eval-round aggregation (results of one round, deduplicated by task id,
+become one point once every held-out prompt has reported), the run's curve
+points (``eval.jsonl``), refitting on each new point, and the current
+projection (``fit.json``, Prometheus, gRPC). R0 is the pass rate of the
+round at policy version 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from asymptote.contracts.v1 import rollout_pb2, services_pb2
+from services.fitter.compute_axis import ComputeAxis
+from services.fitter.curve import CurveFitSettings, FitError, bootstrap_intervals, fit_curve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    policy_version: int
+    compute: float
+    pass_rate: float
+    num_prompts: int
+    num_samples: int
+    min_version: int
+    max_version: int
+    unix_s: float
+
+
+@dataclass
+class _Round:
+    eval_id: str
+    version: int
+    expected: int
+    results: dict[str, rollout_pb2.EvalResult] = field(default_factory=dict)
+
+
+def load_points(path: Path) -> list[Point]:
+    if not path.exists():
+        return []
+    points = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            points.append(Point(**json.loads(line)))
+    return points
+
+
+class Collector:
+    def __init__(
+        self,
+        run_dir: Path,
+        run_name: str,
+        settings: CurveFitSettings,
+        target_multiples: tuple[float, ...],
+        axis: ComputeAxis,
+        plot: bool,
+    ) -> None:
+        self.run_dir = run_dir
+        self.run_name = run_name
+        self.settings = settings
+        self.target_multiples = target_multiples
+        self.axis = axis
+        self.plot = plot
+        self.eval_path = run_dir / "eval.jsonl"
+        self.points: list[Point] = load_points(self.eval_path)
+        self._rounds: dict[str, _Round] = {}
+        self._done = {p.policy_version for p in self.points}
+        self._lock = threading.Lock()
+        self.projection = services_pb2.Projection(ok=False, reason="no eval points yet")
+        self.extra_points: dict[str, list[services_pb2.CurvePoint]] = {}
+        if self.points:
+            log.info("loaded %d curve points from %s", len(self.points), self.eval_path)
+            self.refit()
+
+    def add_result(self, result: rollout_pb2.EvalResult) -> Point | None:
+        """Add one eval result; returns the round's point when it completes."""
+        version = int(result.eval_version)
+        if version in self._done:
+            return None
+        rnd = self._rounds.setdefault(
+            result.eval_id, _Round(result.eval_id, version, max(int(result.eval_num_prompts), 1))
+        )
+        rnd.results[result.task_id] = result
+        if len(rnd.results) < rnd.expected:
+            return None
+        del self._rounds[result.eval_id]
+        self._done.add(version)
+        rs = list(rnd.results.values())
+        point = Point(
+            step=version,
+            policy_version=version,
+            compute=self.axis.at_version(version, min(r.finished_unix_s for r in rs)),
+            pass_rate=float(np.mean([r.num_correct / max(r.num_samples, 1) for r in rs])),
+            num_prompts=len(rs),
+            num_samples=sum(r.num_samples for r in rs),
+            min_version=min(int(r.min_version) for r in rs),
+            max_version=max(int(r.max_version) for r in rs),
+            unix_s=time.time(),
+        )
+        self.points.append(point)
+        self.points.sort(key=lambda p: p.policy_version)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self.eval_path.open("a") as f:
+            f.write(json.dumps(asdict(point)) + "\n")
+        log.info(
+            "eval point: version %d, compute %.1f, pass rate %.3f (%d prompts)",
+            point.policy_version, point.compute, point.pass_rate, point.num_prompts,
+        )
+        self.refit()
+        return point
+
+    @property
+    def r0(self) -> float | None:
+        for p in self.points:
+            if p.policy_version == 0:
+                return p.pass_rate
+        return None
+
+    def refit(self) -> services_pb2.Projection:
+        r0 = self.r0
+        pts = [p for p in self.points if p.policy_version > 0]
+        if r0 is None:
+            proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
+        else:
+            proj = fit_projection(
+                np.array([p.compute for p in pts]), np.array([p.pass_rate for p in pts]), r0,
+                self.settings, self.target_multiples,
+            )
+        with self._lock:
+            self.projection = proj
+        self._write(proj)
+        return proj
+
+    def _write(self, proj: services_pb2.Projection) -> None:
+        from google.protobuf.json_format import MessageToDict
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        body = MessageToDict(proj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        body["run"] = self.run_name
+        body["num_points"] = len(self.points)
+        tmp = self.run_dir / "fit.json.tmp"
+        tmp.write_text(json.dumps(body, indent=2))
+        tmp.replace(self.run_dir / "fit.json")
+        if self.plot and proj.ok:
+            try:
+                from services.fitter.offline import plot_run
+
+                plot_run(self.run_dir, self.run_name, self.settings)
+            except Exception as exc:  # a plot must never stop the fitter
+                log.warning("curve plot not written: %s", exc)
+
+
+def fit_projection(
+    compute: np.ndarray,
+    pass_rate: np.ndarray,
+    r0: float,
+    settings: CurveFitSettings,
+    target_multiples: tuple[float, ...],
+) -> services_pb2.Projection:
+    """Fit and bootstrap; a refusal becomes ``ok=False`` with the reason."""
+    try:
+        fit = fit_curve(compute, pass_rate, r0, settings)
+        targets = [float(compute.max()) * m for m in target_multiples]
+        iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
+    except FitError as exc:
+        return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute))
+    return services_pb2.Projection(
+        ok=True,
+        a=fit.a,
+        b=fit.b,
+        c_mid=fit.c_mid,
+        r0=fit.r0,
+        a_interval=services_pb2.Interval(low=iv.a.low, high=iv.a.high),
+        b_interval=services_pb2.Interval(low=iv.b.low, high=iv.b.high),
+        c_mid_interval=services_pb2.Interval(low=iv.c_mid.low, high=iv.c_mid.high),
+        num_points_used=fit.num_points_used,
+        rmse=fit.rmse,
+        projections=[
+            services_pb2.ProjectedValue(
+                compute=c,
+                pass_rate=float(fit.predict(c)),
+                interval=services_pb2.Interval(low=i.low, high=i.high),
+            )
+            for c, i in zip(targets, iv.projection)
+        ],
+        fitted_unix_s=time.time(),
+    )

@@ -1,0 +1,38 @@
+"""The fitter's configuration (one frozen model, loaded by asymptote.config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from asymptote.config import Frozen, ListenSettings, NatsSettings
+from services.fitter.curve import CurveFitSettings
+
+
+class FitterConfig(Frozen):
+    """Fitter: the validation curve, its sigmoid fit and the projections."""
+
+    nats: NatsSettings = NatsSettings()
+    """Where JetStream is."""
+    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
+    """Namespace of this run's streams, subjects and buckets."""
+    grpc: ListenSettings = ListenSettings(port=50081)
+    """gRPC listener (Fitter service and health)."""
+    http: ListenSettings = ListenSettings(port=9104)
+    """HTTP listener (/metrics, /healthz, /readyz)."""
+    run_dir: Path = Path("runs/latest")
+    """Where eval.jsonl, fit.json and curve.png go."""
+    run_name: str = "run"
+    """Name of this run in projections, plots and gauges."""
+    curve: CurveFitSettings = CurveFitSettings()
+    """How the curve is fitted and its uncertainty estimated."""
+    target_compute_multiples: tuple[float, ...] = (2.0, 10.0)
+    """Project the pass rate at these multiples of the compute spent so far."""
+    telemetry_stale_s: float = Field(default=30.0, gt=0.0)
+    """An instance silent for this long is treated as gone (its compute stops growing)."""
+    plot: bool = True
+    """Write curve.png on every refit."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """Log format: JSON in pods, text on a terminal."""

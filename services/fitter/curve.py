@@ -1,0 +1,697 @@
+"""The sigmoid compute-performance curve: fit, uncertainty, comparison.
+
+Owns the maths of RECIPE.md section 5 (ScaleRL, Khatri, Madaan et al. 2025,
+arXiv 2510.13786, Eq. 1 and Appendix on fitting):
+
+    R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
+
+with ``A`` the asymptotic pass rate, ``B > 0`` the efficiency exponent,
+``C_mid`` the compute at which half of the gain ``A - R0`` is reached and
+``R0`` the pass rate before RL, held fixed. Writing ``u = ln C`` and
+``m = ln C_mid`` the curve is ``R0 + (A - R0) * expit(B * (u - m))``, a
+logistic in log-compute; every evaluation here uses that form because it
+neither overflows for tiny C nor loses precision for huge C.
+
+Knows nothing about files, NATS, Prometheus or plotting: inputs are arrays of
+cumulative compute (accelerator-hours, or any positive unit used
+consistently) and pass rates in [0, 1]; outputs are frozen results. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.optimize import least_squares
+from scipy.special import expit
+
+from asymptote.errors import AsymptoteError
+
+log = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+ArrayLike = npt.ArrayLike
+
+# B is profiled on a log-spaced grid (then refined by a parabola through the
+# three best nodes): 80 nodes over the default [0.1, 10] are 6% apart, close
+# enough that the parabola lands within the final polish's basin.
+_NUM_B_GRID = 80
+# The bootstrap locates each resample's basin on a coarser (C_mid, B) grid
+# with A profiled out in closed form, then polishes all resamples at once
+# with a vectorised Levenberg-Marquardt; the coarse grid only has to find the
+# right basin, the polish supplies the precision.
+_BOOT_NUM_C_MID = 32
+_BOOT_NUM_B = 32
+_BOOT_NUM_LM_ITERATIONS = 30
+# Bound on elements of one sigmoid-table chunk (8 bytes each: 16 MB) so the
+# grid statistics never allocate (grid x points) at once.
+_CHUNK_ELEMENTS = 2_000_000
+# Parameters count as "at a bound" within this relative distance of it.
+_BOUND_RTOL = 1e-6
+
+
+class FitError(AsymptoteError, ValueError):
+    """The data cannot support a curve fit; the message names the reason."""
+
+
+class CurveFitSettings(BaseModel):
+    """How the curve is fitted and how its uncertainty is estimated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    a_min: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """Lowest asymptote A on the grid (pass rate); None starts one step above R0."""
+    a_max: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Highest asymptote A on the grid (pass rate); the paper used 0.800."""
+    a_step: float = Field(default=0.005, gt=0.0, le=0.1)
+    """Spacing of the A grid (pass rate); the paper used 0.005."""
+    num_c_mid: int = Field(default=100, ge=2, le=10_000)
+    """Number of log-spaced C_mid values on the grid; the paper used 100."""
+    c_mid_low_multiple: float = Field(default=1.0, gt=0.0)
+    """Lowest C_mid on the grid, as a multiple of the smallest observed compute."""
+    c_mid_high_multiple: float = Field(default=100.0, gt=0.0)
+    """Highest C_mid on the grid, as a multiple of the largest observed compute."""
+    b_min: float = Field(default=0.1, gt=0.0)
+    """Lower bound on the efficiency exponent B (dimensionless)."""
+    b_max: float = Field(default=10.0, gt=0.0)
+    """Upper bound on the efficiency exponent B (dimensionless)."""
+    early_cutoff_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Exclude points with compute below this fraction of the largest observed compute."""
+    early_cutoff_compute: float | None = Field(default=None, ge=0.0)
+    """Absolute early cutoff in compute units (paper: ~1.5k GPU-hours); overrides the fraction."""
+    min_num_points: int = Field(default=4, ge=3)
+    """Fewest points left after the cutoff for a fit (three parameters are free)."""
+    num_bootstrap_resamples: int = Field(default=200, ge=2, le=100_000)
+    """Bootstrap resamples for the intervals."""
+    bootstrap_kind: Literal["residual", "points"] = "residual"
+    """Resample residuals around the fit (keeps compute fixed) or whole (compute, pass rate) points."""
+    interval_level: float = Field(default=0.95, gt=0.0, lt=1.0)
+    """Two-sided coverage of the percentile bootstrap intervals (fraction)."""
+    rng_seed: int = 0
+    """Seed of the bootstrap's random generator, so intervals are reproducible."""
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> CurveFitSettings:
+        if self.a_min is not None and self.a_min >= self.a_max:
+            raise ValueError(f"a_min {self.a_min} must be below a_max {self.a_max}")
+        if self.b_min >= self.b_max:
+            raise ValueError(f"b_min {self.b_min} must be below b_max {self.b_max}")
+        return self
+
+
+class Interval(NamedTuple):
+    """A two-sided interval ``[low, high]``."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class CurveFit:
+    """A fitted curve and how it was obtained."""
+
+    a: float
+    """Asymptotic pass rate A."""
+    b: float
+    """Efficiency exponent B."""
+    c_mid: float
+    """Compute at which half of the gain A - R0 is reached."""
+    r0: float
+    """Pass rate before RL, held fixed."""
+    sse: float
+    """Sum of squared errors over the points used."""
+    rmse: float
+    """Root-mean-square error over the points used."""
+    num_points_used: int
+    """Points left after the early cutoff."""
+    cutoff_compute: float
+    """Points with compute below this were excluded."""
+    fixed_a: bool = False
+    """A was held fixed (recipe comparison) rather than fitted."""
+    params_at_bounds: tuple[str, ...] = ()
+    """Parameters that ended on a bound of their search range: the data do not pin them down."""
+
+    def predict(self, compute: ArrayLike) -> FloatArray:
+        """Pass rate predicted at ``compute`` (> 0), same shape as the input."""
+        return predict(compute, self.a, self.b, self.c_mid, self.r0)
+
+
+@dataclass(frozen=True, eq=False)
+class Intervals:
+    """Bootstrap percentile intervals for the parameters and projections."""
+
+    level: float
+    a: Interval
+    b: Interval
+    c_mid: Interval
+    target_compute: tuple[float, ...]
+    projection: tuple[Interval, ...]
+    """Interval of the projected pass rate at each target compute."""
+    r0: float
+    a_samples: FloatArray
+    b_samples: FloatArray
+    c_mid_samples: FloatArray
+
+    def band(self, compute: ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """Pointwise (low, high) interval of the curve at ``compute``."""
+        c = np.asarray(compute, dtype=np.float64)
+        curves = predict(
+            c.reshape(1, -1),
+            self.a_samples[:, None],
+            self.b_samples[:, None],
+            self.c_mid_samples[:, None],
+            self.r0,
+        )
+        q = _quantile_levels(self.level)
+        low, high = np.quantile(curves, q, axis=0)
+        return low.reshape(c.shape), high.reshape(c.shape)
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """One row of a recipe comparison, ranked best first."""
+
+    rank: int
+    name: str
+    a: float
+    b: float
+    c_mid: float
+    r0: float
+    rmse: float
+    num_points_used: int
+    tie_group: int
+    """Runs sharing a group have asymptotes within the margin of each other."""
+    shared_a: float | None
+    """Mean A of the group the run was refitted with, if it was tied."""
+    b_at_shared_a: float | None
+    """B refitted with A fixed at ``shared_a``; decides the order within a group."""
+    c_mid_at_shared_a: float | None
+    decided_by: Literal["asymptote", "efficiency"]
+
+
+def predict(
+    compute: ArrayLike, a: ArrayLike, b: ArrayLike, c_mid: ArrayLike, r0: ArrayLike
+) -> FloatArray:
+    """``R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)``, broadcasting over all inputs."""
+    c = np.asarray(compute, dtype=np.float64)
+    a_ = np.asarray(a, dtype=np.float64)
+    r0_ = np.asarray(r0, dtype=np.float64)
+    z = np.asarray(b, dtype=np.float64) * (np.log(c) - np.log(np.asarray(c_mid, dtype=np.float64)))
+    value = r0_ + (a_ - r0_) * expit(z)
+    # r0 + (a - r0) can round one ulp past a; clip so the curve provably stays
+    # between R0 and A (callers and the property test rely on it).
+    return np.clip(value, np.minimum(r0_, a_), np.maximum(r0_, a_))
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Validated points after the cutoff, and the search ranges derived from the data."""
+
+    log_c: FloatArray
+    pass_rate: FloatArray
+    r0: float
+    cutoff_compute: float
+    a_grid: FloatArray
+    a_bounds: tuple[float, float]
+    log_c_mid_bounds: tuple[float, float]
+    log_b_bounds: tuple[float, float]
+
+
+def _prepare(
+    compute: ArrayLike,
+    pass_rate: ArrayLike,
+    r0: float,
+    settings: CurveFitSettings,
+    fixed_a: float | None,
+) -> _Problem:
+    c = np.asarray(compute, dtype=np.float64)
+    y = np.asarray(pass_rate, dtype=np.float64)
+    if c.ndim != 1 or y.ndim != 1 or c.shape != y.shape:
+        raise FitError(
+            f"compute and pass_rate must be 1-D arrays of equal length, got shapes {c.shape} and {y.shape}"
+        )
+    if c.size == 0:
+        raise FitError("too few points: no points given")
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(y)) and math.isfinite(r0)):
+        raise FitError("non-finite values (NaN or inf) in compute, pass_rate or r0")
+    if np.any(c <= 0):
+        raise FitError(f"compute must be > 0; smallest given is {c.min():g}")
+    if np.any((y < 0) | (y > 1)) or not 0.0 <= r0 <= 1.0:
+        raise FitError("pass rates must lie in [0, 1]: a value (or r0) is outside [0, 1]")
+
+    if settings.early_cutoff_compute is not None:
+        cutoff = float(settings.early_cutoff_compute)
+    else:
+        cutoff = float(settings.early_cutoff_fraction * c.max())
+    used = c >= cutoff
+    num_used = int(used.sum())
+    if num_used < settings.min_num_points:
+        raise FitError(
+            f"too few points after the early cutoff at compute {cutoff:g}: "
+            f"{num_used} left, at least {settings.min_num_points} needed"
+        )
+    c_used, y_used = c[used], y[used]
+    if np.ptp(c_used) == 0:
+        raise FitError(f"all compute values equal ({c_used[0]:g}) after the cutoff: B and C_mid are undefined")
+    if np.ptp(y_used) == 0:
+        raise FitError(f"all pass rates equal ({y_used[0]:g}) after the cutoff: no curve to fit")
+    if y_used.mean() <= r0:
+        raise FitError(
+            f"no gain over R0: mean pass rate after the cutoff {y_used.mean():.4f} <= R0 {r0:.4f}"
+        )
+
+    if fixed_a is not None:
+        if not r0 < fixed_a <= 1.0:
+            raise FitError(f"fixed A {fixed_a} must lie in (R0, 1] = ({r0}, 1]")
+        a_grid = np.array([fixed_a])
+        a_bounds = (fixed_a, fixed_a)
+    else:
+        step = settings.a_step
+        low = r0 if settings.a_min is None else max(r0, settings.a_min)
+        # Grid values sit on multiples of the step (0.450, 0.455, ...) as in the
+        # paper, strictly above R0 because A = R0 is a flat line with no B.
+        k_low = math.floor(low / step + 1e-9) + 1 if low == r0 else math.ceil(low / step - 1e-9)
+        k_high = math.floor(settings.a_max / step + 1e-9)
+        if k_high < k_low:
+            raise FitError(f"no gain over R0: R0 {r0} leaves no A on the grid up to a_max {settings.a_max}")
+        a_grid = np.round(np.arange(k_low, k_high + 1) * step, 12)
+        a_bounds = (max(low, r0 + 1e-9), settings.a_max)
+
+    c_mid_low = settings.c_mid_low_multiple * float(c.min())
+    c_mid_high = settings.c_mid_high_multiple * float(c.max())
+    if c_mid_high <= c_mid_low:
+        raise FitError(f"empty C_mid range [{c_mid_low:g}, {c_mid_high:g}]; check the c_mid multiples")
+    return _Problem(
+        log_c=np.log(c_used),
+        pass_rate=y_used,
+        r0=float(r0),
+        cutoff_compute=cutoff,
+        a_grid=a_grid,
+        a_bounds=a_bounds,
+        log_c_mid_bounds=(math.log(c_mid_low), math.log(c_mid_high)),
+        log_b_bounds=(math.log(settings.b_min), math.log(settings.b_max)),
+    )
+
+
+def _sigmoid_sums(
+    log_c: FloatArray,
+    log_c_mid: FloatArray,
+    log_b: FloatArray,
+    weighted_gain: FloatArray,
+    weights: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Sufficient statistics of the squared error on a (C_mid, B) grid.
+
+    For fixed (C_mid, B) with s_i = expit(B (u_i - m)) and gain a = A - R0,
+    ``SSE = sum w y^2 - 2 a sum w y s + a^2 sum w s^2`` (y = R - R0): the
+    sums ``S1 = sum w y s`` and ``S2 = sum w s^2`` make every A on the grid
+    free. ``weighted_gain`` is w*y and ``weights`` w, both (K, N) for K
+    datasets sharing the compute values. Returns S1, S2 of shape (K, nM, nB).
+    """
+    num_m, num_b, num_points = log_c_mid.size, log_b.size, log_c.size
+    b = np.exp(log_b)
+    s1 = np.empty((weights.shape[0], num_m, num_b))
+    s2 = np.empty_like(s1)
+    rows = max(1, _CHUNK_ELEMENTS // (num_b * num_points))
+    for start in range(0, num_m, rows):
+        stop = min(num_m, start + rows)
+        z = b[None, :, None] * (log_c[None, None, :] - log_c_mid[start:stop, None, None])
+        s = expit(z)
+        s1[:, start:stop] = np.moveaxis(s @ weighted_gain.T, -1, 0)
+        s2[:, start:stop] = np.moveaxis((s * s) @ weights.T, -1, 0)
+    return s1, s2
+
+
+def _residuals_and_jacobian(
+    theta: FloatArray, log_c: FloatArray, y: FloatArray, r0: float
+) -> tuple[FloatArray, list[FloatArray]]:
+    """Residuals model - data (K, N) and the columns d model / d (A, B, m), for theta rows (K, 3)."""
+    a = theta[:, 0:1] - r0
+    b = theta[:, 1:2]
+    t = log_c[None, :] - theta[:, 2:3]
+    s = expit(b * t)
+    a_ds = a * s * (1.0 - s)
+    residual = r0 + a * s - y
+    return residual, [s, a_ds * t, -a_ds * b]
+
+
+def _fit_problem(problem: _Problem, settings: CurveFitSettings, fixed: bool) -> CurveFit:
+    """Grid over (A, C_mid), B profiled at each node, then a continuous polish."""
+    log_c, y, r0 = problem.log_c, problem.pass_rate, problem.r0
+    log_c_mid = np.linspace(*problem.log_c_mid_bounds, settings.num_c_mid)
+    log_b = np.linspace(*problem.log_b_bounds, _NUM_B_GRID)
+    gain = (y - r0)[None, :]
+    s1, s2 = _sigmoid_sums(log_c, log_c_mid, log_b, gain, np.ones_like(gain))
+    a = (problem.a_grid - r0)[:, None, None]
+    sse = float((gain**2).sum()) - 2.0 * a * s1[0][None] + a * a * s2[0][None]  # (nA, nM, nB)
+
+    # Profile B at each (A, C_mid): best node, then the vertex of the parabola
+    # through it and its neighbours (in log B), where the best is interior.
+    k = np.clip(sse.argmin(axis=-1), 1, log_b.size - 2)
+    f_left = np.take_along_axis(sse, (k - 1)[..., None], -1)[..., 0]
+    f_mid = np.take_along_axis(sse, k[..., None], -1)[..., 0]
+    f_right = np.take_along_axis(sse, (k + 1)[..., None], -1)[..., 0]
+    curvature = f_left - 2.0 * f_mid + f_right
+    convex = curvature > 0
+    # Offset in grid steps from node k: the parabola's vertex where it is
+    # convex (kept within the bracket), else the best of the three nodes.
+    node_offset = np.stack([f_left, f_mid, f_right]).argmin(axis=0) - 1.0
+    vertex_offset = np.clip(0.5 * (f_left - f_right) / np.where(convex, curvature, 1.0), -1.0, 1.0)
+    offset = np.where(convex, vertex_offset, node_offset)
+    profiled = np.where(
+        convex,
+        f_mid + 0.5 * (f_right - f_left) * offset + 0.5 * curvature * offset**2,
+        np.minimum(np.minimum(f_left, f_mid), f_right),
+    )
+    i_a, i_m = np.unravel_index(int(profiled.argmin()), profiled.shape)
+    step_b = log_b[1] - log_b[0]
+    log_b_best = log_b[k[i_a, i_m]] + offset[i_a, i_m] * step_b
+    theta_grid = np.array([problem.a_grid[i_a], math.exp(log_b_best), log_c_mid[i_m]])
+
+    theta, sse_value = _polish(theta_grid, problem, fixed)
+    num_points = y.size
+    at_bounds = _params_at_bounds(theta, problem, fixed)
+    if at_bounds:
+        log.warning("curve fit ended on the bound of %s: the data do not pin it down", ", ".join(at_bounds))
+    return CurveFit(
+        a=float(theta[0]),
+        b=float(theta[1]),
+        c_mid=float(math.exp(theta[2])),
+        r0=r0,
+        sse=sse_value,
+        rmse=math.sqrt(sse_value / num_points),
+        num_points_used=num_points,
+        cutoff_compute=problem.cutoff_compute,
+        fixed_a=fixed,
+        params_at_bounds=at_bounds,
+    )
+
+
+def _polish(theta_grid: FloatArray, problem: _Problem, fixed: bool) -> tuple[FloatArray, float]:
+    """Continuous least squares from the grid winner; kept only if it lowers the SSE."""
+    log_c, y, r0 = problem.log_c, problem.pass_rate, problem.r0
+    free = [1, 2] if fixed else [0, 1, 2]
+    lower = np.array([problem.a_bounds[0], math.exp(problem.log_b_bounds[0]), problem.log_c_mid_bounds[0]])
+    upper = np.array([problem.a_bounds[1], math.exp(problem.log_b_bounds[1]), problem.log_c_mid_bounds[1]])
+
+    def full(x: FloatArray) -> FloatArray:
+        theta = theta_grid.copy()
+        theta[free] = x
+        return theta[None, :]
+
+    def fun(x: FloatArray) -> FloatArray:
+        return _residuals_and_jacobian(full(x), log_c, y, r0)[0][0]
+
+    def jac(x: FloatArray) -> FloatArray:
+        columns = _residuals_and_jacobian(full(x), log_c, y, r0)[1]
+        return np.stack([columns[i][0] for i in free], axis=1)
+
+    sse_grid = float((fun(theta_grid[free]) ** 2).sum())
+    x0 = np.clip(theta_grid[free], lower[free], upper[free])
+    try:
+        result = least_squares(
+            fun, x0, jac=jac, bounds=(lower[free], upper[free]), x_scale="jac", method="trf",
+            ftol=1e-12, xtol=1e-12, gtol=1e-12,
+        )
+    except (ValueError, np.linalg.LinAlgError) as error:  # a failed polish leaves the grid winner
+        log.debug("curve polish failed, keeping the grid winner: %s", error)
+        return theta_grid, sse_grid
+    sse_polished = float((result.fun**2).sum())
+    in_bounds = bool(np.all(result.x >= lower[free]) and np.all(result.x <= upper[free]))
+    if in_bounds and sse_polished < sse_grid:
+        return full(result.x)[0], sse_polished
+    return theta_grid, sse_grid
+
+
+def _params_at_bounds(theta: FloatArray, problem: _Problem, fixed: bool) -> tuple[str, ...]:
+    checks = [
+        ("B", math.log(theta[1]), problem.log_b_bounds),
+        ("C_mid", theta[2], problem.log_c_mid_bounds),
+    ]
+    if not fixed:
+        checks.insert(0, ("A", theta[0], problem.a_bounds))
+    names = []
+    for name, value, (low, high) in checks:
+        tolerance = _BOUND_RTOL * max(1.0, abs(low), abs(high))
+        if value <= low + tolerance or value >= high - tolerance:
+            names.append(name)
+    return tuple(names)
+
+
+def fit_curve(
+    compute: ArrayLike,
+    pass_rate: ArrayLike,
+    r0: float,
+    settings: CurveFitSettings | None = None,
+    *,
+    fixed_a: float | None = None,
+) -> CurveFit:
+    """Fit the sigmoid curve by the paper's procedure (arXiv 2510.13786).
+
+    ``R0`` is held fixed; points with compute below the early cutoff are
+    excluded; a grid over (A, C_mid) with B fitted by least squares at each
+    node picks the least-squared-error winner, which a bounded continuous
+    least-squares polish over (A, B, C_mid) refines. ``fixed_a`` holds A
+    (the comparison procedure). Raises FitError naming what is wrong with the
+    data.
+    """
+    settings = settings or CurveFitSettings()
+    problem = _prepare(compute, pass_rate, r0, settings, fixed_a)
+    return _fit_problem(problem, settings, fixed=fixed_a is not None)
+
+
+def _quantile_levels(level: float) -> list[float]:
+    return [(1.0 - level) / 2.0, (1.0 + level) / 2.0]
+
+
+def _weighted_sse(theta: FloatArray, log_c: FloatArray, y: FloatArray, w: FloatArray, r0: float) -> FloatArray:
+    """Weighted squared error of each row of theta (K, 3) on its dataset (rows of y, w)."""
+    s = expit(theta[:, 1:2] * (log_c[None, :] - theta[:, 2:3]))
+    residual = r0 + (theta[:, 0:1] - r0) * s - y
+    return (w * residual * residual).sum(axis=1)
+
+
+def _polish_batch(
+    theta: FloatArray,
+    log_c: FloatArray,
+    y: FloatArray,
+    w: FloatArray,
+    r0: float,
+    free: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Projected Levenberg-Marquardt on K weighted datasets at once (theta: K x 3)."""
+    sse = _weighted_sse(theta, log_c, y, w, r0)
+    damping = np.full(theta.shape[0], 1e-3)
+    fixed_diag = np.diag(1.0 - free)
+    for _ in range(_BOOT_NUM_LM_ITERATIONS):
+        residual, columns = _residuals_and_jacobian(theta, log_c, y, r0)
+        weighted = [w * column * f for column, f in zip(columns, free)]
+        # 3x3 normal equations per dataset, built from row sums: einsum over
+        # (K, N, 3) is several times slower than these BLAS-free reductions.
+        hessian = np.empty((theta.shape[0], 3, 3))
+        for i in range(3):
+            for j in range(i, 3):
+                hessian[:, i, j] = hessian[:, j, i] = (weighted[i] * columns[j] * free[j]).sum(axis=1)
+        gradient = np.stack([(column * residual).sum(axis=1) for column in weighted], axis=1)
+        diag = np.einsum("kii->ki", hessian)
+        # Marquardt's scaling by diag(H) makes the step unit-free; the identity
+        # on fixed parameters and a tiny ridge keep the system solvable when a
+        # column vanishes (e.g. A = R0 makes B and C_mid unidentifiable).
+        system = hessian + damping[:, None, None] * (diag[:, :, None] * np.eye(3)) + fixed_diag
+        system += 1e-12 * (1.0 + diag.sum(axis=1))[:, None, None] * np.eye(3)
+        step = -np.linalg.solve(system, gradient[..., None])[..., 0]
+        candidate = np.clip(theta + step * free, lower, upper)
+        candidate_sse = _weighted_sse(candidate, log_c, y, w, r0)
+        sse_before = sse
+        better = candidate_sse < sse
+        theta = np.where(better[:, None], candidate, theta)
+        sse = np.where(better, candidate_sse, sse)
+        damping = np.where(better, damping / 3.0, damping * 4.0)
+        # Converged when no dataset can still gain: each either made a
+        # negligible improvement or keeps rejecting steps at huge damping.
+        gain = (np.where(better, sse_before - sse, 0.0)) / np.maximum(sse_before, 1e-300)
+        if np.all((better & (gain < 1e-10)) | (~better & (damping > 1e3))):
+            break
+    return theta, sse
+
+
+def bootstrap_intervals(
+    compute: ArrayLike,
+    pass_rate: ArrayLike,
+    r0: float,
+    settings: CurveFitSettings | None,
+    fit: CurveFit,
+    targets: Sequence[float] = (),
+) -> Intervals:
+    """Percentile bootstrap intervals for A, B, C_mid and the pass rate at ``targets``.
+
+    Residual bootstrap (default) keeps the compute values and adds resampled,
+    centred residuals of ``fit`` to its fitted values, inflated by
+    sqrt(n / (n - p)) because least-squares residuals understate the noise by
+    the p fitted parameters; point bootstrap resamples (compute, pass rate)
+    pairs, done as multinomial weights on the original points so every
+    resample shares one sigmoid table. Each resample is refitted by a coarse
+    (C_mid, B) grid with A profiled out in closed form, then a vectorised
+    Levenberg-Marquardt polish from both that node and ``fit``, keeping the
+    better. Intervals are conditional on R0 and on the cutoff.
+    """
+    settings = settings or CurveFitSettings()
+    fixed_a = fit.a if fit.fixed_a else None
+    problem = _prepare(compute, pass_rate, r0, settings, fixed_a)
+    log_c, y = problem.log_c, problem.pass_rate
+    num_points, num_resamples = y.size, settings.num_bootstrap_resamples
+    rng = np.random.default_rng(settings.rng_seed)
+    theta_fit = np.array([fit.a, fit.b, math.log(fit.c_mid)])
+
+    if settings.bootstrap_kind == "residual":
+        fitted = fit.predict(np.exp(log_c))
+        residual = y - fitted
+        residual = residual - residual.mean()
+        num_params = 2 if fit.fixed_a else 3
+        if num_points > num_params:
+            residual = residual * math.sqrt(num_points / (num_points - num_params))
+        index = rng.integers(0, num_points, size=(num_resamples, num_points))
+        targets_y = fitted[None, :] + residual[index]
+        weights = np.ones_like(targets_y)
+    else:
+        targets_y = np.broadcast_to(y, (num_resamples, num_points)).copy()
+        weights = rng.multinomial(num_points, np.full(num_points, 1.0 / num_points), size=num_resamples)
+        weights = weights.astype(np.float64)
+
+    log_c_mid = np.linspace(*problem.log_c_mid_bounds, _BOOT_NUM_C_MID)
+    log_b = np.linspace(*problem.log_b_bounds, _BOOT_NUM_B)
+    gain = targets_y - r0
+    s1, s2 = _sigmoid_sums(log_c, log_c_mid, log_b, weights * gain, weights)
+    y2 = (weights * gain**2).sum(axis=1)[:, None, None]
+    if fit.fixed_a:
+        a = np.full_like(s1, fit.a - r0)
+    else:
+        # The SSE is quadratic in the gain a = A - R0 at fixed (C_mid, B):
+        # its minimiser S1/S2, clipped into the A range, is exact.
+        a = np.clip(s1 / np.maximum(s2, 1e-300), problem.a_bounds[0] - r0, problem.a_bounds[1] - r0)
+    sse = y2 - 2.0 * a * s1 + a * a * s2
+    flat = sse.reshape(num_resamples, -1).argmin(axis=1)
+    i_m, i_b = np.unravel_index(flat, sse.shape[1:])
+    theta_grid = np.stack(
+        [r0 + a[np.arange(num_resamples), i_m, i_b], np.exp(log_b[i_b]), log_c_mid[i_m]], axis=1
+    )
+
+    free = np.array([0.0 if fit.fixed_a else 1.0, 1.0, 1.0])
+    lower = np.array([problem.a_bounds[0], math.exp(problem.log_b_bounds[0]), problem.log_c_mid_bounds[0]])
+    upper = np.array([problem.a_bounds[1], math.exp(problem.log_b_bounds[1]), problem.log_c_mid_bounds[1]])
+    # Polish from whichever start fits the resample better: the coarse node
+    # (right basin when the resample moved far) or the point estimate (close
+    # already when it did not).
+    theta_fit_rows = np.broadcast_to(np.clip(theta_fit, lower, upper), theta_grid.shape)
+    theta_grid = np.clip(theta_grid, lower, upper)
+    grid_better = _weighted_sse(theta_grid, log_c, targets_y, weights, r0) <= _weighted_sse(
+        theta_fit_rows, log_c, targets_y, weights, r0
+    )
+    starts = np.where(grid_better[:, None], theta_grid, theta_fit_rows)
+    theta, _ = _polish_batch(starts, log_c, targets_y, weights, r0, free, lower, upper)
+
+    a_samples, b_samples, c_mid_samples = theta[:, 0], theta[:, 1], np.exp(theta[:, 2])
+    q = _quantile_levels(settings.interval_level)
+    target_compute = tuple(float(t) for t in targets)
+    if any(not math.isfinite(t) or t <= 0 for t in target_compute):
+        raise FitError(f"target compute values must be finite and > 0, got {target_compute}")
+    projections: list[Interval] = []
+    if target_compute:
+        curves = predict(np.array(target_compute)[None, :], a_samples[:, None], b_samples[:, None],
+                         c_mid_samples[:, None], r0)
+        low, high = np.quantile(curves, q, axis=0)
+        projections = [Interval(float(lo), float(hi)) for lo, hi in zip(low, high)]
+
+    def interval(samples: FloatArray) -> Interval:
+        low_value, high_value = np.quantile(samples, q)
+        return Interval(float(low_value), float(high_value))
+
+    return Intervals(
+        level=settings.interval_level,
+        a=interval(a_samples),
+        b=interval(b_samples),
+        c_mid=interval(c_mid_samples),
+        target_compute=target_compute,
+        projection=tuple(projections),
+        r0=float(r0),
+        a_samples=a_samples,
+        b_samples=b_samples,
+        c_mid_samples=c_mid_samples,
+    )
+
+
+RunData = tuple[ArrayLike, ArrayLike, float]
+
+
+def compare_runs(
+    runs: Mapping[str, RunData],
+    settings: CurveFitSettings | None = None,
+    margin: float = 0.02,
+) -> list[RunComparison]:
+    """Rank runs by fitted asymptote A; break near-ties on efficiency B.
+
+    The paper's procedure: runs whose asymptotes lie within ``margin`` (the
+    +-0.02 it measured between repeated runs) are not told apart by A; they
+    are refitted with A fixed at the group's mean and ordered by B (higher
+    B reaches the shared asymptote with less compute). Groups are formed
+    greedily down the A ranking: a run joins the group of the best run above
+    it if it is within ``margin`` of that run. ``runs`` maps a name to
+    (compute, pass_rate, r0). Raises FitError naming the run that failed.
+    """
+    settings = settings or CurveFitSettings()
+    fits: dict[str, CurveFit] = {}
+    for name, (compute, pass_rate, r0) in runs.items():
+        try:
+            fits[name] = fit_curve(compute, pass_rate, r0, settings)
+        except FitError as error:
+            raise FitError(f"run {name!r}: {error}") from error
+
+    ordered = sorted(fits, key=lambda name: -fits[name].a)
+    groups: list[list[str]] = []
+    for name in ordered:
+        if groups and fits[groups[-1][0]].a - fits[name].a <= margin + 1e-12:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+
+    rows: list[RunComparison] = []
+    for group_index, group in enumerate(groups):
+        refits: dict[str, CurveFit] = {}
+        shared_a: float | None = None
+        if len(group) > 1:
+            shared_a = float(np.mean([fits[name].a for name in group]))
+            for name in group:
+                compute, pass_rate, r0 = runs[name]
+                try:
+                    refits[name] = fit_curve(compute, pass_rate, r0, settings, fixed_a=shared_a)
+                except FitError as error:
+                    raise FitError(f"run {name!r} at shared A {shared_a:.4f}: {error}") from error
+            group = sorted(group, key=lambda name: -refits[name].b)
+        for name in group:
+            fit = fits[name]
+            refit = refits.get(name)
+            rows.append(
+                RunComparison(
+                    rank=len(rows) + 1,
+                    name=name,
+                    a=fit.a,
+                    b=fit.b,
+                    c_mid=fit.c_mid,
+                    r0=fit.r0,
+                    rmse=fit.rmse,
+                    num_points_used=fit.num_points_used,
+                    tie_group=group_index + 1,
+                    shared_a=shared_a,
+                    b_at_shared_a=refit.b if refit else None,
+                    c_mid_at_shared_a=refit.c_mid if refit else None,
+                    decided_by="efficiency" if refit else "asymptote",
+                )
+            )
+    return rows

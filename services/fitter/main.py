@@ -1,0 +1,116 @@
+"""``asymptote fitter``: parse config, set up logging, run the fitter."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from asymptote.config import load_config, log_resolved
+from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
+from asymptote.lifecycle import run_until_stopped
+from asymptote.logs import setup_logging
+from asymptote.policy import watch_policy
+from asymptote.rpc import start_server
+from asymptote.runtime import Runtime, service_runtime, supervise
+from asymptote.streams import ensure_bucket
+from services.fitter.collector import Collector
+from services.fitter.compute_axis import ComputeAxis
+from services.fitter.config import FitterConfig
+from services.fitter.metrics import ProjectionCollector, registry_with
+from services.fitter.server import FitterServicer
+
+log = logging.getLogger(__name__)
+
+
+async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
+    """Replay the whole telemetry stream, then follow it (an ordered consumer)."""
+
+    async def on_msg(msg: object) -> None:
+        try:
+            axis.observe(rollout_pb2.ComputeTelemetry.FromString(msg.data))  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("ignoring undecodable compute telemetry: %s", exc)
+
+    sub = await rt.js.subscribe(rt.names.telemetry, cb=on_msg, ordered_consumer=True)
+    try:
+        await stop.wait()
+    finally:
+        await sub.unsubscribe()
+
+
+async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> None:
+    sub = await rt.js.pull_subscribe(
+        rt.names.eval_results,
+        durable=rt.names.fitter_evals_consumer,
+        stream=rt.names.evals_stream,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_deliver=5),
+    )
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(batch=256, timeout=1.0)
+        except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+            continue
+        for msg in msgs:
+            try:
+                result = rollout_pb2.EvalResult.FromString(msg.data)
+                if not result.eval_id or not result.task_id or result.num_samples == 0:
+                    raise ValueError("eval result lacks eval_id, task_id or samples")
+            except Exception as exc:
+                log.error("dead-lettering a bad eval result: %s", exc)
+                await rt.js.publish(rt.names.deadletter("evals"), msg.data, headers={"Asymptote-Reason": str(exc)[:512]})
+                await msg.term()
+                continue
+            # Refits run in a thread: a bootstrap must not stall the event loop.
+            await asyncio.to_thread(collector.add_result, result)
+            await msg.ack()
+
+
+async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
+    kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
+    async for policy in watch_policy(kv, rt.names, stop):
+        axis.mark_version(int(policy.version), policy.published_unix_s)
+
+
+async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
+    axis = ComputeAxis(config.telemetry_stale_s)
+    collector = Collector(config.run_dir, config.run_name, config.curve, config.target_compute_multiples, axis, config.plot)
+
+    def points() -> tuple[int, float, float]:
+        last = collector.points[-1] if collector.points else None
+        return len(collector.points), (last.compute if last else 0.0), (last.pass_rate if last else 0.0)
+
+    registry = registry_with(ProjectionCollector(config.run_name, lambda: collector.projection, points, axis.by_service))
+    async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:
+        servicer = FitterServicer(collector)
+        server, _ = await start_server(
+            config.grpc, rt.health,
+            lambda s: services_pb2_grpc.add_FitterServicer_to_server(servicer, s),
+            ["asymptote.contracts.v1.Fitter"],
+        )
+        await rt.health.unblock("starting")
+        try:
+            await supervise(
+                stop,
+                {
+                    "telemetry": telemetry_loop(rt, axis, stop),
+                    "policy": policy_loop(rt, axis, stop),
+                    "evals": evals_loop(rt, collector, stop),
+                },
+            )
+        finally:
+            await rt.health.shutting_down()
+            await server.stop(grace=2.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asymptote fitter", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_FITTER__...)")
+    args = parser.parse_args(argv)
+    config = load_config(FitterConfig, args.config, "ASY_FITTER")
+    setup_logging("fitter", config.log_format)
+    log_resolved(config, "fitter")
+    return run_until_stopped(lambda stop: serve(config, stop))

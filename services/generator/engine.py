@@ -1,0 +1,148 @@
+"""The vLLM engine behind a generator: sampling and weight swaps.
+
+Owns one ``vllm.v1.engine.async_llm.AsyncLLM`` (the same engine on CPU and
+GPU), turning a prompt and sampling parameters into completions with the
+sampled tokens' log-probs and per-token weight-version spans, and loading a
+new weight version into the running engine. Knows nothing about NATS, tasks
+or rewards. vLLM is imported lazily so the module imports without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from services.generator.config import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion as the engine produced it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version_spans: list[tuple[int, int, int]]  # (version, start, end)
+    finish_reason: str
+    text: str
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass(frozen=True)
+class SwapReport:
+    version: int
+    paused_s: float
+    num_running: int
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.version = 0
+        self._llm: Any = None
+        self._swap_lock = asyncio.Lock()
+        self.num_running = 0
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        s = self.settings
+        args = AsyncEngineArgs(
+            model=str(s.model_dir),
+            tokenizer=str(s.model_dir),
+            dtype=s.dtype,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            kv_cache_memory_bytes=s.kv_cache_memory_bytes,
+            enforce_eager=s.enforce_eager,
+            seed=s.seed,
+            # Log-probs of the distribution actually sampled from (after
+            # temperature), which is what the learner's IS ratio divides by.
+            logprobs_mode="processed_logprobs",
+            max_logprobs=1,
+            enable_prefix_caching=True,
+        )
+        started = time.monotonic()
+        self._llm = AsyncLLM.from_engine_args(args)
+        await self._llm.update_weight_version("0")
+        log.info("vLLM engine up in %.1fs (model %s)", time.monotonic() - started, s.model_dir)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    async def sample(
+        self, prompt: str, num_samples: int, temperature: float, top_p: float, max_tokens: int, seed: int = 0
+    ) -> tuple[list[int], list[Sample]]:
+        """Sample ``num_samples`` completions of ``prompt``; returns (prompt ids, samples)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=num_samples,
+            temperature=temperature,
+            top_p=top_p if 0.0 < top_p < 1.0 else 1.0,
+            max_tokens=max_tokens,
+            logprobs=0,
+            seed=seed or None,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        self.num_running += num_samples
+        try:
+            async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
+                final = out
+        finally:
+            self.num_running -= num_samples
+        if final is None:
+            raise RuntimeError("vLLM returned no output")
+        samples = [self._sample(c) for c in final.outputs]
+        return list(final.prompt_token_ids or []), samples
+
+    def _sample(self, c: Any) -> Sample:
+        token_ids = list(c.token_ids)
+        logprobs: list[float] = []
+        for tid, entry in zip(token_ids, c.logprobs or []):
+            lp = entry.get(tid) if entry else None
+            if lp is None:
+                raise RuntimeError(f"vLLM returned no log-prob for sampled token {tid}")
+            logprobs.append(float(lp.logprob))
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
+        spans = [(int(s.version), int(s.start), int(s.end)) for s in (c.weight_versions or [])]
+        if not spans and token_ids:
+            spans = [(self.version, 0, len(token_ids))]
+        return Sample(token_ids, logprobs, spans, str(c.finish_reason or ""), c.text)
+
+    async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
+        """Load ``weights_path`` as ``version`` into the running engine.
+
+        inflight: pause keeping requests and their KV cache, reload, resume;
+        sequences in flight continue under the new weights (PipelineRL).
+        drain: running requests finish first (conventional on-policy RL).
+        The reload goes through vLLM's layerwise reload, which repacks CPU
+        kernels' weights; loading tensors directly corrupts them on CPU.
+        """
+        async with self._swap_lock:
+            running = self.num_running
+            started = time.monotonic()
+            await self._llm.pause_generation(mode="keep" if mode == "inflight" else "wait", clear_cache=False)
+            try:
+                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+                await self._llm.update_weight_version(str(version))
+                self.version = version
+            finally:
+                await self._llm.resume_generation()
+            paused = time.monotonic() - started
+        return SwapReport(version, paused, running)

@@ -1,0 +1,83 @@
+"""``asymptote generator``: parse config, set up logging, run a generator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+
+from asymptote.compute import ComputeMeter
+from asymptote.config import load_config, log_resolved
+from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.lifecycle import run_until_stopped
+from asymptote.logs import setup_logging
+from asymptote.rpc import start_server
+from asymptote.runtime import service_runtime, supervise
+from asymptote.streams import ensure_bucket
+from services.generator.config import GeneratorConfig
+from services.generator.engine import Engine
+from services.generator.metrics import GeneratorMetrics
+from services.generator.rollout import RolloutLoop
+from services.generator.server import GeneratorServicer
+from services.generator.swapper import Swapper
+from services.generator.weights import GrpcWeightSource
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
+    metrics = GeneratorMetrics()
+    async with service_runtime("generator", config.nats, config.prefix, config.http, metrics.registry) as rt:
+        engine = Engine(config.engine)
+        await rt.health.block("engine", "vLLM engine starting")
+        await engine.start()
+        try:
+            await rt.health.unblock("engine")
+            weights_dir = config.weights_dir / rt.instance_id
+            swapper = Swapper(
+                engine, GrpcWeightSource(), config.engine.model_dir, weights_dir, config.swap_mode, metrics
+            )
+            policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
+            meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
+            loop = RolloutLoop(
+                engine, rt.js, rt.names, rt.instance_id, config.max_inflight_groups,
+                config.task_ack_wait_s, metrics, meter,
+            )
+            servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
+            server, _ = await start_server(
+                config.grpc,
+                rt.health,
+                lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s),
+                ["asymptote.contracts.v1.Generator"],
+            )
+            await rt.health.unblock("starting")
+            try:
+                await supervise(
+                    stop,
+                    {
+                        "rollout": loop.run(stop),
+                        "watch": swapper.watch_loop(policy_kv, rt.names, stop),
+                        "swap": swapper.swap_loop(stop),
+                        "telemetry": meter.run(rt.js, rt.names, stop, config.telemetry_interval_s),
+                    },
+                    grace_s=30.0,
+                )
+            finally:
+                await rt.health.shutting_down()
+                await server.stop(grace=2.0)
+                shutil.rmtree(weights_dir, ignore_errors=True)
+        finally:
+            await engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asymptote generator", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_GENERATOR__...)")
+    args = parser.parse_args(argv)
+    config = load_config(GeneratorConfig, args.config, "ASY_GENERATOR")
+    setup_logging("generator", config.log_format)
+    log_resolved(config, "generator")
+    return run_until_stopped(lambda stop: serve(config, stop))
+

@@ -1,0 +1,37 @@
+"""The generator's Prometheus metrics (one registry per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class GeneratorMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.tokens = Counter("asymptote_generator_tokens", "Completion tokens generated", ["kind"], registry=r)
+        self.groups = Counter("asymptote_generator_groups", "Groups published", ["kind"], registry=r)
+        self.task_errors = Counter(
+            "asymptote_generator_task_errors", "Tasks that failed and were handed back", ["reason"], registry=r
+        )
+        self.inflight_groups = Gauge("asymptote_generator_inflight_groups", "Groups being generated", registry=r)
+        self.policy_version = Gauge("asymptote_generator_policy_version", "Loaded policy version", registry=r)
+        self.swaps = Counter("asymptote_generator_swaps", "Weight versions loaded", registry=r)
+        self.swaps_refused = Counter(
+            "asymptote_generator_swaps_refused", "Weight versions refused", ["reason"], registry=r
+        )
+        self.swap_pause_s = Histogram(
+            "asymptote_generator_swap_pause_seconds",
+            "Engine pause per swap",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            registry=r,
+        )
+        self.swap_pull_s = Histogram(
+            "asymptote_generator_swap_pull_seconds",
+            "Time to pull and verify a version",
+            buckets=(0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.swap_bytes = Counter("asymptote_generator_swap_bytes", "Weight bytes pulled", registry=r)
+        self.swap_carried = Counter(
+            "asymptote_generator_swap_carried_sequences", "Sequences in flight across a swap", registry=r
+        )

@@ -1,0 +1,227 @@
+"""The rollout loop: lease tasks, sample, score, publish, then ack.
+
+Owns a generator's side of the task protocol. Keeps up to
+``max_inflight_groups`` prompt groups in the engine at once (continuous
+batching), scores each completion with the task's verifier, publishes one
+``RolloutGroup`` (train) or ``EvalResult`` (eval) per task with the task id
+as the JetStream message id, and acks the task only after the publish is
+stored, so a crash at any point re-delivers the task and a re-publish is
+deduplicated. A task it cannot decode is terminated and dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from asymptote.compute import ComputeMeter
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+from asymptote.streams import Names
+from asymptote.tasks import Task, get_task
+from services.generator.engine import Engine, Sample
+from services.generator.metrics import GeneratorMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_DELIVER = 5
+"""Deliveries of a task before JetStream stops retrying it."""
+
+
+def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
+    try:
+        task = rollout_pb2.GenerationTask.FromString(data)
+    except Exception as exc:
+        raise PayloadError(f"undecodable GenerationTask: {exc}") from exc
+    if not task.task_id or not task.prompt:
+        raise PayloadError("task has no task_id or prompt")
+    if task.kind not in (rollout_pb2.TASK_KIND_TRAIN, rollout_pb2.TASK_KIND_EVAL):
+        raise PayloadError(f"task {task.task_id}: unknown kind {task.kind}")
+    s = task.sampling
+    if not 1 <= s.num_samples <= 1024 or not 1 <= s.max_tokens <= 1_000_000 or not s.temperature > 0:
+        raise PayloadError(
+            f"task {task.task_id}: sampling out of range (num_samples {s.num_samples}, "
+            f"max_tokens {s.max_tokens}, temperature {s.temperature})"
+        )
+    return task
+
+
+def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        token_ids=sample.token_ids,
+        logprobs=sample.logprobs,
+        version_spans=[rollout_pb2.VersionSpan(version=v, start=a, end=b) for v, a, b in sample.version_spans],
+        reward=reward,
+        truncated=sample.truncated,
+        finish_reason=sample.finish_reason,
+        text=sample.text,
+    )
+
+
+class RolloutLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        js: JetStreamContext,
+        names: Names,
+        generator_id: str,
+        max_inflight_groups: int,
+        ack_wait_s: float,
+        metrics: GeneratorMetrics,
+        meter: ComputeMeter,
+    ) -> None:
+        self.engine = engine
+        self.js = js
+        self.names = names
+        self.generator_id = generator_id
+        self.max_inflight = max_inflight_groups
+        self.ack_wait_s = ack_wait_s
+        self.metrics = metrics
+        self.meter = meter
+        self._tasks: dict[str, Task] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    def _task(self, name: str) -> Task:
+        if name not in self._tasks:
+            self._tasks[name] = get_task(name)
+        return self._tasks[name]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sub = await self.js.pull_subscribe(
+            self.names.all_tasks,
+            durable=self.names.generators_consumer,
+            stream=self.names.tasks_stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=self.ack_wait_s,
+                max_deliver=MAX_DELIVER,
+                max_ack_pending=-1,
+            ),
+        )
+        busy_since: float | None = None
+        while not stop.is_set():
+            room = self.max_inflight - len(self._inflight)
+            if room <= 0:
+                await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                msgs = await sub.fetch(batch=room, timeout=0.2 if self._inflight else 1.0)
+            except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+                msgs = []
+            except Exception as exc:
+                log.warning("task fetch failed: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                t = asyncio.create_task(self._handle(msg))
+                self._inflight.add(t)
+                t.add_done_callback(self._inflight.discard)
+            # Device time counts as busy while any group is in the engine.
+            now = time.monotonic()
+            if busy_since is not None:
+                self.meter.add_busy(now - busy_since)
+            busy_since = now if self._inflight else None
+            self.metrics.inflight_groups.set(len(self._inflight))
+        # Drain: let in-flight groups finish and publish (they are leased).
+        if self._inflight:
+            log.info("draining %d in-flight groups", len(self._inflight))
+            await asyncio.wait(self._inflight, timeout=30.0)
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            task = decode_task(msg.data)
+            verifier = self._task(task.task_name)
+        except (PayloadError, ValueError) as exc:
+            await self._deadletter(msg, str(exc))
+            return
+        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        try:
+            started = time.time()
+            s = task.sampling
+            prompt_ids, samples = await self.engine.sample(
+                task.prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+            )
+            rewards = [verifier.score(x.text, task.reference) for x in samples]
+            num_tokens = sum(len(x.token_ids) for x in samples)
+            kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
+            if task.kind == rollout_pb2.TASK_KIND_TRAIN:
+                payload, subject = self._group(task, prompt_ids, samples, rewards, started), self.names.rollouts
+            else:
+                payload, subject = self._eval_result(task, samples, rewards, num_tokens), self.names.eval_results
+            await self.js.publish(subject, payload.SerializeToString(), headers={"Nats-Msg-Id": task.task_id})
+            await msg.ack()
+            self.metrics.tokens.labels(kind).inc(num_tokens)
+            self.metrics.groups.labels(kind).inc()
+            self.meter.num_tokens += num_tokens
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # engine or NATS trouble: hand the task back
+            self.metrics.task_errors.labels(type(exc).__name__).inc()
+            log.warning("task %s failed, handing it back: %s", task.task_id, exc)
+            try:
+                await msg.nak(delay=1.0)
+            except Exception:
+                pass
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait_s / 3)
+            try:
+                await msg.in_progress()
+            except Exception as exc:
+                log.debug("in_progress failed: %s", exc)
+
+    def _group(
+        self,
+        task: rollout_pb2.GenerationTask,
+        prompt_ids: list[int],
+        samples: list[Sample],
+        rewards: list[float],
+        started: float,
+    ) -> rollout_pb2.RolloutGroup:
+        versions = [v for x in samples for v, _, _ in x.version_spans] or [self.engine.version]
+        return rollout_pb2.RolloutGroup(
+            group_id=task.task_id,
+            task=task,
+            prompt_token_ids=prompt_ids,
+            completions=[completion(x, r) for x, r in zip(samples, rewards)],
+            generator_id=self.generator_id,
+            started_unix_s=started,
+            finished_unix_s=time.time(),
+            min_version=min(versions),
+            max_version=max(versions),
+        )
+
+    def _eval_result(
+        self, task: rollout_pb2.GenerationTask, samples: list[Sample], rewards: list[float], num_tokens: int
+    ) -> rollout_pb2.EvalResult:
+        versions = [v for x in samples for v, _, _ in x.version_spans] or [self.engine.version]
+        return rollout_pb2.EvalResult(
+            eval_id=task.eval_id,
+            task_id=task.task_id,
+            prompt_id=task.prompt_id,
+            num_samples=len(samples),
+            num_correct=sum(1 for r in rewards if r > 0),
+            eval_version=task.issued_at_version,
+            min_version=min(versions),
+            max_version=max(versions),
+            eval_num_prompts=task.eval_num_prompts,
+            generator_id=self.generator_id,
+            finished_unix_s=time.time(),
+            num_tokens=num_tokens,
+        )
+
+    async def _deadletter(self, msg: Msg, reason: str) -> None:
+        log.error("dead-lettering a task: %s", reason)
+        try:
+            await self.js.publish(self.names.deadletter("tasks"), msg.data, headers={"Asymptote-Reason": reason[:512]})
+        finally:
+            await msg.term()
+        self.metrics.task_errors.labels("poison").inc()

@@ -1,0 +1,105 @@
+"""In-flight weight updates: watch the policy version, pull, verify, swap.
+
+Owns the loop that keeps a generator on the learner's newest version. It
+always loads the newest announced version (skipping ones superseded while a
+pull was under way), refuses bad updates without disturbing the engine, and
+records per-swap telemetry (bytes, pull time, pause, sequences carried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from nats.js.kv import KeyValue
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import WeightsError
+from asymptote.policy import watch_policy
+from asymptote.streams import Names
+from services.generator.engine import Engine
+from services.generator.metrics import GeneratorMetrics
+from asymptote.codec import read_signature
+from services.generator.weights import WeightSource, check_signature, prune, stage
+
+log = logging.getLogger(__name__)
+
+
+class Swapper:
+    def __init__(
+        self,
+        engine: Engine,
+        source: WeightSource,
+        model_dir: Path,
+        weights_dir: Path,
+        mode: str,
+        metrics: GeneratorMetrics,
+    ) -> None:
+        self.engine = engine
+        self.source = source
+        self.model_dir = model_dir
+        self.weights_dir = weights_dir
+        self.mode = mode
+        self.metrics = metrics
+        self.signature = read_signature(model_dir)
+        self.latest: rollout_pb2.PolicyVersion | None = None
+        self.refused: dict[int, str] = {}
+        self._announced = asyncio.Event()
+
+    async def watch_loop(self, kv: KeyValue, names: Names, stop: asyncio.Event) -> None:
+        async for policy in watch_policy(kv, names, stop):
+            self.latest = policy
+            self._announced.set()
+
+    async def swap_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._announced.wait(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            self._announced.clear()
+            policy = self.latest
+            if policy is None or policy.version <= self.engine.version or policy.version in self.refused:
+                continue
+            await self.update(policy)
+
+    async def update(self, policy: rollout_pb2.PolicyVersion) -> bool:
+        """Pull, verify and load ``policy``; False (engine untouched) if refused."""
+        version = int(policy.version)
+        started = time.monotonic()
+        try:
+            weights = await self.source.pull(policy.weights_endpoint, version)
+            if weights.sha256 != policy.sha256:
+                raise WeightsError(
+                    f"version {version}: digest {weights.sha256[:12]}… differs from the announced {policy.sha256[:12]}…"
+                )
+            check_signature(weights, self.signature)
+            folder = await asyncio.to_thread(stage, weights, self.weights_dir, self.model_dir)
+        except WeightsError as exc:
+            self.refused[version] = str(exc)
+            self.metrics.swaps_refused.labels("invalid").inc()
+            log.error("refused weights: %s; still serving version %d", exc, self.engine.version)
+            return False
+        except Exception as exc:  # learner unreachable: retry on the next announcement
+            self.metrics.swaps_refused.labels("unreachable").inc()
+            log.warning("could not pull version %d from %s: %s", version, policy.weights_endpoint, exc)
+            await asyncio.sleep(1.0)
+            self._announced.set()
+            return False
+        pulled = time.monotonic() - started
+        report = await self.engine.swap(folder, version, "inflight" if self.mode == "inflight" else "drain")
+        await asyncio.to_thread(prune, self.weights_dir, folder)
+        m = self.metrics
+        m.swaps.inc()
+        m.swap_pull_s.observe(pulled)
+        m.swap_pause_s.observe(report.paused_s)
+        m.swap_bytes.inc(weights.num_bytes)
+        m.swap_carried.inc(report.num_running)
+        m.policy_version.set(version)
+        log.info(
+            "loaded version %d: %.1f MB, pull %.0f ms, paused %.0f ms, %d sequences carried across",
+            version, weights.num_bytes / 1e6, pulled * 1e3, report.paused_s * 1e3, report.num_running,
+        )
+        return True

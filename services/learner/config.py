@@ -1,0 +1,88 @@
+"""The learner's configuration (one frozen model, loaded by asymptote.config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from asymptote.config import Frozen, ListenSettings, NatsSettings
+
+
+class LossSettings(Frozen):
+    """The policy-gradient loss (RECIPE.md section 2)."""
+
+    name: Literal["cispo"] = "cispo"
+    """Loss function."""
+    eps_max: float = Field(default=4.0, gt=0.0)
+    """CISPO: cap on the IS weight itself, w = sg(min(rho, eps_max)). ScaleRL's convention;
+    eps_max = 4 equals eps_high = 3 in the MiniMax/verl 1 + eps_high notation."""
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    """Token-loss aggregation: per prompt (ScaleRL), per sample (GRPO), per token (DAPO)."""
+    normalization: Literal["batch", "group", "none"] = "batch"
+    """Advantage normalisation: batch std (ScaleRL), group std (GRPO), none (Dr. GRPO)."""
+
+
+class OptimizerSettings(Frozen):
+    """AdamW with linear warm-up then constant learning rate."""
+
+    lr: float = Field(default=1e-4, gt=0.0)
+    """Peak learning rate (a tiny model needs far more than the paper's 5e-7)."""
+    warmup_steps: int = Field(default=5, ge=0)
+    """Linear warm-up steps."""
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(default=1e-8, gt=0.0)
+    """AdamW epsilon (paper: 1e-15 for an 8B model in bf16)."""
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    """Gradient clipping by global norm."""
+
+
+class LearnerConfig(Frozen):
+    """Learner: CISPO on the broker's batches, weights served to generators."""
+
+    nats: NatsSettings = NatsSettings()
+    """Where JetStream is."""
+    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
+    """Namespace of this run's streams, subjects and buckets."""
+    grpc: ListenSettings = ListenSettings(port=50071)
+    """gRPC listener (Learner.PullWeights, Status, health)."""
+    advertise_host: str = "127.0.0.1"
+    """Host generators use to reach this learner's gRPC port (the pod's Service name in Kubernetes)."""
+    http: ListenSettings = ListenSettings(port=9103)
+    """HTTP listener (/metrics, /healthz, /readyz)."""
+    broker_endpoint: str = "127.0.0.1:50051"
+    """host:port of the broker's gRPC service."""
+    model_dir: Path
+    """Hugging Face model directory with the initial weights."""
+    run_dir: Path = Path("runs/latest")
+    """Where metrics.jsonl and checkpoints/ go."""
+    loss: LossSettings = LossSettings()
+    """The loss."""
+    optimizer: OptimizerSettings = OptimizerSettings()
+    """The optimizer."""
+    batch_prompts: int = Field(default=16, ge=1)
+    """Prompt groups per step (asked of the broker)."""
+    max_steps: int = Field(default=200, ge=1)
+    """Stop after this many optimizer steps (the policy version equals the step)."""
+    checkpoint_every_steps: int = Field(default=10, ge=1)
+    """Checkpoint interval; batches are acked to the broker only once a checkpoint holds them."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk."""
+    batch_wait_s: float = Field(default=10.0, gt=0.0)
+    """How long one NextBatch call waits for a full batch before asking again."""
+    num_threads: int = Field(default=1, ge=1)
+    """torch intra-op threads (one core on the embedded default)."""
+    device_kind: str = "cpu-core"
+    """What this learner's accelerator is, for compute accounting."""
+    num_devices: int = Field(default=1, ge=1)
+    """Accelerators this learner holds, for compute accounting."""
+    telemetry_interval_s: float = Field(default=5.0, gt=0.0)
+    """How often compute telemetry is published."""
+    seed: int = 0
+    """torch seed."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """Log format: JSON in pods, text on a terminal."""

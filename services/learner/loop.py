@@ -1,0 +1,249 @@
+"""The learner's training loop and its wiring (imports torch).
+
+Owns the order of operations that makes the learner lose nothing: a batch's
+messages are acked to the broker only after a durable checkpoint includes
+the batch; on start the learner resumes from its newest checkpoint and asks
+the broker to release every batch it had handed out and not seen acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import grpc
+import torch
+
+from asymptote.codec import read_signature
+from asymptote.compute import ComputeMeter
+from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.errors import PayloadError
+from asymptote.health import Health
+from asymptote.lifecycle import wait_or_stop
+from asymptote.policy import publish_policy
+from asymptote.rpc import channel, start_server
+from asymptote.runtime import Runtime, service_runtime, supervise
+from asymptote.streams import ensure_bucket
+from services.learner import checkpoint
+from services.learner.config import LearnerConfig
+from services.learner.metrics import LearnerMetrics
+from services.learner.model import load_model, load_tokenizer
+from services.learner.server import LearnerServicer
+from services.learner.trainer import Trainer, collate
+from services.learner.weights import Version, WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class BrokerClient:
+    """The learner's calls to Broker; marks the learner not ready while unreachable."""
+
+    def __init__(self, endpoint: str, health: Health) -> None:
+        self.endpoint = endpoint
+        self.health = health
+        self._channel = channel(endpoint)
+        self.stub = services_pb2_grpc.BrokerStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def next_batch(
+        self, version: int, num_groups: int, timeout_s: float
+    ) -> tuple[services_pb2.BatchHeader, list[rollout_pb2.RolloutGroup]] | None:
+        header = None
+        groups: list[rollout_pb2.RolloutGroup] = []
+        try:
+            call = self.stub.NextBatch(
+                services_pb2.NextBatchRequest(learner_version=version, num_groups=num_groups, timeout_s=timeout_s),
+                timeout=timeout_s + 30.0,
+            )
+            async for part in call:
+                if part.WhichOneof("part") == "header":
+                    header = part.header
+                else:
+                    groups.append(part.group)
+        except grpc.aio.AioRpcError as exc:
+            await self.health.block("broker", f"broker at {self.endpoint} unreachable: {exc.code().name}")
+            return None
+        await self.health.unblock("broker")
+        if header is None or not header.batch_id:
+            return None
+        if len(groups) != header.num_groups:
+            raise PayloadError(f"batch {header.batch_id}: header says {header.num_groups} groups, got {len(groups)}")
+        return header, groups
+
+    async def ack(self, batch_ids: list[str], release_unacked: bool = False, attempts: int = 30) -> None:
+        """Ack with bounded retries; the batches stay safe in JetStream meanwhile."""
+        delay = 0.5
+        for attempt in range(attempts):
+            try:
+                resp = await self.stub.Ack(
+                    services_pb2.AckRequest(batch_ids=batch_ids, release_unacked=release_unacked), timeout=10.0
+                )
+                if resp.unknown_batch_ids:
+                    log.warning("broker did not know batches %s (it restarted: JetStream redelivers them)",
+                                list(resp.unknown_batch_ids)[:3])
+                await self.health.unblock("broker")
+                return
+            except grpc.aio.AioRpcError as exc:
+                await self.health.block("broker", f"broker at {self.endpoint} unreachable: {exc.code().name}")
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+class Learner:
+    def __init__(self, config: LearnerConfig, rt: Runtime, metrics: LearnerMetrics) -> None:
+        self.config = config
+        self.rt = rt
+        self.metrics = metrics
+        self.model = load_model(config.model_dir)
+        self.pad_id = int(load_tokenizer(config.model_dir).pad_token_id or 0)
+        self.trainer = Trainer(self.model, config.loss, config.optimizer)
+        self.store = WeightStore(read_signature(config.model_dir))
+        self.ckpt_root = config.run_dir / "checkpoints"
+        self.version = 0
+        self.samples_trained = 0
+        self.unacked: list[str] = []
+        self.meter = ComputeMeter("learner", rt.instance_id, config.device_kind, config.num_devices)
+        self.metrics_path = config.run_dir / "metrics.jsonl"
+        self.done = asyncio.Event()
+
+    def resume(self) -> None:
+        path = checkpoint.latest(self.ckpt_root)
+        if path is None:
+            log.info("no checkpoint in %s: starting from %s at version 0", self.ckpt_root, self.config.model_dir)
+            return
+        restored = checkpoint.restore(path, self.model, self.trainer.optimizer, self.trainer.scheduler)
+        self.version = restored.version
+        self.samples_trained = restored.samples_trained
+        log.info("resumed from %s at version %d", path, self.version)
+
+    def gauges(self) -> dict[str, float]:
+        return {
+            "policy_version": float(self.version),
+            "samples_trained": float(self.samples_trained),
+            "unacked_batches": float(len(self.unacked)),
+            "done": 1.0 if self.done.is_set() else 0.0,
+        }
+
+    async def announce(self, v: Version) -> None:
+        policy = rollout_pb2.PolicyVersion(
+            version=v.version,
+            weights_endpoint=f"{self.config.advertise_host}:{self.grpc_port}",
+            sha256=v.sha256,
+            num_bytes=v.num_bytes,
+            num_tensors=len(v.tensors),
+            published_unix_s=time.time(),
+            samples_trained=self.samples_trained,
+        )
+        await publish_policy(self.kv, self.rt.names, policy)
+        self.metrics.policy_version.set(v.version)
+        self.meter.policy_version = v.version
+
+    async def checkpoint_and_ack(self, broker: BrokerClient) -> None:
+        started = time.perf_counter()
+        await asyncio.to_thread(
+            checkpoint.save, self.ckpt_root, self.version, self.model, self.trainer.optimizer,
+            self.trainer.scheduler, self.samples_trained, self.config.keep_checkpoints,
+        )
+        log.info("checkpoint at version %d in %.2fs", self.version, time.perf_counter() - started)
+        if self.unacked:
+            await broker.ack(self.unacked)
+            self.unacked = []
+
+    async def train_loop(self, broker: BrokerClient, stop: asyncio.Event) -> None:
+        c = self.config
+        await broker.ack([], release_unacked=True)
+        waited = 0.0
+        last_wait_log = time.monotonic()
+        while self.version < c.max_steps and not stop.is_set():
+            t0 = time.perf_counter()
+            got = await broker.next_batch(self.version, c.batch_prompts, c.batch_wait_s)
+            waited += time.perf_counter() - t0
+            if got is None:
+                if time.monotonic() - last_wait_log > 30.0:
+                    log.info("waiting for data at version %d (%.0fs so far)", self.version, waited)
+                    last_wait_log = time.monotonic()
+                if not self.rt.health.ready:
+                    await wait_or_stop(stop, 1.0)
+                continue
+            header, groups = got
+            inputs = collate(groups, self.pad_id)
+            step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
+            self.version += 1
+            self.samples_trained += int(inputs.rewards.numel())
+            v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
+            await self.announce(v)
+            self.unacked.append(header.batch_id)
+            self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
+            record = {
+                "step": self.version,
+                "policy_version": self.version,
+                "unix_s": time.time(),
+                "samples_trained": self.samples_trained,
+                "time/wait_s": waited,
+                "batch/zero_variance_dropped": float(header.num_zero_variance),
+                "batch/stale_dropped": float(header.num_stale_dropped),
+                **step,
+            }
+            self.metrics.steps.inc()
+            self.metrics.samples.inc(int(inputs.rewards.numel()))
+            self.metrics.wait_s.inc(waited)
+            self.metrics.compute_s.inc(step["time/compute_s"])
+            self.metrics.record_step(record)
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            waited = 0.0
+            if self.version % c.checkpoint_every_steps == 0 or self.version >= c.max_steps:
+                await self.checkpoint_and_ack(broker)
+        if self.version >= c.max_steps:
+            log.info("reached max_steps=%d; serving the final weights until stopped", c.max_steps)
+            self.done.set()
+            await stop.wait()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        c = self.config
+        c.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume()
+        v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
+        servicer = LearnerServicer(self.store, self.rt.health, self.rt.instance_id, self.gauges)
+        server, self.grpc_port = await start_server(
+            c.grpc, self.rt.health,
+            lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+            ["asymptote.contracts.v1.Learner"],
+        )
+        self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
+        await self.announce(v)
+        broker = BrokerClient(c.broker_endpoint, self.rt.health)
+        await self.rt.health.unblock("starting")
+        try:
+            await supervise(
+                stop,
+                {
+                    "train": self.train_loop(broker, stop),
+                    "telemetry": self.meter.run(self.rt.js, self.rt.names, stop, c.telemetry_interval_s),
+                },
+                grace_s=60.0,
+            )
+        finally:
+            await self.rt.health.shutting_down()
+            if self.unacked:
+                try:
+                    await self.checkpoint_and_ack(broker)
+                except Exception as exc:  # the batches are redelivered after restart
+                    log.warning("final checkpoint/ack failed: %s", exc)
+            await broker.close()
+            await server.stop(grace=2.0)
+
+
+async def serve(config: LearnerConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    metrics = LearnerMetrics()
+    async with service_runtime("learner", config.nats, config.prefix, config.http, metrics.registry) as rt:
+        await Learner(config, rt, metrics).run(stop)

@@ -1,0 +1,33 @@
+"""``asymptote learner``: parse config, set up logging, run the learner.
+
+The training loop: ask the broker for a batch, step, bump the policy
+version, snapshot the weights for generators, announce the version in the
+KV bucket, write the step's metrics; checkpoint every N steps and only then
+ack the batches the checkpoint holds, so a crash replays them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from asymptote.config import load_config, log_resolved
+from asymptote.lifecycle import run_until_stopped
+from asymptote.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asymptote learner", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_LEARNER__...)")
+    args = parser.parse_args(argv)
+    from services.learner.config import LearnerConfig
+
+    config = load_config(LearnerConfig, args.config, "ASY_LEARNER")
+    setup_logging("learner", config.log_format)
+    log_resolved(config, "learner")
+    from services.learner.loop import serve  # imports torch: only after config is valid
+
+    return run_until_stopped(lambda stop: serve(config, stop))

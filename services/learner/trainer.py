@@ -1,0 +1,182 @@
+"""One learner step: rollout groups in, an optimizer step and metrics out.
+
+Owns turning a batch of ``RolloutGroup`` messages into padded tensors
+(never re-tokenising: the generator's token ids are used as they are), the
+forward pass with an FP32 LM head, the loss call, the optimizer and
+scheduler, and the step metrics of RECIPE.md section 4. Knows nothing about
+gRPC or NATS.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.losses import cispo_loss, group_advantages, log_ratio
+from services.learner.model import PackedBatch, pack
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    batch: PackedBatch
+    logp_gen: torch.Tensor       # [N, T] generator log-probs (0 on padding)
+    loss_mask: torch.Tensor      # [N, T] 1 where the token is in the loss
+    token_versions: torch.Tensor  # [N, T] policy version that sampled each token
+    rewards: torch.Tensor        # [P, G]
+    prompt_index: torch.Tensor   # [N]
+    temperature: torch.Tensor    # [N]
+    truncated: torch.Tensor      # [N] bool
+    num_prompts: int
+
+
+def collate(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> StepInputs:
+    """Lay out a batch of groups; raises PayloadError on inconsistent groups."""
+    if not groups:
+        raise PayloadError("empty batch")
+    group_size = len(groups[0].completions)
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    rows_gen: list[list[float]] = []
+    rows_mask: list[list[int]] = []
+    rows_version: list[list[int]] = []
+    rewards: list[list[float]] = []
+    prompt_index: list[int] = []
+    temperature: list[float] = []
+    truncated: list[bool] = []
+    for p, g in enumerate(groups):
+        if len(g.completions) != group_size:
+            raise PayloadError(f"group {g.group_id} has {len(g.completions)} completions, the batch has {group_size}")
+        rewards.append([c.reward for c in g.completions])
+        for c in g.completions:
+            n = len(c.token_ids)
+            prompts.append(list(g.prompt_token_ids))
+            completions.append(list(c.token_ids))
+            rows_gen.append(list(c.logprobs))
+            rows_mask.append(list(c.loss_mask) if c.loss_mask else [1] * n)
+            versions = [0] * n
+            for span in c.version_spans:
+                versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+            rows_version.append(versions)
+            prompt_index.append(p)
+            temperature.append(g.task.sampling.temperature or 1.0)
+            truncated.append(c.truncated)
+    batch = pack(prompts, completions, pad_id)
+    width = batch.completion_mask.shape[1]
+    return StepInputs(
+        batch=batch,
+        logp_gen=_rows(rows_gen, width, torch.float32),
+        loss_mask=_rows(rows_mask, width, torch.float32) * batch.completion_mask,
+        token_versions=_rows(rows_version, width, torch.long),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        prompt_index=torch.tensor(prompt_index, dtype=torch.long),
+        temperature=torch.tensor(temperature, dtype=torch.float32),
+        truncated=torch.tensor(truncated, dtype=torch.bool),
+        num_prompts=len(groups),
+    )
+
+
+def _rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def forward(
+    model: torch.nn.Module, batch: PackedBatch, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] log-probs of the completion tokens and [N, T] entropies.
+
+    The LM head's output is taken in float32 whatever the model's dtype
+    (FP32 LM head, ScaleRL), and divided by each row's sampling
+    temperature so the learner scores the distribution the generator
+    sampled from.
+    """
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    logits = out.logits[:, batch.prompt_len - 1 : -1].float() / temperature[:, None, None]
+    logsm = torch.log_softmax(logits, dim=-1)
+    targets = batch.input_ids[:, batch.prompt_len :]
+    logp = logsm.gather(-1, targets[..., None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logsm.exp() * logsm).sum(-1)
+    return logp, entropy
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, loss: LossSettings, opt: OptimizerSettings) -> None:
+        self.model = model
+        self.loss_settings = loss
+        self.opt_settings = opt
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        warmup = max(opt.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)) if warmup else 1.0
+        )
+
+    def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
+        """One optimizer step on ``inputs``; returns the step's metrics."""
+        started = time.perf_counter()
+        s = self.loss_settings
+        self.model.train()
+        advantages, keep = group_advantages(inputs.rewards, s.normalization)
+        per_completion_adv = advantages.reshape(-1)
+        logp, entropy = forward(self.model, inputs.batch, inputs.temperature)
+        loss, stats = cispo_loss(
+            logp, inputs.logp_gen, per_completion_adv, inputs.loss_mask, inputs.prompt_index,
+            eps_max=s.eps_max, aggregation=s.aggregation,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        if keep.any():
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_settings.max_grad_norm))
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            self.scheduler.step()
+        else:
+            grad_norm = 0.0
+        compute_s = time.perf_counter() - started
+
+        mask = inputs.loss_mask.bool()
+        num_tokens = int(inputs.batch.completion_mask.sum())
+        with torch.no_grad():
+            diff = log_ratio(logp.detach(), inputs.logp_gen)[mask]
+            # k3 estimator of KL(gen || learner): E_gen[exp(d) - 1 - d], d = logp - logp_gen.
+            kl = (diff.exp() - 1 - diff).mean() if diff.numel() else torch.tensor(0.0)
+        staleness = (learner_version - inputs.token_versions)[mask]
+        hist = Counter(int(x) for x in staleness.tolist())
+        metrics = {
+            "loss": float(loss.detach()),
+            "reward/mean": float(inputs.rewards.mean()),
+            "reward/pass_rate": float((inputs.rewards > 0).float().mean()),
+            "batch/prompts": float(inputs.num_prompts),
+            "batch/kept_prompts": float(keep.sum()),
+            "batch/samples": float(inputs.rewards.numel()),
+            "batch/tokens": float(num_tokens),
+            "batch/truncation_rate": float(inputs.truncated.float().mean()),
+            "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0,
+            "is/mean_abs_logp_diff": float(diff.abs().mean()) if diff.numel() else 0.0,
+            "is/kl_gen_learner": float(kl),
+            "optim/grad_norm": grad_norm,
+            "optim/lr": float(self.scheduler.get_last_lr()[0]),
+            "time/compute_s": compute_s,
+            "perf/tokens_per_s": num_tokens / compute_s if compute_s > 0 else 0.0,
+            "perf/samples_per_s": inputs.rewards.numel() / compute_s if compute_s > 0 else 0.0,
+            "batch/min_token_version": float(inputs.token_versions[mask].min()) if mask.any() else 0.0,
+            "batch/max_token_version": float(inputs.token_versions[mask].max()) if mask.any() else 0.0,
+            "staleness/mean": float(staleness.float().mean()) if staleness.numel() else 0.0,
+            "staleness/max": float(staleness.max()) if staleness.numel() else 0.0,
+            **{f"staleness/hist/{k}": float(v) for k, v in sorted(hist.items())},
+            **stats,
+        }
+        return metrics

@@ -1,0 +1,289 @@
+"""Warm start: the short supervised pass that makes the tiny model RL-ready.
+
+Owns supervised fine-tuning of a freshly built model on the task's train
+split (target = reference answer + EOS, loss on completion tokens only), the
+held-out sampled pass rate used to judge it, and the on-disk cache of
+finished model directories keyed by every setting that shaped them.
+
+The pass is deliberately short: RL needs a policy that solves some problems
+sometimes (a pass rate well above 0 and well below 1 when sampled at
+temperature 1), not one that has converged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import ConfigDict, Field
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from asymptote.config import Frozen
+from asymptote.tasks import ArithmeticSettings, Problem, Task, TaskSettings, get_task
+from services.learner.model import (
+    ModelSpec,
+    build_model,
+    build_tokenizer,
+    completion_logprobs,
+    count_parameters,
+    pack,
+    sample,
+    save_model_dir,
+)
+
+log = logging.getLogger(__name__)
+
+# Bump when the meaning of the cached directory changes (layout, training code)
+# so stale caches are not reused.
+CACHE_FORMAT = 1
+
+
+class WarmstartSettings(Frozen):
+    """The supervised pass; the defaults take about a minute on one core."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    num_steps: int = Field(default=600, ge=0)
+    """Optimizer steps."""
+    batch_size: int = Field(default=128, ge=1)
+    """Problems per step."""
+    lr: float = Field(default=3e-3, gt=0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = Field(default=30, ge=0)
+    """Linear warm-up steps."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of batch order."""
+    eval_samples_per_prompt: int = Field(default=4, ge=1)
+    """Samples per held-out prompt when reporting the finished model's pass rate."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    pass_rate: float
+    """Mean reward over all held-out prompts and samples."""
+    num_prompts: int
+    num_samples: int
+    truncation_rate: float
+    """Fraction of samples that hit max_new_tokens without EOS."""
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[list[int]]:
+    return [tokenizer(p.prompt)["input_ids"] for p in problems]
+
+
+def encode_targets(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[list[int]]:
+    eos = tokenizer.eos_token_id
+    return [tokenizer(p.reference, add_special_tokens=False)["input_ids"] + [eos] for p in problems]
+
+
+def max_new_tokens_for(tokenizer: PreTrainedTokenizerFast, problems: list[Problem], slack: int = 2) -> int:
+    """Longest reference + EOS + slack: room to be wrong without running long."""
+    return max(len(t) for t in encode_targets(tokenizer, problems)) + slack
+
+
+@torch.no_grad()
+def evaluate_pass_rate(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    num_samples_per_prompt: int,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+    batch_rows: int = 1024,
+) -> EvalResult:
+    """Held-out pass rate: mean reward over ``num_samples_per_prompt`` samples of every held-out prompt."""
+    problems = list(task.problems("heldout"))
+    max_new = max_new_tokens or max_new_tokens_for(tokenizer, problems)
+    rows = [p for p in problems for _ in range(num_samples_per_prompt)]
+    prompt_ids = encode_prompts(tokenizer, rows)
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    total, truncated = 0.0, 0
+    for start in range(0, len(rows), batch_rows):
+        out = sample(
+            model,
+            prompt_ids[start : start + batch_rows],
+            max_new_tokens=max_new,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            temperature=temperature,
+            generator=gen,
+        )
+        texts = tokenizer.batch_decode(out.completions, skip_special_tokens=True)
+        total += sum(task.score(t, p.reference) for t, p in zip(texts, rows[start : start + batch_rows]))
+        truncated += sum(out.truncated)
+    model.train(was_training)
+    return EvalResult(
+        pass_rate=total / len(rows),
+        num_prompts=len(problems),
+        num_samples=len(rows),
+        truncation_rate=truncated / len(rows),
+    )
+
+
+def _lr_at(step: int, settings: WarmstartSettings) -> float:
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
+    span = max(1, settings.num_steps - settings.warmup_steps)
+    progress = min(1.0, (step - settings.warmup_steps) / span)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def supervised_pass(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    settings: WarmstartSettings,
+    log_every: int = 50,
+) -> list[float]:
+    """Train ``model`` in place on the train split; returns the loss of every step.
+
+    Loss: mean negative log-likelihood of completion tokens (answer + EOS).
+    """
+    problems = list(task.problems("train"))
+    prompts = encode_prompts(tokenizer, problems)
+    targets = encode_targets(tokenizer, problems)
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    model.train()
+    losses: list[float] = []
+    started = time.perf_counter()
+    for step in range(settings.num_steps):
+        if len(order) < settings.batch_size:
+            # Epoch-style shuffling: every problem once before any twice.
+            fresh = list(range(len(problems)))
+            rng.shuffle(fresh)
+            order.extend(fresh)
+        idx, order = order[: settings.batch_size], order[settings.batch_size :]
+        batch = pack([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id)
+        logp = completion_logprobs(model, batch)
+        loss = -(logp.sum() / batch.completion_mask.sum())
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss))
+        if log_every and (step + 1) % log_every == 0:
+            log.info(
+                "warmstart step %d/%d loss %.4f (%.1fs)",
+                step + 1,
+                settings.num_steps,
+                sum(losses[-log_every:]) / log_every,
+                time.perf_counter() - started,
+            )
+    model.eval()
+    return losses
+
+
+def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> str:
+    """Hash of everything that shapes the finished model (and the code's format version)."""
+    payload = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "model": spec.model_dump(mode="json"),
+            "task": task_settings.model_dump(mode="json"),
+            "warmstart": settings.model_dump(mode="json", exclude={"eval_samples_per_prompt"}),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def prepare_model(
+    cache_dir: Path,
+    spec: ModelSpec | None = None,
+    task_settings: TaskSettings | None = None,
+    settings: WarmstartSettings | None = None,
+) -> Path:
+    """The warm-started model directory for these settings, built once and cached.
+
+    The directory is ``cache_dir/warmstart-<key>``; it is written in a
+    temporary sibling and renamed into place, so a crash never leaves a
+    half-written model that a later run would take as finished.
+    """
+    spec = spec or ModelSpec()
+    task_settings = task_settings or ArithmeticSettings()
+    settings = settings or WarmstartSettings()
+    cache_dir = Path(cache_dir)
+    final = cache_dir / f"warmstart-{cache_key(spec, task_settings, settings)}"
+    if (final / "config.json").is_file():
+        log.info("warm-started model found in cache: %s", final)
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".warmstart-", dir=cache_dir))
+    try:
+        task = get_task(task_settings.name, task_settings)
+        tokenizer = build_tokenizer(task.alphabet)
+        model = build_model(spec, tokenizer)
+        log.info("warm start: %s parameters, %d steps of %d problems", f"{count_parameters(model):,}",
+                 settings.num_steps, settings.batch_size)
+        started = time.perf_counter()
+        losses = supervised_pass(model, tokenizer, task, settings)
+        train_s = time.perf_counter() - started
+        result = evaluate_pass_rate(model, tokenizer, task, settings.eval_samples_per_prompt)
+        log.info("warm start done in %.1fs: held-out sampled pass rate %.3f", train_s, result.pass_rate)
+        save_model_dir(model, tokenizer, tmp)
+        (tmp / "warmstart.json").write_text(
+            json.dumps(
+                {
+                    "model": spec.model_dump(mode="json"),
+                    "task": task_settings.model_dump(mode="json"),
+                    "warmstart": settings.model_dump(mode="json"),
+                    "num_parameters": count_parameters(model),
+                    "train_seconds": round(train_s, 2),
+                    "final_loss": losses[-1] if losses else None,
+                    "heldout_pass_rate": result.pass_rate,
+                    "heldout_num_samples": result.num_samples,
+                },
+                indent=2,
+            )
+        )
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process finished the same key first; theirs is as good.
+            if not (final / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build and warm-start the tiny local model.")
+    parser.add_argument("--out", type=Path, required=True, help="cache directory for model directories")
+    parser.add_argument("--steps", type=int, default=None, help="override warmstart num_steps")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    settings = WarmstartSettings() if args.steps is None else WarmstartSettings(num_steps=args.steps)
+    path = prepare_model(args.out, settings=settings)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

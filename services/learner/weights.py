@@ -1,0 +1,67 @@
+"""Policy versions as served to generators.
+
+Owns turning the model's parameters into a wire version (the tensors the
+model directory's safetensors hold, under the same Hugging Face names, so a
+generator can reload them as a checkpoint), its sha256, and keeping the
+newest few versions in memory for ``Learner.PullWeights``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from asymptote.codec import Signature, WireTensor, digest
+
+
+@dataclass(frozen=True)
+class Version:
+    version: int
+    tensors: dict[str, WireTensor]
+    sha256: str
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(len(t.data) for t in self.tensors.values())
+
+
+def to_wire(tensor: torch.Tensor) -> WireTensor:
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        return WireTensor("bfloat16", tuple(t.shape), t.view(torch.int16).numpy().tobytes())
+    return WireTensor.from_numpy(t.numpy())
+
+
+class WeightStore:
+    """The newest ``keep`` versions, thread-safe (written by the step thread)."""
+
+    def __init__(self, signature: Signature, keep: int = 2) -> None:
+        self.names = sorted(signature)
+        self.keep = keep
+        self._versions: OrderedDict[int, Version] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def snapshot(self, version: int, model: torch.nn.Module) -> Version:
+        state = model.state_dict()
+        missing = [n for n in self.names if n not in state]
+        if missing:
+            raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
+        tensors = {name: to_wire(state[name]) for name in self.names}
+        v = Version(version, tensors, digest(tensors))
+        with self._lock:
+            self._versions[version] = v
+            while len(self._versions) > self.keep:
+                self._versions.popitem(last=False)
+        return v
+
+    def get(self, version: int = 0) -> Version | None:
+        """``version`` 0 means the newest."""
+        with self._lock:
+            if not self._versions:
+                return None
+            if version == 0:
+                return next(reversed(self._versions.values()))
+            return self._versions.get(version)

@@ -1,0 +1,69 @@
+"""The local stack's configuration: the embedded default in one file.
+
+A few dials for the whole run; each service's own config is derived from
+them (ports, paths, the shared task and sampling settings), written into
+the run directory and handed to the service process, exactly as a Helm
+release renders ConfigMaps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from asymptote.config import Frozen
+from asymptote.tasks import TaskSettings
+
+
+class StackConfig(Frozen):
+    """``asymptote up``: nats-server plus the four services on loopback."""
+
+    run_dir: Path | None = None
+    """Run directory; None makes runs/<timestamp>."""
+    cache_dir: Path = Path(".cache/asymptote")
+    """Where the warm-started model is cached between runs."""
+    num_generators: int = Field(default=1, ge=1, le=16)
+    """Generator processes (each one vLLM engine)."""
+    max_steps: int = Field(default=150, ge=1)
+    """Learner steps (policy versions) of the RL run."""
+    batch_prompts: int = Field(default=16, ge=1)
+    """B: prompt groups per learner step."""
+    group_size: int = Field(default=8, ge=2)
+    """G: completions per prompt."""
+    max_tokens: int = Field(default=8, ge=1)
+    """Completion length cap."""
+    max_staleness_versions: int = Field(default=8, ge=0)
+    """k of PipelineRL-k."""
+    swap_mode: Literal["inflight", "drain"] = "inflight"
+    """How generators load new weights."""
+    lr: float = Field(default=1e-3, gt=0.0)
+    """Learner peak learning rate."""
+    eval_every_versions: int = Field(default=10, ge=1)
+    """Eval round interval in policy versions."""
+    eval_num_samples: int = Field(default=4, ge=1)
+    """k samples per held-out prompt in an eval round."""
+    checkpoint_every_steps: int = Field(default=10, ge=1)
+    """Learner checkpoint interval."""
+    task: TaskSettings = TaskSettings()
+    """The task."""
+    model: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the tiny model's ModelSpec."""
+    warmstart: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the supervised warm start's settings."""
+    pin_cores: bool = True
+    """Pin generators and the learner to different cores (Linux)."""
+    startup_timeout_s: float = Field(default=300.0, gt=0.0)
+    """Longest the stack waits for every service to become ready."""
+    final_eval_timeout_s: float = Field(default=300.0, gt=0.0)
+    """Longest the stack waits after the last step for the final eval round."""
+
+    @model_validator(mode="after")
+    def _final_eval(self) -> "StackConfig":
+        if self.max_steps % self.eval_every_versions:
+            raise ValueError(
+                f"max_steps ({self.max_steps}) must be a multiple of eval_every_versions "
+                f"({self.eval_every_versions}) so the final policy is evaluated"
+            )
+        return self

