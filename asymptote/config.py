@@ -2,8 +2,8 @@
 
 Each service owns one frozen pydantic model; this module only loads it:
 a YAML (or JSON) file, then environment overrides, validated at start.
-Overrides use ``ASY_<SERVICE>__FIELD__SUBFIELD=value`` (values parsed as
-YAML, so numbers and booleans keep their types), which is what Kubernetes
+Overrides use ``ASY_<SERVICE>__FIELD__SUBFIELD=value`` (scalars are
+converted to the field's type by pydantic; lists and mappings are YAML), which is what Kubernetes
 ConfigMaps and Secrets feed a pod. Also the connection settings that several
 services share.
 """
@@ -61,10 +61,20 @@ class ListenSettings(Frozen):
 
 
 def _parse_override(raw: str) -> Any:
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
+    """Lists and mappings are parsed as YAML; scalars stay strings.
+
+    pydantic converts a string to the field's type ("3" -> 3, "true" ->
+    True), so a digits-only password stays the string it is.
+    """
+    text = raw.strip()
+    if text[:1] in ("[", "{"):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return raw
+    if text in ("null", "~"):
+        return None
+    return raw
 
 
 def _set_path(tree: dict[str, Any], keys: list[str], value: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import Counter, deque
@@ -61,7 +62,7 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
             raise PayloadError(f"group {group.group_id} completion {i}: {len(c.logprobs)} logprobs for {n} tokens")
         if c.loss_mask and len(c.loss_mask) != n:
             raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
-        if any(not (lp <= 0.0) for lp in c.logprobs):  # also catches NaN
+        if any(not (-math.inf < lp <= 0.0) for lp in c.logprobs):  # also catches NaN
             raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
         if not (c.reward == c.reward) or abs(c.reward) == float("inf"):
             raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")

@@ -11,6 +11,7 @@ Knows nothing about NATS.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Sequence
 
 from asymptote.contracts.v1 import rollout_pb2
@@ -28,9 +29,13 @@ class Curriculum:
         if not problems:
             raise ValueError("the train split is empty: nothing to issue")
         self._problems = list(problems)
-        self._retire_at = retire_at
+        # Pass rates are stored as float32 (CurriculumState.pass_rates): compare
+        # against the float32 threshold, or a rate of exactly 0.9 (9 of 10)
+        # reads back as 0.8999999762 and never retires.
+        self._retire_at = _as_float32(retire_at)
         self.state = state if state is not None else rollout_pb2.CurriculumState(seed=seed)
-        self._order = self._epoch_order(self.state.epoch)
+        if not self.state.epoch_order:  # a fresh run (or a state saved without the order)
+            self._set_order(self._epoch_order(self.state.epoch))
 
     def _epoch_order(self, epoch: int) -> list[int]:
         """Shuffled indices of the prompts still eligible in ``epoch``.
@@ -51,16 +56,21 @@ class Curriculum:
     def num_retired(self) -> int:
         return sum(1 for r in self.state.pass_rates.values() if r >= self._retire_at)
 
+    def _set_order(self, order: list[int]) -> None:
+        """Fix the epoch's order in the state, so a resumed broker continues it as it was."""
+        del self.state.epoch_order[:]
+        self.state.epoch_order.extend(order)
+
     def next(self) -> tuple[Problem, int, int]:
         """The next prompt with its (epoch, position); advances the cursor."""
-        while self.state.cursor >= len(self._order):
+        while self.state.cursor >= len(self.state.epoch_order):
             self.state.epoch += 1
             self.state.cursor = 0
-            self._order = self._epoch_order(self.state.epoch)
-            if not self._order and self.num_retired >= len(self._problems):
+            self._set_order(self._epoch_order(self.state.epoch))
+            if not self.state.epoch_order and self.num_retired >= len(self._problems):
                 raise RuntimeError("every train prompt is retired by No-Positive-Resampling: the run is done")
         position = int(self.state.cursor)
-        problem = self._problems[self._order[position]]
+        problem = self._problems[self.state.epoch_order[position]]
         self.state.cursor += 1
         self.state.num_issued += 1
         return problem, int(self.state.epoch), position
@@ -68,3 +78,7 @@ class Curriculum:
     def record(self, prompt_id: str, pass_rate: float) -> None:
         """Keep the latest observed pass rate of a prompt."""
         self.state.pass_rates[prompt_id] = pass_rate
+
+
+def _as_float32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])

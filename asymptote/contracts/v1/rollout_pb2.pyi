@@ -179,7 +179,7 @@ class ComputeTelemetry(_message.Message):
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ...) -> None: ...
 
 class CurriculumState(_message.Message):
-    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued")
+    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order")
     class PassRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class CurriculumState(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     LAST_EVAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVAL_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ORDER_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     cursor: int
     pass_rates: _containers.ScalarMap[str, float]
@@ -201,4 +202,5 @@ class CurriculumState(_message.Message):
     seed: int
     last_eval_version: int
     eval_issued: bool
-    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ...) -> None: ...
+    epoch_order: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ...) -> None: ...

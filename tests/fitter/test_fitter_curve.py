@@ -1,0 +1,304 @@
+"""The curve fit: recovery of known parameters, refusals, intervals, comparison."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+from pydantic import ValidationError
+from scipy.optimize import curve_fit
+
+from services.fitter.curve import (
+    CurveFitSettings,
+    FitError,
+    bootstrap_intervals,
+    compare_runs,
+    fit_curve,
+    predict,
+)
+
+# ScaleRL paper, Table 1 (arXiv 2510.13786): 8B dense and 17Bx16 MoE.
+PAPER_DENSE = {"a": 0.610, "b": 1.92, "c_mid": 2542.0, "r0": 0.20}
+PAPER_MOE = {"a": 0.710, "b": 1.65, "c_mid": 4242.0, "r0": 0.25}
+
+
+def _curve(compute: np.ndarray, params: dict[str, float]) -> np.ndarray:
+    return predict(compute, params["a"], params["b"], params["c_mid"], params["r0"])
+
+
+@pytest.mark.parametrize(
+    ("params", "max_compute"),
+    [
+        (PAPER_DENSE, 100_000.0),  # the paper's 8B run length (past its midpoint)
+        (PAPER_DENSE, 8_000.0),  # the ablation length
+        (PAPER_MOE, 45_000.0),
+        (PAPER_MOE, 16_000.0),
+    ],
+)
+def test_recovers_paper_parameters_from_noiseless_curve(params: dict[str, float], max_compute: float) -> None:
+    compute = np.linspace(max_compute / 50, max_compute, 50)
+    fit = fit_curve(compute, _curve(compute, params), params["r0"])
+    assert fit.a == pytest.approx(params["a"], abs=1e-6)
+    assert fit.b == pytest.approx(params["b"], rel=1e-5)
+    assert fit.c_mid == pytest.approx(params["c_mid"], rel=1e-5)
+    assert fit.r0 == params["r0"]
+    assert fit.rmse < 1e-7
+    assert fit.num_points_used == int(np.sum(compute >= 0.1 * max_compute))
+    assert fit.cutoff_compute == pytest.approx(0.1 * max_compute)
+    assert fit.params_at_bounds == ()
+
+
+@hypothesis_settings(max_examples=25, deadline=None)
+@given(
+    a=st.floats(0.35, 0.95),
+    gain_fraction=st.floats(0.2, 0.9),
+    b=st.floats(0.6, 4.0),
+    log10_c_mid=st.floats(1.0, 6.0),
+)
+def test_recovers_random_parameters_when_the_midpoint_is_observed(
+    a: float, gain_fraction: float, b: float, log10_c_mid: float
+) -> None:
+    r0 = a * (1.0 - gain_fraction)
+    c_mid = 10.0**log10_c_mid
+    # Data spanning 0.3x..4x C_mid, so all three parameters are identifiable.
+    compute = np.geomspace(0.3 * c_mid, 4.0 * c_mid, 40)
+    truth = predict(compute, a, b, c_mid, r0)
+    fit = fit_curve(compute, truth, r0, CurveFitSettings(early_cutoff_fraction=0.0))
+    assert fit.a == pytest.approx(a, abs=1e-5)
+    assert fit.b == pytest.approx(b, rel=1e-4)
+    assert fit.c_mid == pytest.approx(c_mid, rel=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_point_fit_matches_scipy_curve_fit_reference(seed: int) -> None:
+    """The grid + polish reaches the least-squares optimum a slow, obvious fit finds."""
+    rng = np.random.default_rng(seed)
+    compute = np.linspace(100.0, 3.0 * PAPER_DENSE["c_mid"], 80)
+    pass_rate = _curve(compute, PAPER_DENSE) + rng.normal(0.0, 0.01, compute.size)
+    fit = fit_curve(compute, pass_rate, PAPER_DENSE["r0"])
+
+    used = compute >= fit.cutoff_compute
+    r0 = PAPER_DENSE["r0"]
+
+    def model(c: np.ndarray, a: float, b: float, c_mid: float) -> np.ndarray:
+        return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
+
+    (a_ref, b_ref, c_mid_ref), _ = curve_fit(
+        model, compute[used], pass_rate[used], p0=[PAPER_DENSE["a"], PAPER_DENSE["b"], PAPER_DENSE["c_mid"]],
+        maxfev=20_000,
+    )
+    sse_ref = float(np.sum((model(compute[used], a_ref, b_ref, c_mid_ref) - pass_rate[used]) ** 2))
+    assert fit.sse <= sse_ref * (1.0 + 1e-9)
+    assert fit.a == pytest.approx(a_ref, abs=1e-5)
+    assert fit.b == pytest.approx(b_ref, rel=1e-4)
+    assert fit.c_mid == pytest.approx(c_mid_ref, rel=1e-4)
+    assert fit.rmse == pytest.approx(math.sqrt(sse_ref / used.sum()), rel=1e-6)
+
+
+def test_early_cutoff_excludes_points_and_absolute_cutoff_overrides_fraction() -> None:
+    compute = np.linspace(100.0, 8000.0, 80)
+    pass_rate = _curve(compute, PAPER_DENSE)
+    # Corrupt the early points: a cutoff above them must make the fit exact.
+    corrupted = pass_rate.copy()
+    corrupted[compute < 1500.0] = 0.9
+    fit = fit_curve(compute, corrupted, PAPER_DENSE["r0"], CurveFitSettings(early_cutoff_compute=1500.0))
+    assert fit.cutoff_compute == 1500.0
+    assert fit.num_points_used == int(np.sum(compute >= 1500.0))
+    assert fit.a == pytest.approx(PAPER_DENSE["a"], abs=1e-6)
+    assert fit.c_mid == pytest.approx(PAPER_DENSE["c_mid"], rel=1e-5)
+
+
+def test_fixed_a_recovers_b_and_c_mid() -> None:
+    compute = np.linspace(200.0, 8000.0, 40)
+    fit = fit_curve(compute, _curve(compute, PAPER_MOE), PAPER_MOE["r0"], fixed_a=PAPER_MOE["a"])
+    assert fit.fixed_a
+    assert fit.a == PAPER_MOE["a"]
+    assert fit.b == pytest.approx(PAPER_MOE["b"], rel=1e-6)
+    assert fit.c_mid == pytest.approx(PAPER_MOE["c_mid"], rel=1e-6)
+
+
+def _good_data() -> tuple[np.ndarray, np.ndarray]:
+    compute = np.linspace(500.0, 8000.0, 20)
+    return compute, _curve(compute, PAPER_DENSE)
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("too_few", "too few points"),
+        ("empty", "too few points"),
+        ("nan", "non-finite"),
+        ("inf_compute", "non-finite"),
+        ("pass_rate_above_one", "outside [0, 1]"),
+        ("pass_rate_negative", "outside [0, 1]"),
+        ("r0_outside", "outside [0, 1]"),
+        ("zero_compute", "compute must be > 0"),
+        ("negative_compute", "compute must be > 0"),
+        ("flat", "all pass rates equal"),
+        ("no_gain", "no gain over R0"),
+        ("same_compute", "all compute values equal"),
+        ("shape", "equal length"),
+    ],
+)
+def test_refusals_name_the_reason(case: str, reason: str) -> None:
+    compute, pass_rate = _good_data()
+    r0 = PAPER_DENSE["r0"]
+    settings = CurveFitSettings()
+    if case == "too_few":
+        settings = CurveFitSettings(early_cutoff_compute=7000.0)
+    elif case == "empty":
+        compute, pass_rate = compute[:0], pass_rate[:0]
+    elif case == "nan":
+        pass_rate[3] = math.nan
+    elif case == "inf_compute":
+        compute[3] = math.inf
+    elif case == "pass_rate_above_one":
+        pass_rate[3] = 1.2
+    elif case == "pass_rate_negative":
+        pass_rate[3] = -0.1
+    elif case == "r0_outside":
+        r0 = 1.5
+    elif case == "zero_compute":
+        compute[0] = 0.0
+    elif case == "negative_compute":
+        compute[0] = -5.0
+    elif case == "flat":
+        pass_rate = np.full_like(pass_rate, 0.4)
+    elif case == "no_gain":
+        pass_rate = np.linspace(0.19, 0.05, compute.size)
+    elif case == "same_compute":
+        compute = np.full_like(compute, 1000.0)
+    elif case == "shape":
+        pass_rate = pass_rate[:-1]
+    with pytest.raises(FitError, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        fit_curve(compute, pass_rate, r0, settings)
+
+
+def test_fit_error_is_a_value_error() -> None:
+    assert issubclass(FitError, ValueError)
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(
+    a=st.floats(0.01, 1.0),
+    gain_fraction=st.floats(0.0, 1.0),
+    b=st.floats(1e-3, 50.0),
+    c_mid=st.floats(1e-6, 1e9),
+    compute=st.lists(st.floats(1e-9, 1e12), min_size=2, max_size=50),
+)
+def test_predictions_are_monotone_and_between_r0_and_a(
+    a: float, gain_fraction: float, b: float, c_mid: float, compute: list[float]
+) -> None:
+    r0 = a * (1.0 - gain_fraction)
+    ordered = np.sort(np.array(compute))
+    values = predict(ordered, a, b, c_mid, r0)
+    assert np.all(np.isfinite(values))
+    assert np.all(np.diff(values) >= 0.0)
+    assert np.all(values >= r0)
+    assert np.all(values <= a)
+
+
+def test_predict_at_c_mid_is_half_the_gain() -> None:
+    value = float(predict(PAPER_DENSE["c_mid"], **{k: PAPER_DENSE[k] for k in ("a", "b", "c_mid", "r0")}))
+    assert value == pytest.approx((PAPER_DENSE["a"] + PAPER_DENSE["r0"]) / 2.0, abs=1e-15)
+
+
+def test_bootstrap_on_noiseless_data_collapses_to_the_fit() -> None:
+    compute = np.linspace(300.0, 8000.0, 60)
+    pass_rate = _curve(compute, PAPER_DENSE)
+    settings = CurveFitSettings(num_bootstrap_resamples=50)
+    fit = fit_curve(compute, pass_rate, PAPER_DENSE["r0"], settings)
+    intervals = bootstrap_intervals(compute, pass_rate, PAPER_DENSE["r0"], settings, fit, [16_000.0])
+    truth_16k = float(_curve(np.array([16_000.0]), PAPER_DENSE)[0])
+    assert intervals.a.low == pytest.approx(PAPER_DENSE["a"], abs=1e-6)
+    assert intervals.a.high == pytest.approx(PAPER_DENSE["a"], abs=1e-6)
+    assert intervals.b.low == pytest.approx(PAPER_DENSE["b"], rel=1e-5)
+    assert intervals.c_mid.high == pytest.approx(PAPER_DENSE["c_mid"], rel=1e-5)
+    assert intervals.projection[0].low == pytest.approx(truth_16k, abs=1e-6)
+    assert intervals.projection[0].high == pytest.approx(truth_16k, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["residual", "points"])
+def test_bootstrap_intervals_contain_truth_and_are_seeded(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    compute = np.linspace(100.0, 3.0 * PAPER_MOE["c_mid"], 200)
+    pass_rate = _curve(compute, PAPER_MOE) + rng.normal(0.0, 0.01, compute.size)
+    settings = CurveFitSettings(num_bootstrap_resamples=100, bootstrap_kind=kind, rng_seed=3)
+    fit = fit_curve(compute, pass_rate, PAPER_MOE["r0"], settings)
+    target = 2.0 * compute.max()
+    first = bootstrap_intervals(compute, pass_rate, PAPER_MOE["r0"], settings, fit, [target])
+    again = bootstrap_intervals(compute, pass_rate, PAPER_MOE["r0"], settings, fit, [target])
+    other = bootstrap_intervals(
+        compute, pass_rate, PAPER_MOE["r0"], settings.model_copy(update={"rng_seed": 4}), fit, [target]
+    )
+    assert first.a == again.a and first.projection == again.projection
+    assert first.a != other.a
+    assert first.a.low <= PAPER_MOE["a"] <= first.a.high
+    assert first.b.low <= PAPER_MOE["b"] <= first.b.high
+    assert first.c_mid.low <= PAPER_MOE["c_mid"] <= first.c_mid.high
+    truth = float(_curve(np.array([target]), PAPER_MOE)[0])
+    assert first.projection[0].low <= truth <= first.projection[0].high
+    # The point estimate sits inside its own interval, which is not absurdly wide.
+    assert first.a.low <= fit.a <= first.a.high
+    assert first.a.high - first.a.low < 0.1
+    low, high = first.band(np.array([target]))
+    assert low[0] == pytest.approx(first.projection[0].low, abs=1e-12)
+    assert high[0] == pytest.approx(first.projection[0].high, abs=1e-12)
+
+
+def test_compare_runs_ranks_by_asymptote_then_breaks_ties_by_efficiency() -> None:
+    compute = np.linspace(100.0, 12_000.0, 120)
+    truths = {
+        "slow_high": {"a": 0.610, "b": 1.5, "c_mid": 3000.0, "r0": 0.2},
+        "fast_low": {"a": 0.600, "b": 2.5, "c_mid": 3000.0, "r0": 0.2},
+        "best": {"a": 0.700, "b": 1.8, "c_mid": 3000.0, "r0": 0.2},
+        "worst": {"a": 0.450, "b": 3.0, "c_mid": 1500.0, "r0": 0.2},
+    }
+    runs = {name: (compute, _curve(compute, params), params["r0"]) for name, params in truths.items()}
+    rows = compare_runs(runs, CurveFitSettings(), margin=0.02)
+    assert [row.name for row in rows] == ["best", "fast_low", "slow_high", "worst"]
+    assert [row.rank for row in rows] == [1, 2, 3, 4]
+    assert [row.decided_by for row in rows] == ["asymptote", "efficiency", "efficiency", "asymptote"]
+    assert rows[1].tie_group == rows[2].tie_group == 2
+    assert rows[0].shared_a is None and rows[0].b_at_shared_a is None
+    assert rows[1].shared_a == pytest.approx(0.605, abs=1e-5)
+    assert rows[2].shared_a == rows[1].shared_a
+    assert rows[1].a == pytest.approx(0.600, abs=1e-5)
+    assert rows[2].a == pytest.approx(0.610, abs=1e-5)
+    # With A nudged by 0.005 each, B moves a little but keeps its order.
+    assert rows[1].b_at_shared_a == pytest.approx(2.5, abs=0.2)
+    assert rows[2].b_at_shared_a == pytest.approx(1.5, abs=0.2)
+    assert rows[3].a == pytest.approx(0.450, abs=1e-5)
+
+
+def test_compare_runs_names_the_run_that_cannot_be_fitted() -> None:
+    compute = np.linspace(100.0, 8000.0, 40)
+    runs = {
+        "good": (compute, _curve(compute, PAPER_DENSE), 0.2),
+        "flat": (compute, np.full(compute.size, 0.3), 0.2),
+    }
+    with pytest.raises(FitError, match="run 'flat': all pass rates equal"):
+        compare_runs(runs)
+
+
+def test_settings_are_frozen_and_strict() -> None:
+    settings = CurveFitSettings()
+    with pytest.raises(ValidationError):
+        CurveFitSettings(unknown_field=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        CurveFitSettings(b_min=5.0, b_max=2.0)
+    with pytest.raises(ValidationError):
+        CurveFitSettings(a_min=0.9, a_max=0.8)
+    with pytest.raises(ValidationError):
+        settings.a_step = 0.01  # type: ignore[misc]
+
+
+def test_a_grid_limits_are_respected() -> None:
+    """With the paper's A range (0.450..0.800) a curve heading to 0.9 ends on the A bound."""
+    compute = np.linspace(500.0, 20_000.0, 40)
+    params = {"a": 0.9, "b": 1.9, "c_mid": 2542.0, "r0": 0.2}
+    fit = fit_curve(compute, _curve(compute, params), 0.2, CurveFitSettings(a_min=0.45, a_max=0.8))
+    assert fit.a == pytest.approx(0.8, abs=1e-9)
+    assert "A" in fit.params_at_bounds

@@ -1,0 +1,209 @@
+"""The offline ``fit`` command on eval logs written to a temporary run directory."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from services.fitter.bench import bench_fit
+from services.fitter.curve import CurveFitSettings, predict
+from services.fitter.offline import (
+    EXIT_BAD_INPUT,
+    EXIT_FIT_FAILED,
+    EXIT_OK,
+    EvalFileError,
+    load_run,
+    main_fit,
+    read_eval_log,
+)
+
+A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write_run(run_dir: Path, a: float = A, b: float = B, c_mid: float = C_MID, seed: int = 0) -> Path:
+    """A run of 60 evals up to 3x C_mid with noise sd 0.005, plus the step-0 eval."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": 0, "policy_version": 0, "compute": 0.0, "pass_rate": R0, "extra": "kept out"})]
+    for index in range(1, 61):
+        compute = index * 3.0 * c_mid / 60
+        pass_rate = float(np.clip(predict(compute, a, b, c_mid, R0) + rng.normal(0.0, 0.005), 0.0, 1.0))
+        lines.append(json.dumps({"step": 10 * index, "policy_version": 10 * index, "compute": compute,
+                                 "pass_rate": pass_rate}))
+    path = run_dir / "eval.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=200, color_system=None), buffer
+
+
+SETTINGS = CurveFitSettings(num_bootstrap_resamples=100)
+
+
+def test_fit_command_writes_fit_json_and_plot(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run-a"
+    _write_run(run_dir)
+    console, output = _console()
+    target = 6.0 * C_MID
+    code = main_fit([run_dir], None, SETTINGS, [target], console=console)
+    assert code == EXIT_OK
+
+    report = json.loads((run_dir / "fit.json").read_text())
+    assert set(report) == {"settings", "runs", "comparison"}
+    assert report["comparison"] == []
+    run = report["runs"]["run-a"]
+    assert set(run) >= {"a", "b", "c_mid", "r0", "intervals", "projections", "num_points_used", "rmse"}
+    assert run["r0"] == R0
+    assert run["a"] == pytest.approx(A, abs=0.02)
+    assert run["b"] == pytest.approx(B, abs=0.3)
+    assert run["c_mid"] == pytest.approx(C_MID, rel=0.1)
+    assert run["rmse"] == pytest.approx(0.005, abs=0.0015)
+    # 60 points minus those below 0.1 x the largest compute (the first 5).
+    assert run["num_points_used"] == 55
+    assert run["intervals"]["level"] == 0.95
+    low, high = run["intervals"]["a"]
+    assert low <= run["a"] <= high and high - low < 0.05
+    (projection,) = run["projections"]
+    assert projection["compute"] == target
+    assert projection["pass_rate"] == pytest.approx(float(predict(target, A, B, C_MID, R0)), abs=0.015)
+    assert projection["interval"][0] <= projection["pass_rate"] <= projection["interval"][1]
+
+    text = output.getvalue()
+    assert "run-a" in text and f"{run['a']:.3f}" in text
+
+    png = run_dir / "curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000
+    from matplotlib.image import imread
+
+    pixels = imread(png)
+    assert pixels.shape[0] > 400 and pixels.shape[1] > 600
+    # A blank canvas has one colour; a drawn plot has many distinct pixel values.
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50
+
+
+def test_fit_command_compares_several_runs(tmp_path: Path) -> None:
+    first = tmp_path / "fast"
+    second = tmp_path / "slow"
+    _write_run(first, a=0.62, b=2.4, seed=1)
+    _write_run(second, a=0.61, b=1.4, seed=2)
+    out = tmp_path / "out"
+    console, output = _console()
+    code = main_fit([first, second / "eval.jsonl"], out, SETTINGS, [], console=console)
+    assert code == EXIT_OK
+    report = json.loads((out / "fit.json").read_text())
+    assert set(report["runs"]) == {"fast", "slow"}
+    # Default target: twice each run's largest compute.
+    assert report["runs"]["fast"]["projections"][0]["compute"] == pytest.approx(6.0 * C_MID)
+    rows = report["comparison"]
+    assert [row["name"] for row in rows] == ["fast", "slow"]
+    assert rows[0]["decided_by"] == "efficiency"
+    assert rows[0]["b_at_shared_a"] > rows[1]["b_at_shared_a"]
+    assert "Recipe comparison" in output.getvalue()
+    assert (out / "curve.png").stat().st_size > 20_000
+
+
+def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
+    path = _write_run(tmp_path / "run")
+    lines = path.read_text().splitlines()
+    lines[2] = "{not json"
+    path.write_text("\n".join(lines) + "\n")
+    console, output = _console()
+    assert main_fit([path], tmp_path / "out", SETTINGS, [], console=console) == EXIT_BAD_INPUT
+    assert f"{path}:3: not valid JSON" in output.getvalue()
+    assert not (tmp_path / "out" / "fit.json").exists()
+
+
+def test_missing_field_and_bad_value_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+                    '\n'
+                    '{"step": 1, "policy_version": 1, "compute": 5}\n')
+    with pytest.raises(EvalFileError, match=r"eval.jsonl:3: pass_rate: Field required"):
+        read_eval_log(path)
+    path.write_text('{"step": 1, "policy_version": 1, "compute": 5, "pass_rate": 1.5}\n')
+    with pytest.raises(EvalFileError, match=r"eval.jsonl:1: pass_rate: Input should be less than or equal to 1"):
+        read_eval_log(path)
+    path.write_text("[1, 2]\n")
+    with pytest.raises(EvalFileError, match=r"eval.jsonl:1: expected a JSON object"):
+        read_eval_log(path)
+
+
+def test_missing_file_and_empty_run_directory(tmp_path: Path) -> None:
+    console, output = _console()
+    assert main_fit([tmp_path / "nope.jsonl"], None, SETTINGS, [], console=console) == EXIT_BAD_INPUT
+    assert "does not exist" in output.getvalue()
+    (tmp_path / "empty-run").mkdir()
+    with pytest.raises(EvalFileError, match="has no eval.jsonl"):
+        load_run(tmp_path / "empty-run", "empty-run")
+
+
+def test_r0_is_step_zero_else_smallest_compute_and_repeated_steps_keep_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    records = [
+        {"step": 20, "policy_version": 2, "compute": 20.0, "pass_rate": 0.5},
+        {"step": 0, "policy_version": 0, "compute": 0.0, "pass_rate": 0.1},
+        {"step": 10, "policy_version": 1, "compute": 10.0, "pass_rate": 0.3},
+        {"step": 10, "policy_version": 1, "compute": 10.0, "pass_rate": 0.35},
+    ]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    run = load_run(path, "r")
+    assert run.r0 == 0.1
+    assert run.compute.tolist() == [10.0, 20.0]
+    assert run.pass_rate.tolist() == [0.35, 0.5]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records if record["step"] != 0))
+    run = load_run(path, "r")
+    assert run.r0 == 0.35
+    assert run.compute.tolist() == [20.0]
+
+
+def test_a_run_that_cannot_be_fitted_is_reported_and_others_still_written(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    _write_run(good)
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "eval.jsonl").write_text(
+        '{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+        '{"step": 1, "policy_version": 1, "compute": 100, "pass_rate": 0.3}\n'
+    )
+    console, output = _console()
+    assert main_fit([good, short], tmp_path / "out", SETTINGS, [], console=console) == EXIT_FIT_FAILED
+    report = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert "too few points" in report["runs"]["short"]["error"]
+    assert report["runs"]["good"]["a"] == pytest.approx(A, abs=0.02)
+    assert "fit failed" in output.getvalue()
+    assert (tmp_path / "out" / "curve.png").exists()
+
+
+def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
+    code = (
+        "import sys\n"
+        "import services.fitter.curve, services.fitter.plot, services.fitter.offline, services.fitter.bench\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'matplotlib') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.stdout.strip() == "[]"
+    assert result.stderr == ""
+
+
+def test_bench_reports_times_and_the_target() -> None:
+    report = bench_fit(num_points=200, settings=CurveFitSettings(num_bootstrap_resamples=20))
+    assert report["num_points"] == 200
+    assert report["num_bootstrap_resamples"] == 20
+    assert report["target_s"] == 2.0
+    assert 0.0 < report["fit_s"] < report["total_s"]
+    assert report["total_s"] == pytest.approx(report["fit_s"] + report["bootstrap_s"])

@@ -1,0 +1,189 @@
+"""Config loading: file plus env overrides, errors that name the problem, no secrets in logs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from asymptote.config import Frozen, NatsSettings, env_overrides, load_config, log_resolved
+from asymptote.errors import ConfigError
+from services.broker.config import BrokerConfig
+from services.local.config import StackConfig
+
+PREFIX = "ASY_X"
+
+
+class Leaf(Frozen):
+    b: int = 0
+    flag: bool = False
+    ratio: float = 0.5
+
+
+class Section(Frozen):
+    a: Leaf = Leaf()
+    name: str = "default"
+
+
+class Demo(Frozen):
+    x: Section = Section()
+    rate_s: float = 1.0
+    tags: list[str] = []
+    nats: NatsSettings = NatsSettings()
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_file_plus_env_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "x:\n  name: from-file\n  a:\n    b: 1\n    flag: true\nrate_s: 2.5\n")
+    environ = {
+        "ASY_X__X__A__B": "3",  # nested, and typed by YAML: int 3
+        "ASY_X__X__A__RATIO": "0.25",
+        "ASY_X__TAGS": "[fast, small]",
+        "ASY_X__NATS__URL": "nats://nats.asy.svc:4222",
+        "ASY_XY__RATE_S": "99",  # another prefix: ignored
+        "OTHER": "1",
+    }
+    config = load_config(Demo, path, PREFIX, environ)
+    assert config.x.a == Leaf(b=3, flag=True, ratio=0.25)  # b overridden, flag kept from the file
+    assert config.x.name == "from-file"
+    assert config.rate_s == 2.5
+    assert config.tags == ["fast", "small"]
+    assert config.nats.url == "nats://nats.asy.svc:4222"
+    assert config.nats.connect_timeout_s == 5.0  # untouched default
+
+
+def test_env_overrides_tree() -> None:
+    tree = env_overrides("ASY_X", {"ASY_X__X__A__B": "3", "ASY_X__X__NAME": "n", "ASY_X__RATE_S": "1e-3", "ASY_X__": "1"})
+    # Scalars stay strings; pydantic converts them to the field's type.
+    assert tree == {"x": {"a": {"b": "3"}, "name": "n"}, "rate_s": "1e-3"}
+    assert load_config(Demo, None, PREFIX, {"ASY_X__RATE_S": "1e-3"}).rate_s == pytest.approx(1e-3)
+
+
+def test_no_file_uses_defaults_and_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASY_X__X__NAME", "from-env")
+    config = load_config(Demo, None, PREFIX)
+    assert config.x.name == "from-env"
+    assert config.rate_s == 1.0
+
+
+def test_empty_file_is_an_empty_mapping(tmp_path: Path) -> None:
+    assert load_config(Demo, write(tmp_path, "\n"), PREFIX, {}) == Demo()
+
+
+def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "x:\n  a:\n    bogus_knob: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(Demo, path, PREFIX, {})
+    message = str(info.value)
+    assert "x.a.bogus_knob" in message
+    assert "Extra inputs are not permitted" in message
+    assert str(path) in message
+
+
+def test_unknown_key_from_env_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"x\.nmae: Extra inputs") as info:
+        load_config(Demo, None, PREFIX, {"ASY_X__X__NMAE": "typo"})
+    assert "ASY_X__" in str(info.value)
+
+
+def test_bad_type_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"rate_s: Input should be a valid number"):
+        load_config(Demo, write(tmp_path, "rate_s: fast\n"), PREFIX, {})
+    with pytest.raises(ConfigError, match=r"x\.a\.b: Input should be a valid integer"):
+        load_config(Demo, None, PREFIX, {"ASY_X__X__A__B": "2.5"})
+    # A scalar where a section belongs, and a section where a scalar belongs.
+    with pytest.raises(ConfigError, match=r"x\.a: Input should be a valid dictionary"):
+        load_config(Demo, write(tmp_path, "x:\n  a: 3\n"), PREFIX, {})
+    with pytest.raises(ConfigError, match=r"rate_s: Input should be a valid number"):
+        load_config(Demo, write(tmp_path, "rate_s: 2\n"), PREFIX, {"ASY_X__RATE_S__INNER": "1"})
+
+
+def test_every_invalid_field_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(Demo, write(tmp_path, "rate_s: fast\nx:\n  a:\n    b: many\n"), PREFIX, {})
+    assert "rate_s:" in str(info.value) and "x.a.b:" in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("42\n", "int")])
+def test_non_mapping_file(tmp_path: Path, text: str, kind: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"must hold a mapping, got {kind}"):
+        load_config(Demo, path, PREFIX, {})
+
+
+def test_missing_and_unparsable_files(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"cannot read config file {missing}"):
+        load_config(Demo, missing, PREFIX, {})
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(Demo, write(tmp_path, "x: [unclosed\n"), PREFIX, {})
+
+
+def test_override_below_a_scalar_env_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="override x.a.b goes inside a, which is not a section"):
+        env_overrides(PREFIX, {"ASY_X__X__A": "1", "ASY_X__X__A__B": "2"})
+
+
+def test_configs_are_frozen() -> None:
+    config = load_config(Demo, None, PREFIX, {})
+    with pytest.raises(ValidationError, match="frozen"):
+        config.rate_s = 3.0  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        config.x.a.b = 3  # type: ignore[misc]
+
+
+def test_password_is_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path, "nats:\n  user: asy\n  password: hunter2-from-file\n")
+    config = load_config(Demo, path, PREFIX, {"ASY_X__NATS__PASSWORD": "s3cr3t-from-env"})
+    assert isinstance(config.nats.password, SecretStr)
+    assert config.nats.password.get_secret_value() == "s3cr3t-from-env"
+    caplog.set_level(logging.INFO, logger="asymptote.config")
+    log_resolved(config, "demo")
+    assert len(caplog.records) == 1
+    text = caplog.text
+    assert "demo config" in text and '"user": "asy"' in text
+    assert '"password": "**********"' in text
+    assert "s3cr3t" not in text and "hunter2" not in text
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config)
+
+
+# --------------------------------------------------------------------------
+# The real service configs
+# --------------------------------------------------------------------------
+
+
+def test_broker_rejects_fewer_outstanding_tasks_than_a_batch(tmp_path: Path) -> None:
+    path = write(tmp_path, "batch_prompts: 8\nmax_outstanding_tasks: 4\n")
+    with pytest.raises(ConfigError, match=r"max_outstanding_tasks \(4\) must be at least batch_prompts \(8\)"):
+        load_config(BrokerConfig, path, "ASY_BROKER", {})
+    # Equal is enough; unset derives twice the batch.
+    ok = load_config(BrokerConfig, path, "ASY_BROKER", {"ASY_BROKER__MAX_OUTSTANDING_TASKS": "8"})
+    assert ok.outstanding_limit == 8
+    assert load_config(BrokerConfig, None, "ASY_BROKER", {"ASY_BROKER__BATCH_PROMPTS": "5"}).outstanding_limit == 10
+
+
+def test_broker_rejects_bad_literal_and_bounds() -> None:
+    with pytest.raises(ConfigError, match=r"log_format: Input should be 'auto', 'json' or 'text'"):
+        load_config(BrokerConfig, None, "ASY_BROKER", {"ASY_BROKER__LOG_FORMAT": "xml"})
+    with pytest.raises(ConfigError, match=r"sampling\.group_size: Input should be greater than or equal to 2"):
+        load_config(BrokerConfig, None, "ASY_BROKER", {"ASY_BROKER__SAMPLING__GROUP_SIZE": "1"})
+
+
+def test_stack_rejects_max_steps_not_a_multiple_of_eval_interval() -> None:
+    with pytest.raises(ConfigError, match=r"max_steps \(15\) must be a multiple of eval_every_versions \(10\)"):
+        load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15"})
+    ok = load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "5"})
+    assert (ok.max_steps, ok.eval_every_versions) == (15, 5)
+
+
+def test_digits_only_secret_stays_a_string() -> None:
+    config = load_config(Demo, None, PREFIX, {"ASY_X__NATS__PASSWORD": "007", "ASY_X__TAGS": "[a, b]"})
+    assert config.nats.password is not None and config.nats.password.get_secret_value() == "007"
+    assert config.tags == ["a", "b"]

@@ -1,0 +1,104 @@
+"""The generated contracts are current, live under asymptote.contracts, and the torch-free core stays torch-free."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACTS = ROOT / "asymptote" / "contracts" / "v1"
+
+
+def load_gen_protos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter from the repository root; its stdout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"subprocess failed:\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+def test_generated_code_is_current(tmp_path: Path) -> None:
+    generated = load_gen_protos().generate(tmp_path)
+    assert generated, "no .proto files found"
+    names = sorted(p.name for p in generated)
+    committed = sorted(p.name for p in CONTRACTS.iterdir() if p.is_file() and "_pb2" in p.name)
+    # No stale module from a deleted .proto, no module missing.
+    assert names == committed
+    stale = [
+        p.name for p in generated if p.read_bytes() != (CONTRACTS / p.name).read_bytes()
+    ]
+    assert not stale, f"regenerate with `python scripts/gen_protos.py`: {stale} differ from proto/"
+    for pkg in (tmp_path / "asymptote", tmp_path / "asymptote" / "contracts", tmp_path / "asymptote" / "contracts" / "v1"):
+        assert (pkg / "__init__.py").exists()
+    # Every generated module landed in the contracts package, nowhere else.
+    assert all(p.parent == tmp_path / "asymptote" / "contracts" / "v1" for p in generated)
+
+
+def test_generated_modules_are_not_a_top_level_proto_package() -> None:
+    stems = sorted({p.name.split(".")[0] for p in CONTRACTS.glob("*_pb2*.py")})
+    assert {"rollout_pb2", "tensors_pb2", "services_pb2", "services_pb2_grpc"} <= set(stems)
+    code = f"""
+import importlib, importlib.util, sys
+stems = {stems!r}
+for stem in stems:
+    module = importlib.import_module("asymptote.contracts.v1." + stem)
+    if stem.endswith("_pb2"):
+        d = module.DESCRIPTOR
+        assert d.name == "asymptote/contracts/v1/" + stem[:-4] + ".proto", d.name
+        assert d.package == "asymptote.contracts.v1", d.package
+        for dep in d.dependencies:
+            assert dep.name.startswith(("asymptote/contracts/v1/", "google/protobuf/")), dep.name
+print(sorted(m for m in sys.modules if m == "proto" or m.startswith("proto.")))
+# The repository's proto/ folder holds .proto sources only: nothing under it is a Python module.
+print([s for s in stems
+       if importlib.util.find_spec("proto.asymptote.contracts.v1." + s) is not None
+       or importlib.util.find_spec("proto." + s) is not None])
+"""
+    imported_proto, findable = run_python(code).strip().splitlines()
+    assert imported_proto == "[]"
+    assert findable == "[]"
+    for path in CONTRACTS.glob("*_pb2*.py"):
+        text = path.read_text()
+        assert "from proto" not in text and "import proto" not in text, path.name
+
+
+TORCH_FREE_MODULES = (
+    "asymptote.config",
+    "asymptote.codec",
+    "asymptote.streams",
+    "asymptote.health",
+    "asymptote.rpc",
+    "asymptote.runtime",
+    "asymptote.policy",
+    "asymptote.compute",
+    "asymptote.tasks",
+    "services.broker.main",
+    "services.fitter.main",
+    "services.fitter.curve",
+    "services.local.stack",
+    "services.cli",
+)
+
+
+def test_torch_free_core_does_not_import_torch_or_vllm() -> None:
+    code = (
+        f"import {', '.join(TORCH_FREE_MODULES)}; import sys; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))"
+    )
+    loaded = ast.literal_eval(run_python(code).strip().splitlines()[-1])
+    assert loaded == [], f"torch/vllm imported by the torch-free core: {loaded[:10]}"
