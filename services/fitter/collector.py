@@ -20,7 +20,8 @@ import numpy as np
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from services.fitter.compute_axis import ComputeAxis
-from services.fitter.curve import CurveFitSettings, FitError, bootstrap_intervals, fit_curve
+from services.fitter.curve import CurveFit, CurveFitSettings, FitError, Intervals, bootstrap_intervals, fit_curve
+from services.fitter.plot import PlotSeries, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +131,25 @@ class Collector:
     def refit(self) -> services_pb2.Projection:
         r0 = self.r0
         pts = [p for p in self.points if p.policy_version > 0]
+        compute = np.array([p.compute for p in pts])
+        pass_rate = np.array([p.pass_rate for p in pts])
+        fitted: tuple[CurveFit, Intervals] | None = None
         if r0 is None:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
         else:
-            proj = fit_projection(
-                np.array([p.compute for p in pts]), np.array([p.pass_rate for p in pts]), r0,
-                self.settings, self.target_multiples,
-            )
+            proj, fitted = fit_projection(compute, pass_rate, r0, self.settings, self.target_multiples)
         with self._lock:
             self.projection = proj
         self._write(proj)
+        if self.plot and len(pts):
+            try:
+                plot_curves(
+                    [PlotSeries(self.run_name, compute, pass_rate, *(fitted or (None, None)))],
+                    self.run_dir / "curve.png",
+                    target_compute=max((v.compute for v in proj.projections), default=None),
+                )
+            except Exception as exc:  # a plot must never stop the fitter
+                log.warning("curve plot not written: %s", exc)
         return proj
 
     def _write(self, proj: services_pb2.Projection) -> None:
@@ -152,13 +162,6 @@ class Collector:
         tmp = self.run_dir / "fit.json.tmp"
         tmp.write_text(json.dumps(body, indent=2))
         tmp.replace(self.run_dir / "fit.json")
-        if self.plot and proj.ok:
-            try:
-                from services.fitter.offline import plot_run
-
-                plot_run(self.run_dir, self.run_name, self.settings)
-            except Exception as exc:  # a plot must never stop the fitter
-                log.warning("curve plot not written: %s", exc)
 
 
 def fit_projection(
@@ -167,15 +170,15 @@ def fit_projection(
     r0: float,
     settings: CurveFitSettings,
     target_multiples: tuple[float, ...],
-) -> services_pb2.Projection:
+) -> tuple[services_pb2.Projection, tuple[CurveFit, Intervals] | None]:
     """Fit and bootstrap; a refusal becomes ``ok=False`` with the reason."""
     try:
         fit = fit_curve(compute, pass_rate, r0, settings)
         targets = [float(compute.max()) * m for m in target_multiples]
         iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
     except FitError as exc:
-        return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute))
-    return services_pb2.Projection(
+        return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute)), None
+    proj = services_pb2.Projection(
         ok=True,
         a=fit.a,
         b=fit.b,
@@ -196,3 +199,4 @@ def fit_projection(
         ],
         fitted_unix_s=time.time(),
     )
+    return proj, (fit, iv)

@@ -14,7 +14,9 @@ neither overflows for tiny C nor loses precision for huge C.
 
 Knows nothing about files, NATS, Prometheus or plotting: inputs are arrays of
 cumulative compute (accelerator-hours, or any positive unit used
-consistently) and pass rates in [0, 1]; outputs are frozen results. Torch-free.
+consistently) and pass rates in [0, 1]; outputs are frozen results. The
+array kernels (grid statistics, batched Levenberg-Marquardt) are in
+``kernels.py``. Torch-free.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from scipy.optimize import least_squares
 from scipy.special import expit
 
 from asymptote.errors import AsymptoteError
+from services.fitter.kernels import FloatArray, polish_batch, residuals_and_jacobian, sigmoid_sums, weighted_sse
 
 log = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
 ArrayLike = npt.ArrayLike
 
 # B is profiled on a log-spaced grid (then refined by a parabola through the
@@ -47,10 +49,6 @@ _NUM_B_GRID = 80
 # right basin, the polish supplies the precision.
 _BOOT_NUM_C_MID = 32
 _BOOT_NUM_B = 32
-_BOOT_NUM_LM_ITERATIONS = 30
-# Bound on elements of one sigmoid-table chunk (8 bytes each: 16 MB) so the
-# grid statistics never allocate (grid x points) at once.
-_CHUNK_ELEMENTS = 2_000_000
 # Parameters count as "at a bound" within this relative distance of it.
 _BOUND_RTOL = 1e-6
 
@@ -205,7 +203,8 @@ def predict(
     value = r0_ + (a_ - r0_) * expit(z)
     # r0 + (a - r0) can round one ulp past a; clip so the curve provably stays
     # between R0 and A (callers and the property test rely on it).
-    return np.clip(value, np.minimum(r0_, a_), np.maximum(r0_, a_))
+    clipped: FloatArray = np.clip(value, np.minimum(r0_, a_), np.maximum(r0_, a_))
+    return clipped
 
 
 @dataclass(frozen=True)
@@ -298,55 +297,13 @@ def _prepare(
     )
 
 
-def _sigmoid_sums(
-    log_c: FloatArray,
-    log_c_mid: FloatArray,
-    log_b: FloatArray,
-    weighted_gain: FloatArray,
-    weights: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """Sufficient statistics of the squared error on a (C_mid, B) grid.
-
-    For fixed (C_mid, B) with s_i = expit(B (u_i - m)) and gain a = A - R0,
-    ``SSE = sum w y^2 - 2 a sum w y s + a^2 sum w s^2`` (y = R - R0): the
-    sums ``S1 = sum w y s`` and ``S2 = sum w s^2`` make every A on the grid
-    free. ``weighted_gain`` is w*y and ``weights`` w, both (K, N) for K
-    datasets sharing the compute values. Returns S1, S2 of shape (K, nM, nB).
-    """
-    num_m, num_b, num_points = log_c_mid.size, log_b.size, log_c.size
-    b = np.exp(log_b)
-    s1 = np.empty((weights.shape[0], num_m, num_b))
-    s2 = np.empty_like(s1)
-    rows = max(1, _CHUNK_ELEMENTS // (num_b * num_points))
-    for start in range(0, num_m, rows):
-        stop = min(num_m, start + rows)
-        z = b[None, :, None] * (log_c[None, None, :] - log_c_mid[start:stop, None, None])
-        s = expit(z)
-        s1[:, start:stop] = np.moveaxis(s @ weighted_gain.T, -1, 0)
-        s2[:, start:stop] = np.moveaxis((s * s) @ weights.T, -1, 0)
-    return s1, s2
-
-
-def _residuals_and_jacobian(
-    theta: FloatArray, log_c: FloatArray, y: FloatArray, r0: float
-) -> tuple[FloatArray, list[FloatArray]]:
-    """Residuals model - data (K, N) and the columns d model / d (A, B, m), for theta rows (K, 3)."""
-    a = theta[:, 0:1] - r0
-    b = theta[:, 1:2]
-    t = log_c[None, :] - theta[:, 2:3]
-    s = expit(b * t)
-    a_ds = a * s * (1.0 - s)
-    residual = r0 + a * s - y
-    return residual, [s, a_ds * t, -a_ds * b]
-
-
 def _fit_problem(problem: _Problem, settings: CurveFitSettings, fixed: bool) -> CurveFit:
     """Grid over (A, C_mid), B profiled at each node, then a continuous polish."""
     log_c, y, r0 = problem.log_c, problem.pass_rate, problem.r0
     log_c_mid = np.linspace(*problem.log_c_mid_bounds, settings.num_c_mid)
     log_b = np.linspace(*problem.log_b_bounds, _NUM_B_GRID)
     gain = (y - r0)[None, :]
-    s1, s2 = _sigmoid_sums(log_c, log_c_mid, log_b, gain, np.ones_like(gain))
+    s1, s2 = sigmoid_sums(log_c, log_c_mid, log_b, gain, np.ones_like(gain))
     a = (problem.a_grid - r0)[:, None, None]
     sse = float((gain**2).sum()) - 2.0 * a * s1[0][None] + a * a * s2[0][None]  # (nA, nM, nB)
 
@@ -405,10 +362,11 @@ def _polish(theta_grid: FloatArray, problem: _Problem, fixed: bool) -> tuple[Flo
         return theta[None, :]
 
     def fun(x: FloatArray) -> FloatArray:
-        return _residuals_and_jacobian(full(x), log_c, y, r0)[0][0]
+        residual: FloatArray = residuals_and_jacobian(full(x), log_c, y, r0)[0][0]
+        return residual
 
     def jac(x: FloatArray) -> FloatArray:
-        columns = _residuals_and_jacobian(full(x), log_c, y, r0)[1]
+        columns = residuals_and_jacobian(full(x), log_c, y, r0)[1]
         return np.stack([columns[i][0] for i in free], axis=1)
 
     sse_grid = float((fun(theta_grid[free]) ** 2).sum())
@@ -469,59 +427,6 @@ def _quantile_levels(level: float) -> list[float]:
     return [(1.0 - level) / 2.0, (1.0 + level) / 2.0]
 
 
-def _weighted_sse(theta: FloatArray, log_c: FloatArray, y: FloatArray, w: FloatArray, r0: float) -> FloatArray:
-    """Weighted squared error of each row of theta (K, 3) on its dataset (rows of y, w)."""
-    s = expit(theta[:, 1:2] * (log_c[None, :] - theta[:, 2:3]))
-    residual = r0 + (theta[:, 0:1] - r0) * s - y
-    return (w * residual * residual).sum(axis=1)
-
-
-def _polish_batch(
-    theta: FloatArray,
-    log_c: FloatArray,
-    y: FloatArray,
-    w: FloatArray,
-    r0: float,
-    free: FloatArray,
-    lower: FloatArray,
-    upper: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """Projected Levenberg-Marquardt on K weighted datasets at once (theta: K x 3)."""
-    sse = _weighted_sse(theta, log_c, y, w, r0)
-    damping = np.full(theta.shape[0], 1e-3)
-    fixed_diag = np.diag(1.0 - free)
-    for _ in range(_BOOT_NUM_LM_ITERATIONS):
-        residual, columns = _residuals_and_jacobian(theta, log_c, y, r0)
-        weighted = [w * column * f for column, f in zip(columns, free)]
-        # 3x3 normal equations per dataset, built from row sums: einsum over
-        # (K, N, 3) is several times slower than these BLAS-free reductions.
-        hessian = np.empty((theta.shape[0], 3, 3))
-        for i in range(3):
-            for j in range(i, 3):
-                hessian[:, i, j] = hessian[:, j, i] = (weighted[i] * columns[j] * free[j]).sum(axis=1)
-        gradient = np.stack([(column * residual).sum(axis=1) for column in weighted], axis=1)
-        diag = np.einsum("kii->ki", hessian)
-        # Marquardt's scaling by diag(H) makes the step unit-free; the identity
-        # on fixed parameters and a tiny ridge keep the system solvable when a
-        # column vanishes (e.g. A = R0 makes B and C_mid unidentifiable).
-        system = hessian + damping[:, None, None] * (diag[:, :, None] * np.eye(3)) + fixed_diag
-        system += 1e-12 * (1.0 + diag.sum(axis=1))[:, None, None] * np.eye(3)
-        step = -np.linalg.solve(system, gradient[..., None])[..., 0]
-        candidate = np.clip(theta + step * free, lower, upper)
-        candidate_sse = _weighted_sse(candidate, log_c, y, w, r0)
-        sse_before = sse
-        better = candidate_sse < sse
-        theta = np.where(better[:, None], candidate, theta)
-        sse = np.where(better, candidate_sse, sse)
-        damping = np.where(better, damping / 3.0, damping * 4.0)
-        # Converged when no dataset can still gain: each either made a
-        # negligible improvement or keeps rejecting steps at huge damping.
-        gain = (np.where(better, sse_before - sse, 0.0)) / np.maximum(sse_before, 1e-300)
-        if np.all((better & (gain < 1e-10)) | (~better & (damping > 1e3))):
-            break
-    return theta, sse
-
-
 def bootstrap_intervals(
     compute: ArrayLike,
     pass_rate: ArrayLike,
@@ -539,10 +444,13 @@ def bootstrap_intervals(
     pairs, done as multinomial weights on the original points so every
     resample shares one sigmoid table. Each resample is refitted by a coarse
     (C_mid, B) grid with A profiled out in closed form, then a vectorised
-    Levenberg-Marquardt polish from both that node and ``fit``, keeping the
-    better. Intervals are conditional on R0 and on the cutoff.
+    Levenberg-Marquardt polish from that node or from ``fit``, whichever fits
+    the resample better. Intervals are conditional on R0 and on the cutoff.
     """
     settings = settings or CurveFitSettings()
+    target_compute = tuple(float(t) for t in targets)
+    if any(not math.isfinite(t) or t <= 0 for t in target_compute):
+        raise FitError(f"target compute values must be finite and > 0, got {target_compute}")
     fixed_a = fit.a if fit.fixed_a else None
     problem = _prepare(compute, pass_rate, r0, settings, fixed_a)
     log_c, y = problem.log_c, problem.pass_rate
@@ -568,7 +476,7 @@ def bootstrap_intervals(
     log_c_mid = np.linspace(*problem.log_c_mid_bounds, _BOOT_NUM_C_MID)
     log_b = np.linspace(*problem.log_b_bounds, _BOOT_NUM_B)
     gain = targets_y - r0
-    s1, s2 = _sigmoid_sums(log_c, log_c_mid, log_b, weights * gain, weights)
+    s1, s2 = sigmoid_sums(log_c, log_c_mid, log_b, weights * gain, weights)
     y2 = (weights * gain**2).sum(axis=1)[:, None, None]
     if fit.fixed_a:
         a = np.full_like(s1, fit.a - r0)
@@ -591,17 +499,14 @@ def bootstrap_intervals(
     # already when it did not).
     theta_fit_rows = np.broadcast_to(np.clip(theta_fit, lower, upper), theta_grid.shape)
     theta_grid = np.clip(theta_grid, lower, upper)
-    grid_better = _weighted_sse(theta_grid, log_c, targets_y, weights, r0) <= _weighted_sse(
+    grid_better = weighted_sse(theta_grid, log_c, targets_y, weights, r0) <= weighted_sse(
         theta_fit_rows, log_c, targets_y, weights, r0
     )
     starts = np.where(grid_better[:, None], theta_grid, theta_fit_rows)
-    theta, _ = _polish_batch(starts, log_c, targets_y, weights, r0, free, lower, upper)
+    theta, _ = polish_batch(starts, log_c, targets_y, weights, r0, free, lower, upper)
 
     a_samples, b_samples, c_mid_samples = theta[:, 0], theta[:, 1], np.exp(theta[:, 2])
     q = _quantile_levels(settings.interval_level)
-    target_compute = tuple(float(t) for t in targets)
-    if any(not math.isfinite(t) or t <= 0 for t in target_compute):
-        raise FitError(f"target compute values must be finite and > 0, got {target_compute}")
     projections: list[Interval] = []
     if target_compute:
         curves = predict(np.array(target_compute)[None, :], a_samples[:, None], b_samples[:, None],

@@ -15,10 +15,11 @@ not itself a point of the curve.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from asymptote.config import load_config, log_resolved
 from asymptote.errors import AsymptoteError
+from asymptote.logs import setup_logging
 from services.fitter.curve import (
     CurveFit,
     CurveFitSettings,
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 
 EVAL_FILE_NAME = "eval.jsonl"
 FIT_FILE_NAME = "fit.json"
+DEFAULT_OUTPUT_DIR = "fit-report"
+"""Offline output folder; never a run directory, whose fit.json the live fitter owns."""
 PLOT_FILE_NAME = "curve.png"
 
 EXIT_OK = 0
@@ -254,6 +259,19 @@ def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
     return table
 
 
+def plot_run(run_dir: Path, run_name: str, settings: CurveFitSettings, targets: Sequence[float] = ()) -> Path:
+    """Fit the run in ``run_dir`` and draw ``curve.png`` there (the live fitter's plot).
+
+    A run that cannot be fitted yet is drawn with its points only.
+    """
+    result = fit_run(load_run(run_dir, run_name), settings, targets)
+    return plot_curves(
+        [PlotSeries(run_name, result.data.compute, result.data.pass_rate, result.fit, result.intervals)],
+        run_dir / PLOT_FILE_NAME,
+        target_compute=max(result.targets, default=None),
+    )
+
+
 def main_fit(
     paths: list[Path],
     output_dir: Path | None,
@@ -265,7 +283,8 @@ def main_fit(
     """Fit each run's eval log, print the tables, write fit.json and curve.png.
 
     ``paths`` are eval logs or run directories holding ``eval.jsonl``;
-    ``output_dir`` defaults to the first run's directory. ``targets`` are
+    ``output_dir`` defaults to ./fit-report (a run directory's fit.json
+    belongs to the live fitter). ``targets`` are
     compute values to project to (default: twice each run's largest
     compute). With several runs the comparison table is printed and stored
     too. Returns 0 on success, 1 if some run could not be fitted (the others
@@ -297,12 +316,12 @@ def main_fit(
         if comparison:
             console.print(_comparison_table(comparison, margin))
 
-    out = output_dir if output_dir is not None else runs[0].eval_path.parent
+    out = output_dir if output_dir is not None else Path(DEFAULT_OUTPUT_DIR)
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "settings": settings.model_dump(),
         "runs": {result.data.name: run_summary(result) for result in results},
-        "comparison": [vars(row).copy() for row in comparison],
+        "comparison": [asdict(row) for row in comparison],
     }
     (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     target_compute = max((t for r in results for t in r.targets), default=None)
@@ -317,3 +336,30 @@ def main_fit(
         log.warning("fit failed for %s", ", ".join(failed))
         return EXIT_FIT_FAILED
     return EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    """``asymptote fit``: parse arguments and settings, set up logging, run ``main_fit``.
+
+    Settings come from ``--config`` (YAML/JSON holding CurveFitSettings
+    fields) plus ``ASY_FIT__<FIELD>`` environment overrides; a bad value
+    raises ConfigError, which the command line turns into exit code 2.
+    """
+    parser = argparse.ArgumentParser(
+        prog="asymptote fit",
+        description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs' eval.jsonl and project them.",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="eval.jsonl files or run directories holding one")
+    parser.add_argument("-o", "--output-dir", type=Path, help=f"where fit.json and curve.png go (default: ./{DEFAULT_OUTPUT_DIR})")
+    parser.add_argument(
+        "-t", "--target", type=float, action="append", default=[],
+        help="compute to project the pass rate to (repeatable; default: twice each run's largest compute)",
+    )
+    parser.add_argument("--config", type=Path, help="YAML/JSON curve fit settings (env overrides: ASY_FIT__...)")
+    parser.add_argument("--margin", type=float, default=0.02, help="asymptotes closer than this are compared by B")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    args = parser.parse_args(argv)
+    setup_logging("fit", "text", args.log_level)
+    settings = load_config(CurveFitSettings, args.config, "ASY_FIT")
+    log_resolved(settings, "fit")
+    return main_fit(args.paths, args.output_dir, settings, args.target, margin=args.margin)

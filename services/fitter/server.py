@@ -39,7 +39,7 @@ class FitterServicer(services_pb2_grpc.FitterServicer):
         if not base:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no point with policy_version 0 (R0)")
         rest = [p for p in pts if p.policy_version > 0]
-        proj = fit_projection(
+        proj, _ = fit_projection(
             np.array([p.compute for p in rest]), np.array([p.pass_rate for p in rest]), base[0].pass_rate,
             self.collector.settings, self.collector.target_multiples,
         )

@@ -8,8 +8,10 @@ Monte Carlo over noisy synthetic runs that follow the paper's 8B curve
 Sizing: the projection's error sd is ~0.0077 here (measured over 400
 trials), so "within 0.02" is a 2.6-sigma event; with fewer points or more
 noise it is not reachable (200 points: sd ~0.014; 40 points: ~0.03), which
-is a property of the data, not of the fitter. The measured coverage of the
-nominal 95% percentile interval is ~0.93-0.95 at this size.
+is a property of the data, not of the fitter. The nominal 95% percentile
+interval covers the truth in ~0.93 of trials at this size (0.92-0.94 over
+seeds, 120 trials each): percentile bootstrap intervals of an extrapolation
+run slightly narrow, hence the 0.90 floor.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def test_first_half_predicts_the_end_and_the_interval_covers_it() -> None:
     first_half = compute <= compute[-1] / 2.0
     end = float(compute[-1])
     truth = float(predict(end, A, B, C_MID, R0))
-    settings = CurveFitSettings(num_bootstrap_resamples=100)
+    settings = CurveFitSettings()
 
     errors: list[float] = []
     covered = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -119,6 +120,18 @@ def test_fixed_a_recovers_b_and_c_mid() -> None:
     assert fit.c_mid == pytest.approx(PAPER_MOE["c_mid"], rel=1e-6)
 
 
+def test_bootstrap_of_a_fixed_a_fit_keeps_a_fixed() -> None:
+    rng = np.random.default_rng(5)
+    compute = np.linspace(200.0, 8000.0, 80)
+    pass_rate = _curve(compute, PAPER_MOE) + rng.normal(0.0, 0.01, compute.size)
+    settings = CurveFitSettings(num_bootstrap_resamples=50)
+    fit = fit_curve(compute, pass_rate, PAPER_MOE["r0"], settings, fixed_a=PAPER_MOE["a"])
+    intervals = bootstrap_intervals(compute, pass_rate, PAPER_MOE["r0"], settings, fit, [16_000.0])
+    assert intervals.a.low == intervals.a.high == PAPER_MOE["a"]
+    assert intervals.b.low <= PAPER_MOE["b"] <= intervals.b.high
+    assert intervals.c_mid.low <= PAPER_MOE["c_mid"] <= intervals.c_mid.high
+
+
 def _good_data() -> tuple[np.ndarray, np.ndarray]:
     compute = np.linspace(500.0, 8000.0, 20)
     return compute, _curve(compute, PAPER_DENSE)
@@ -221,7 +234,7 @@ def test_bootstrap_on_noiseless_data_collapses_to_the_fit() -> None:
 
 
 @pytest.mark.parametrize("kind", ["residual", "points"])
-def test_bootstrap_intervals_contain_truth_and_are_seeded(kind: str) -> None:
+def test_bootstrap_intervals_contain_truth_and_are_seeded(kind: Literal["residual", "points"]) -> None:
     rng = np.random.default_rng(7)
     compute = np.linspace(100.0, 3.0 * PAPER_MOE["c_mid"], 200)
     pass_rate = _curve(compute, PAPER_MOE) + rng.normal(0.0, 0.01, compute.size)
@@ -292,7 +305,7 @@ def test_settings_are_frozen_and_strict() -> None:
     with pytest.raises(ValidationError):
         CurveFitSettings(a_min=0.9, a_max=0.8)
     with pytest.raises(ValidationError):
-        settings.a_step = 0.01  # type: ignore[misc]
+        settings.a_step = 0.01
 
 
 def test_a_grid_limits_are_respected() -> None:

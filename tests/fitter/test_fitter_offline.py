@@ -20,7 +20,9 @@ from services.fitter.offline import (
     EXIT_OK,
     EvalFileError,
     load_run,
+    main,
     main_fit,
+    plot_run,
     read_eval_log,
 )
 
@@ -184,6 +186,42 @@ def test_a_run_that_cannot_be_fitted_is_reported_and_others_still_written(tmp_pa
     assert report["runs"]["good"]["a"] == pytest.approx(A, abs=0.02)
     assert "fit failed" in output.getvalue()
     assert (tmp_path / "out" / "curve.png").exists()
+
+
+def test_plot_run_draws_a_fitted_run_and_a_run_not_yet_fittable(tmp_path: Path) -> None:
+    run_dir = tmp_path / "live"
+    _write_run(run_dir)
+    path = plot_run(run_dir, "live", SETTINGS)
+    assert path == run_dir / "curve.png"
+    assert path.stat().st_size > 20_000
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "eval.jsonl").write_text(
+        '{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+        '{"step": 1, "policy_version": 1, "compute": 100, "pass_rate": 0.3}\n'
+    )
+    assert plot_run(early, "early", SETTINGS).stat().st_size > 5_000
+
+
+def test_command_line_reads_settings_from_file_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "cli-run"
+    _write_run(run_dir)
+    config = tmp_path / "fit.yaml"
+    config.write_text("num_bootstrap_resamples: 40\nrng_seed: 9\n")
+    monkeypatch.setenv("ASY_FIT__EARLY_CUTOFF_COMPUTE", "2000")
+    code = main([str(run_dir), "--config", str(config), "-t", "10000", "-t", "20000", "-o", str(tmp_path / "o")])
+    assert code == EXIT_OK
+    report = json.loads((tmp_path / "o" / "fit.json").read_text())
+    assert report["settings"]["num_bootstrap_resamples"] == 40
+    assert report["settings"]["rng_seed"] == 9
+    run = report["runs"]["cli-run"]
+    assert run["cutoff_compute"] == 2000.0
+    # Points at compute >= 2000 of 60 spaced 3 x 2542 / 60 = 127.1 apart: indices 16..60.
+    assert run["num_points_used"] == 45
+    assert [p["compute"] for p in run["projections"]] == [10000.0, 20000.0]
+    assert "cli-run" in capsys.readouterr().out
 
 
 def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
