@@ -53,13 +53,17 @@ def _console() -> tuple[Console, io.StringIO]:
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=100)
 
 
-def test_fit_command_writes_fit_json_and_plot(tmp_path: Path) -> None:
+def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "run-a"
     _write_run(run_dir)
     console, output = _console()
     target = 6.0 * C_MID
+    monkeypatch.chdir(tmp_path)
     code = main_fit([run_dir], None, SETTINGS, [target], console=console)
     assert code == EXIT_OK
+    # The run directory's fit.json belongs to the live fitter: offline output goes elsewhere.
+    assert not (run_dir / "fit.json").exists()
+    run_dir = tmp_path / "fit-report"
 
     report = json.loads((run_dir / "fit.json").read_text())
     assert set(report) == {"settings", "runs", "comparison"}
