@@ -178,7 +178,7 @@ def test_broker_rejects_bad_literal_and_bounds() -> None:
 
 def test_stack_rejects_max_steps_not_a_multiple_of_eval_interval() -> None:
     with pytest.raises(ConfigError, match=r"max_steps \(15\) must be a multiple of eval_every_versions \(10\)"):
-        load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15"})
+        load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "10"})
     ok = load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "5"})
     assert (ok.max_steps, ok.eval_every_versions) == (15, 5)
 

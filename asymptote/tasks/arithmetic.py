@@ -5,11 +5,14 @@ held-out splits) and the exact-match verifier. Knows nothing about
 tokenizers or models: a prompt is plain text such as ``"37+485="`` and a
 completion is the text the policy wrote after it.
 
-With ``reverse_answer`` the reference is written least significant digit
-first (``"37+485="`` -> ``"225"``). A left-to-right decoder then produces
-each digit from digits it has already seen plus one carry, which a model
-of a few hundred thousand parameters learns in a short supervised pass;
-written the usual way, the first digit depends on every carry below it.
+Defaults shape the problems for a tiny model trained briefly:
+``pad_operands`` zero-pads operands to ``max_digits`` (``"037+485="``), so
+digits of equal weight sit at fixed offsets from each other and from ``=``;
+``reverse_answer`` writes the reference least significant digit first
+(``"037+485="`` -> ``"225"``), so a left-to-right decoder produces each digit
+from two operand digits plus the carry it has just written. Written the usual
+way, the first digit depends on every carry below it, and a model of a few
+hundred thousand parameters needs far more than a short supervised pass.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class ArithmeticSettings(Frozen):
     """Operations drawn uniformly; "-" puts the larger operand first (no negatives)."""
     reverse_answer: bool = True
     """Reference written least significant digit first (see module docstring)."""
-    pad_operands: bool = False
+    pad_operands: bool = True
     """Operands zero-padded to max_digits ("007+485="), so digits of equal weight align."""
     num_train: int = Field(default=20_000, ge=1)
     """Problems in the train split (fewer if the problem space is smaller)."""
@@ -70,6 +73,7 @@ class ArithmeticSettings(Frozen):
 class ArithmeticTask:
     """Exact-answer arithmetic problems and their verifier."""
 
+    name: str
     alphabet: str = ALPHABET
 
     def __init__(self, settings: ArithmeticSettings | None = None) -> None:
@@ -127,7 +131,10 @@ class ArithmeticTask:
         seen: set[str] = set()
         splits: dict[Split, list[Problem]] = {"heldout": [], "train": []}
         # Held-out first so that growing num_train never changes the held-out set.
-        targets: list[tuple[Split, int]] = [("heldout", s.num_heldout), ("train", min(s.num_train, space - s.num_heldout))]
+        targets: list[tuple[Split, int]] = [
+            ("heldout", s.num_heldout),
+            ("train", min(s.num_train, space - s.num_heldout)),
+        ]
         for split, target in targets:
             # Rejection sampling slows down as the space fills; the bound keeps
             # a tiny space (tests) from looping forever and is far above what

@@ -96,6 +96,8 @@ class Batcher:
         self.num_served = 0
         self.num_trained = 0
         self.learner_version = 0
+        self.served_at_version: int | None = None
+        """Learner version of the last batch handed out (synchronous mode waits past it)."""
         self._since_batch: Counter[str] = Counter()
         self._changed = asyncio.Condition()
 
@@ -147,6 +149,7 @@ class Batcher:
                     return None
             items = [self.ready.popleft() for _ in range(num_groups)]
         batch = HandedOut(uuid.uuid4().hex, items)
+        self.served_at_version = self.learner_version
         self.handed_out[batch.batch_id] = batch
         self.num_served += len(items)
         return batch

@@ -55,6 +55,11 @@ class BrokerConfig(Frozen):
     """Held-out evaluation schedule."""
     batch_prompts: int = Field(default=16, ge=1)
     """B: prompt groups per learner batch (after filtering)."""
+    mode: Literal["async", "sync"] = "async"
+    """async: PipelineRL-k, generators run ahead of the learner by up to k versions.
+    sync: conventional on-policy RL; a batch's tasks are issued only once the learner
+    has trained the previous batch, generators sample them from the learner's current
+    version, and nothing older is admitted (k is taken as 0)."""
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k: drop groups whose oldest token is more than k versions behind the learner."""
     max_outstanding_tasks: int | None = Field(default=None, ge=1)
@@ -72,7 +77,14 @@ class BrokerConfig(Frozen):
 
     @property
     def outstanding_limit(self) -> int:
+        if self.mode == "sync":
+            return self.batch_prompts
         return self.max_outstanding_tasks or 2 * self.batch_prompts
+
+    @property
+    def staleness_bound(self) -> int:
+        """The k the batcher admits by: 0 in synchronous mode."""
+        return 0 if self.mode == "sync" else self.max_staleness_versions
 
     @model_validator(mode="after")
     def _check(self) -> "BrokerConfig":

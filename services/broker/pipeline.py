@@ -58,7 +58,7 @@ class BrokerPipeline:
             self.heldout = self.heldout[: config.eval.num_prompts]
         self._train = list(task.problems("train"))
         self.curriculum: Curriculum | None = None
-        self.batcher = Batcher(config.batch_prompts, config.max_staleness_versions)
+        self.batcher = Batcher(config.batch_prompts, config.staleness_bound)
         self.pending_tasks = 0
         self._state_dirty = False
         self._generators_seen: dict[str, float] = {}
@@ -122,6 +122,9 @@ class BrokerPipeline:
                 continue
             waiting = len(self.batcher.ready)
             room = limit - self.pending_tasks - waiting
+            served = self.batcher.served_at_version
+            if self.config.mode == "sync" and served is not None and self.batcher.learner_version <= served:
+                room = 0  # the learner is training on this version's batch
             for _ in range(max(room, 0)):
                 await self._issue_train_task()
             self._update_gauges()
@@ -144,6 +147,7 @@ class BrokerPipeline:
             issued_at_version=self.batcher.learner_version,
             issued_unix_s=time.time(),
             epoch=epoch,
+            require_version=self.batcher.learner_version if self.config.mode == "sync" else 0,
         )
         await self.js.publish(
             self.names.train_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
@@ -179,6 +183,7 @@ class BrokerPipeline:
                     issued_unix_s=time.time(),
                     eval_id=eval_id,
                     eval_num_prompts=len(self.heldout),
+                    require_version=version,
                 )
                 await self.js.publish(
                     self.names.eval_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 from services.generator.config import EngineSettings
@@ -50,6 +51,7 @@ class Engine:
         self.version = 0
         self._llm: Any = None
         self._swap_lock = asyncio.Lock()
+        self._version_changed = asyncio.Condition()
         self.num_running = 0
 
     async def start(self) -> None:
@@ -83,9 +85,20 @@ class Engine:
             self._llm = None
 
     async def sample(
-        self, prompt: str, num_samples: int, temperature: float, top_p: float, max_tokens: int, seed: int = 0
+        self,
+        prompt: str,
+        num_samples: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int = 0,
+        on_progress: Callable[[int], None] | None = None,
     ) -> tuple[list[int], list[Sample]]:
-        """Sample ``num_samples`` completions of ``prompt``; returns (prompt ids, samples)."""
+        """Sample ``num_samples`` completions of ``prompt``; returns (prompt ids, samples).
+
+        ``on_progress``, if given, is called with the fewest tokens any of the
+        completions has so far, after every engine step that advanced them.
+        """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -96,13 +109,15 @@ class Engine:
             max_tokens=max_tokens,
             logprobs=0,
             seed=seed or None,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.FINAL_ONLY if on_progress is None else RequestOutputKind.CUMULATIVE,
         )
         final = None
         self.num_running += num_samples
         try:
             async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
                 final = out
+                if on_progress is not None and len(out.outputs) == num_samples:
+                    on_progress(min(len(c.token_ids) for c in out.outputs))
         finally:
             self.num_running -= num_samples
         if final is None:
@@ -145,4 +160,11 @@ class Engine:
             finally:
                 await self._llm.resume_generation()
             paused = time.monotonic() - started
+        async with self._version_changed:
+            self._version_changed.notify_all()
         return SwapReport(version, paused, running)
+
+    async def wait_for_version(self, version: int) -> None:
+        """Return once the engine serves ``version`` or a newer one."""
+        async with self._version_changed:
+            await self._version_changed.wait_for(lambda: self.version >= version)

@@ -141,6 +141,10 @@ class RolloutLoop:
             return
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
+            if task.require_version > self.engine.version:
+                # Eval rounds and synchronous mode: sample only from the
+                # version the task names (the lease is kept alive meanwhile).
+                await self.engine.wait_for_version(int(task.require_version))
             started = time.time()
             s = task.sampling
             prompt_ids, samples = await self.engine.sample(

@@ -3,7 +3,8 @@
 Owns how the embedded default's model directory is made and read: a
 character-level tokenizer built with the ``tokenizers`` library (one token per
 character of the task's alphabet plus ``<pad>``, ``<bos>``, ``<eos>``,
-``<unk>``), a float32 ``LlamaForCausalLM`` sized by ``ModelSpec``, and the
+``<unk>``, padded with ``<reserved_k>`` specials to a round vocabulary size so
+that every id the model can sample decodes), a float32 ``LlamaForCausalLM`` sized by ``ModelSpec``, and the
 directory layout both transformers and vLLM load (``config.json``,
 ``model.safetensors``, ``generation_config.json``, tokenizer files), and the
 two inference primitives training needs: per-token log-probs of given
@@ -45,14 +46,14 @@ class ModelSpec(Frozen):
     """Transformer blocks."""
     num_heads: int = Field(default=4, ge=1)
     """Attention heads (head size = hidden_size / num_heads, one of VLLM_CPU_HEAD_SIZES)."""
-    intermediate_size: int = Field(default=512, ge=1)
+    intermediate_size: int = Field(default=256, ge=1)
     """Width of the SwiGLU MLP."""
     max_position_embeddings: int = Field(default=64, ge=8)
     """Longest prompt plus completion, in tokens."""
     tie_word_embeddings: bool = True
     """Share the input embedding and the LM head (halves the embedding parameters)."""
     vocab_multiple: int = Field(default=16, ge=1)
-    """Vocabulary padded up to a multiple of this (unused rows never sampled after training)."""
+    """Vocabulary padded with reserved special tokens up to a multiple of this."""
     init_seed: int = 0
     """Seed of the random initialisation."""
 
@@ -66,8 +67,9 @@ class ModelSpec(Frozen):
         return self
 
 
-def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
-    """Character tokenizer: specials get ids 0-3, then each character in alphabet order.
+def build_tokenizer(alphabet: str, vocab_multiple: int = 16) -> PreTrainedTokenizerFast:
+    """Character tokenizer: specials get ids 0-3, then each character in alphabet order,
+    then ``<reserved_k>`` specials up to a multiple of ``vocab_multiple``.
 
     Encoding prepends ``<bos>``; decoding concatenates characters with no
     separator, so ``decode(encode(s), skip_special_tokens=True) == s`` for any
@@ -76,12 +78,16 @@ def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     chars = list(dict.fromkeys(alphabet))
     if not chars or any(len(c) != 1 or c.isspace() for c in chars):
         raise ValueError(f"alphabet must be non-empty printable characters without whitespace, got {alphabet!r}")
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    num_real = len(SPECIAL_TOKENS) + len(chars)
+    reserved = [f"<reserved_{k}>" for k in range(-(-num_real // vocab_multiple) * vocab_multiple - num_real)]
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars, *reserved])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
-    core.add_special_tokens(list(SPECIAL_TOKENS))
+    # Reserved ids are special too: a model that samples one (it has a logit
+    # row for it) yields text without it rather than a decoding error.
+    core.add_special_tokens([*SPECIAL_TOKENS, *reserved])
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=BOS,
@@ -94,15 +100,10 @@ def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     )
 
 
-def padded_vocab_size(tokenizer: PreTrainedTokenizerFast, multiple: int) -> int:
-    n = len(tokenizer)
-    return -(-n // multiple) * multiple
-
-
 def build_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     """A freshly initialised float32 Llama for ``tokenizer``'s vocabulary."""
     config = LlamaConfig(
-        vocab_size=padded_vocab_size(tokenizer, spec.vocab_multiple),
+        vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -146,7 +147,7 @@ def save_model_dir(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, 
 
 def create_model_dir(spec: ModelSpec, alphabet: str, out_dir: Path) -> Path:
     """Build tokenizer and randomly initialised model, save them to ``out_dir``."""
-    tokenizer = build_tokenizer(alphabet)
+    tokenizer = build_tokenizer(alphabet, spec.vocab_multiple)
     model = build_model(spec, tokenizer)
     log.info("built %s-parameter Llama (%s) at %s", f"{count_parameters(model):,}", spec, out_dir)
     return save_model_dir(model, tokenizer, out_dir)

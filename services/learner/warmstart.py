@@ -16,22 +16,22 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from pydantic import ConfigDict, Field
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from asymptote.config import Frozen
+from asymptote.logs import setup_logging
 from asymptote.tasks import ArithmeticSettings, Problem, Task, TaskSettings, get_task
 from services.learner.model import (
     ModelSpec,
@@ -48,26 +48,38 @@ log = logging.getLogger(__name__)
 
 # Bump when the meaning of the cached directory changes (layout, training code)
 # so stale caches are not reused.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 class WarmstartSettings(Frozen):
-    """The supervised pass; the defaults take about a minute on one core."""
+    """The supervised pass: train until a target sampled pass rate, within a step budget.
+
+    Stopping on a measured pass rate rather than a fixed step count matters
+    here: small transformers learn addition after a plateau whose length
+    varies with seed and floating-point details (a few hundred steps, more or
+    less), so a fixed count could end anywhere between 0 and 0.9.
+    """
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    num_steps: int = Field(default=600, ge=0)
-    """Optimizer steps."""
+    max_steps: int = Field(default=1200, ge=0)
+    """Optimizer steps at most (about 2 minutes of one core with the default model)."""
+    target_pass_rate: float = Field(default=0.3, gt=0, le=1)
+    """Stop once the probe's pass rate, sampled at temperature 1, reaches this."""
+    check_every_steps: int = Field(default=10, ge=1)
+    """Steps between probe measurements."""
+    num_probe_problems: int = Field(default=256, ge=1)
+    """Train problems in the probe (two samples each); held-out stays unseen."""
     batch_size: int = Field(default=128, ge=1)
     """Problems per step."""
-    lr: float = Field(default=3e-3, gt=0)
-    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
-    warmup_steps: int = Field(default=30, ge=0)
+    lr: float = Field(default=1e-3, gt=0)
+    """AdamW learning rate after warm-up (constant: the stopping step is not known ahead)."""
+    warmup_steps: int = Field(default=20, ge=0)
     """Linear warm-up steps."""
     weight_decay: float = Field(default=0.01, ge=0)
     """AdamW weight decay."""
     seed: int = 0
-    """Seed of batch order."""
+    """Seed of batch order and probe sampling."""
     eval_samples_per_prompt: int = Field(default=4, ge=1)
     """Samples per held-out prompt when reporting the finished model's pass rate."""
 
@@ -97,18 +109,19 @@ def max_new_tokens_for(tokenizer: PreTrainedTokenizerFast, problems: list[Proble
 
 
 @torch.no_grad()
-def evaluate_pass_rate(
+def sampled_pass_rate(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
     task: Task,
+    problems: Sequence[Problem],
     num_samples_per_prompt: int,
     temperature: float = 1.0,
     max_new_tokens: int | None = None,
     seed: int = 0,
     batch_rows: int = 1024,
 ) -> EvalResult:
-    """Held-out pass rate: mean reward over ``num_samples_per_prompt`` samples of every held-out prompt."""
-    problems = list(task.problems("heldout"))
+    """Mean reward over ``num_samples_per_prompt`` samples of every problem."""
+    problems = list(problems)
     max_new = max_new_tokens or max_new_tokens_for(tokenizer, problems)
     rows = [p for p in problems for _ in range(num_samples_per_prompt)]
     prompt_ids = encode_prompts(tokenizer, rows)
@@ -138,12 +151,30 @@ def evaluate_pass_rate(
     )
 
 
-def _lr_at(step: int, settings: WarmstartSettings) -> float:
-    if step < settings.warmup_steps:
-        return settings.lr * (step + 1) / settings.warmup_steps
-    span = max(1, settings.num_steps - settings.warmup_steps)
-    progress = min(1.0, (step - settings.warmup_steps) / span)
-    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def evaluate_pass_rate(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    num_samples_per_prompt: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> EvalResult:
+    """Held-out pass rate: mean reward over k samples of every held-out prompt."""
+    return sampled_pass_rate(
+        model, tokenizer, task, task.problems("heldout"), num_samples_per_prompt, temperature=temperature, seed=seed
+    )
+
+
+@dataclass(frozen=True)
+class WarmstartReport:
+    losses: list[float]
+    """Training loss of every step taken."""
+    num_steps: int
+    probe_pass_rate: float
+    """Last probe measurement (train problems, temperature 1)."""
+    reached_target: bool
+    train_seconds: float
+    """Wall time of the pass, probes included."""
 
 
 def supervised_pass(
@@ -152,21 +183,23 @@ def supervised_pass(
     task: Task,
     settings: WarmstartSettings,
     log_every: int = 50,
-) -> list[float]:
-    """Train ``model`` in place on the train split; returns the loss of every step.
+) -> WarmstartReport:
+    """Train ``model`` in place on the train split until the probe reaches the target.
 
     Loss: mean negative log-likelihood of completion tokens (answer + EOS).
     """
     problems = list(task.problems("train"))
     prompts = encode_prompts(tokenizer, problems)
     targets = encode_targets(tokenizer, problems)
+    probe = problems[: settings.num_probe_problems]
     rng = random.Random(settings.seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     model.train()
     losses: list[float] = []
+    probe_rate, reached = 0.0, False
     started = time.perf_counter()
-    for step in range(settings.num_steps):
+    for step in range(settings.max_steps):
         if len(order) < settings.batch_size:
             # Epoch-style shuffling: every problem once before any twice.
             fresh = list(range(len(problems)))
@@ -177,22 +210,41 @@ def supervised_pass(
         logp = completion_logprobs(model, batch)
         loss = -(logp.sum() / batch.completion_mask.sum())
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, settings)
+            group["lr"] = settings.lr * min(1.0, (step + 1) / max(1, settings.warmup_steps))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(float(loss))
-        if log_every and (step + 1) % log_every == 0:
+        losses.append(loss.item())
+        if (step + 1) % settings.check_every_steps == 0:
+            probe_rate = sampled_pass_rate(model, tokenizer, task, probe, 2, seed=settings.seed + step).pass_rate
+            reached = probe_rate >= settings.target_pass_rate
+        if log_every and ((step + 1) % log_every == 0 or reached):
             log.info(
-                "warmstart step %d/%d loss %.4f (%.1fs)",
+                "warmstart step %d/%d loss %.4f probe pass rate %.3f (%.1fs)",
                 step + 1,
-                settings.num_steps,
-                sum(losses[-log_every:]) / log_every,
+                settings.max_steps,
+                sum(losses[-log_every:]) / len(losses[-log_every:]),
+                probe_rate,
                 time.perf_counter() - started,
             )
+        if reached:
+            break
     model.eval()
-    return losses
+    if not reached:
+        log.warning(
+            "warm start used all %d steps without the probe reaching %.2f (last %.3f)",
+            settings.max_steps,
+            settings.target_pass_rate,
+            probe_rate,
+        )
+    return WarmstartReport(
+        losses=losses,
+        num_steps=len(losses),
+        probe_pass_rate=probe_rate,
+        reached_target=reached,
+        train_seconds=time.perf_counter() - started,
+    )
 
 
 def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> str:
@@ -233,15 +285,22 @@ def prepare_model(
     tmp = Path(tempfile.mkdtemp(prefix=".warmstart-", dir=cache_dir))
     try:
         task = get_task(task_settings.name, task_settings)
-        tokenizer = build_tokenizer(task.alphabet)
+        tokenizer = build_tokenizer(task.alphabet, spec.vocab_multiple)
         model = build_model(spec, tokenizer)
-        log.info("warm start: %s parameters, %d steps of %d problems", f"{count_parameters(model):,}",
-                 settings.num_steps, settings.batch_size)
-        started = time.perf_counter()
-        losses = supervised_pass(model, tokenizer, task, settings)
-        train_s = time.perf_counter() - started
+        log.info(
+            "warm start: %s parameters, up to %d steps of %d problems",
+            f"{count_parameters(model):,}",
+            settings.max_steps,
+            settings.batch_size,
+        )
+        report = supervised_pass(model, tokenizer, task, settings)
         result = evaluate_pass_rate(model, tokenizer, task, settings.eval_samples_per_prompt)
-        log.info("warm start done in %.1fs: held-out sampled pass rate %.3f", train_s, result.pass_rate)
+        log.info(
+            "warm start done: %d steps in %.1fs, held-out sampled pass rate %.3f",
+            report.num_steps,
+            report.train_seconds,
+            result.pass_rate,
+        )
         save_model_dir(model, tokenizer, tmp)
         (tmp / "warmstart.json").write_text(
             json.dumps(
@@ -250,8 +309,11 @@ def prepare_model(
                     "task": task_settings.model_dump(mode="json"),
                     "warmstart": settings.model_dump(mode="json"),
                     "num_parameters": count_parameters(model),
-                    "train_seconds": round(train_s, 2),
-                    "final_loss": losses[-1] if losses else None,
+                    "num_steps": report.num_steps,
+                    "reached_target": report.reached_target,
+                    "probe_pass_rate": report.probe_pass_rate,
+                    "train_seconds": round(report.train_seconds, 2),
+                    "final_loss": report.losses[-1] if report.losses else None,
                     "heldout_pass_rate": result.pass_rate,
                     "heldout_num_samples": result.num_samples,
                 },
@@ -274,12 +336,12 @@ def prepare_model(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build and warm-start the tiny local model.")
     parser.add_argument("--out", type=Path, required=True, help="cache directory for model directories")
-    parser.add_argument("--steps", type=int, default=None, help="override warmstart num_steps")
+    parser.add_argument("--max-steps", type=int, default=None, help="override warmstart max_steps")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("warmstart", "text", args.log_level)
     torch.set_num_threads(1)
-    settings = WarmstartSettings() if args.steps is None else WarmstartSettings(num_steps=args.steps)
+    settings = WarmstartSettings() if args.max_steps is None else WarmstartSettings(max_steps=args.max_steps)
     path = prepare_model(args.out, settings=settings)
     print(path)
     return 0

@@ -50,9 +50,12 @@ class WeightStore:
         if missing:
             raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
         tensors = {name: to_wire(state[name]) for name in self.names}
-        v = Version(version, tensors, digest(tensors))
+        return self.put(Version(version, tensors, digest(tensors)))
+
+    def put(self, v: Version) -> Version:
+        """Hold ``v`` as served; the oldest beyond ``keep`` are dropped."""
         with self._lock:
-            self._versions[version] = v
+            self._versions[v.version] = v
             while len(self._versions) > self.keep:
                 self._versions.popitem(last=False)
         return v

@@ -26,21 +26,25 @@ class StackConfig(Frozen):
     """Where the warm-started model is cached between runs."""
     num_generators: int = Field(default=1, ge=1, le=16)
     """Generator processes (each one vLLM engine)."""
-    max_steps: int = Field(default=150, ge=1)
+    max_steps: int = Field(default=600, ge=1)
     """Learner steps (policy versions) of the RL run."""
-    batch_prompts: int = Field(default=16, ge=1)
+    batch_prompts: int = Field(default=32, ge=1)
     """B: prompt groups per learner step."""
     group_size: int = Field(default=8, ge=2)
     """G: completions per prompt."""
-    max_tokens: int = Field(default=8, ge=1)
+    max_tokens: int = Field(default=7, ge=1)
     """Completion length cap."""
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k."""
-    swap_mode: Literal["inflight", "drain"] = "inflight"
-    """How generators load new weights."""
-    lr: float = Field(default=1e-3, gt=0.0)
+    mode: Literal["async", "sync"] = "async"
+    """async: PipelineRL-k with in-flight weight swaps. sync: conventional on-policy RL for
+    comparison (generators drain before every swap, the learner trains only on data of its
+    current version)."""
+    lr: float = Field(default=1e-4, gt=0.0)
     """Learner peak learning rate."""
-    eval_every_versions: int = Field(default=10, ge=1)
+    warmup_steps: int = Field(default=10, ge=0)
+    """Learner linear warm-up steps."""
+    eval_every_versions: int = Field(default=30, ge=1)
     """Eval round interval in policy versions."""
     eval_num_samples: int = Field(default=4, ge=1)
     """k samples per held-out prompt in an eval round."""

@@ -129,6 +129,7 @@ class LocalStack:
             sampling=SamplingSettings(group_size=c.group_size, max_tokens=c.max_tokens),
             eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
             batch_prompts=c.batch_prompts,
+            mode=c.mode,
             max_staleness_versions=c.max_staleness_versions,
         )
         learner = LearnerConfig(
@@ -137,7 +138,7 @@ class LocalStack:
             broker_endpoint=f"127.0.0.1:{self.ports['broker'][0]}",
             model_dir=model_dir,
             run_dir=self.run_dir,
-            optimizer=OptimizerSettings(lr=c.lr),
+            optimizer=OptimizerSettings(lr=c.lr, warmup_steps=c.warmup_steps),
             batch_prompts=c.batch_prompts,
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
@@ -156,7 +157,7 @@ class LocalStack:
                 **common,
                 grpc={"port": free_port()}, http={"port": free_port()},
                 engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
-                swap_mode=c.swap_mode,
+                swap_mode="drain" if c.mode == "sync" else "inflight",
             )
             self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
             paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"
@@ -199,6 +200,19 @@ class LocalStack:
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]
+
+    def save_final_metrics(self) -> None:
+        """Each live service's last Prometheus exposition, to metrics/<name>.prom."""
+        out = self.run_dir / "metrics"
+        out.mkdir(exist_ok=True)
+        for p in self.procs:
+            if p.http_port is None or p.popen.poll() is not None:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p.http_port}/metrics", timeout=5.0) as r:
+                    (out / f"{p.name}.prom").write_bytes(r.read())
+            except OSError as exc:
+                log.warning("could not save %s's metrics: %s", p.name, exc)
 
     def stop(self) -> None:
         """SIGTERM in reverse start order, wait, then SIGKILL what is left."""
@@ -245,5 +259,6 @@ class LocalStack:
             print("\ninterrupted: stopping every service...", flush=True)
             return 130
         finally:
+            self.save_final_metrics()
             self.stop()
             progress.finish(self)

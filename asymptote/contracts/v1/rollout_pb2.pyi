@@ -31,7 +31,7 @@ class SamplingParams(_message.Message):
     def __init__(self, num_samples: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerationTask(_message.Message):
-    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts")
+    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts", "require_version")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TASK_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class GenerationTask(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     EVAL_NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     kind: TaskKind
     task_name: str
@@ -56,7 +57,8 @@ class GenerationTask(_message.Message):
     epoch: int
     eval_id: str
     eval_num_prompts: int
-    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ...) -> None: ...
+    require_version: int
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ..., require_version: _Optional[int] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("version", "start", "end")

@@ -1,0 +1,233 @@
+"""Weight swaps in a running vLLM engine: mid-sequence, and refusals.
+
+One real ``AsyncLLM`` (the CPU build) on a purpose-built tiny Llama whose
+two policy versions differ only in the LM head, so the KV cache computed
+under version 0 is exactly what version 1 would have computed: the tokens
+after a mid-sequence swap must then follow version 1 exactly, and their
+log-probs must equal a transformers forward pass of version 1 on the same
+prefix. Version 0 favours one character, version 1 another, so the switch
+is visible in the text.
+
+Refusals go through the real path: a real gRPC ``Learner.PullWeights``
+server streams each bad update, the swapper verifies and refuses it, and
+the engine keeps serving the version it had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature
+from asymptote.config import ListenSettings
+from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
+from asymptote.health import Health
+from asymptote.rpc import start_server
+from asymptote.tasks import ALPHABET
+from services.generator.config import EngineSettings
+from services.generator.engine import Engine
+from services.generator.metrics import GeneratorMetrics
+from services.generator.swapper import Swapper
+from services.generator.weights import GrpcWeightSource, stage
+from services.learner.model import ModelSpec, build_model, build_tokenizer, load_model, save_model_dir
+from services.learner.server import LearnerServicer
+from services.learner.weights import Version, WeightStore, to_wire
+
+pytestmark = [pytest.mark.vllm]
+
+OLD_CHAR, NEW_CHAR = "3", "7"
+BONUS = 0.5  # LM-head weight on the constant feature: ~4 nats for the favoured character
+MAX_TOKENS = 100
+SWAP_AFTER_TOKENS = 20
+LOGPROB_TOL = 2e-3
+"""vLLM's CPU kernels against transformers' eager float32 forward: observed
+differences are ~1e-5; 2e-3 leaves room for other kernels while staying far
+below the ~4-nat gap between the two versions' favoured tokens."""
+
+
+def _head(model: torch.nn.Module, favoured: int, eos: int) -> None:
+    """LM head column 0 reads the constant feature: +BONUS for one token, EOS suppressed."""
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w[:, 0] = 0.0
+        w[favoured, 0] = BONUS
+        w[eos, 0] = -2.0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("swap")
+    spec = ModelSpec(tie_word_embeddings=False, max_position_embeddings=128, init_seed=3)
+    tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
+    model = build_model(spec, tok)
+    with torch.no_grad():
+        # A constant, dominant feature in dimension 0 of every embedding: after
+        # the final RMSNorm it is ~+9 at every position, whatever the context.
+        model.model.embed_tokens.weight[:, 0] = 1.0
+    old_id, new_id = tok.convert_tokens_to_ids(OLD_CHAR), tok.convert_tokens_to_ids(NEW_CHAR)
+    _head(model, old_id, tok.eos_token_id)
+    v0_dir = save_model_dir(model, tok, root / "v0")
+    _head(model, new_id, tok.eos_token_id)
+    v1_dir = save_model_dir(model, tok, root / "v1")
+    return {"v0": v0_dir, "v1": v1_dir, "tok": tok, "old_id": old_id, "new_id": new_id, "root": root}
+
+
+@pytest.fixture(scope="module")
+async def engine(models: dict[str, object]) -> AsyncIterator[Engine]:
+    eng = Engine(EngineSettings(model_dir=models["v0"], max_num_seqs=16, kv_cache_memory_bytes=64 * 1024 * 1024))
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.shutdown()
+
+
+def _version1_folder(models: dict[str, object]) -> Path:
+    """v1 staged the way the swapper stages a pulled version."""
+    v1 = load_model(models["v1"])
+    tensors = {n: to_wire(t) for n, t in v1.state_dict().items() if n in read_signature(models["v0"])}
+    weights = DecodedWeights(1, digest(tensors), tensors)
+    return stage(weights, models["root"] / "staged", models["v0"])
+
+
+def _reference_logprobs(model_dir: Path, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    model = load_model(model_dir).eval()
+    ids = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) + len(token_ids) - 1)
+    return logp[positions, torch.tensor(token_ids)]
+
+
+async def test_mid_sequence_swap_continues_under_new_weights(engine: Engine, models: dict[str, object]) -> None:
+    folder = _version1_folder(models)
+    n = 4
+    under_way = asyncio.Event()
+
+    def progress(num_tokens: int) -> None:
+        if num_tokens >= SWAP_AFTER_TOKENS:
+            under_way.set()
+
+    task = asyncio.create_task(engine.sample("12+34=", n, 1.0, 1.0, MAX_TOKENS, seed=2, on_progress=progress))
+    await asyncio.wait_for(under_way.wait(), 120)
+    report = await engine.swap(folder, 1, "inflight")
+    prompt_ids, samples = await task
+
+    assert engine.version == 1
+    assert report.num_running == n, "every sequence of the request was carried across the swap"
+    tok, old_id, new_id = models["tok"], models["old_id"], models["new_id"]
+    for s in samples:
+        # Not aborted, not recomputed: the request ran to its length under both versions.
+        assert s.finish_reason == "length" and len(s.token_ids) == MAX_TOKENS
+        assert len(s.version_spans) == 2, s.version_spans
+        (v_a, a0, a1), (v_b, b0, b1) = s.version_spans
+        assert (v_a, v_b) == (0, 1) and a0 == 0 and a1 == b0 and b1 == MAX_TOKENS
+        switch = b0
+        assert 0 < switch < MAX_TOKENS
+        before, after = s.token_ids[:switch], s.token_ids[switch:]
+        # The favoured character flips at the switch (visible in the text).
+        assert before.count(old_id) / len(before) > 0.5 and before.count(new_id) / len(before) < 0.2
+        assert after.count(new_id) / len(after) > 0.5 and after.count(old_id) / len(after) < 0.2
+        text = tok.decode(s.token_ids, skip_special_tokens=True)
+        assert text.count(OLD_CHAR) > 0 and text.count(NEW_CHAR) > 0
+        # Reported log-probs equal each version's own forward pass on the same prefix.
+        got = torch.tensor(s.logprobs)
+        ref0 = _reference_logprobs(models["v0"], prompt_ids, s.token_ids)
+        ref1 = _reference_logprobs(models["v1"], prompt_ids, s.token_ids)
+        assert (got[:switch] - ref0[:switch]).abs().max().item() < LOGPROB_TOL
+        assert (got[switch:] - ref1[switch:]).abs().max().item() < LOGPROB_TOL
+        # And differ from the other version's, so the check has teeth.
+        assert (got[switch:] - ref0[switch:]).abs().max().item() > 1.0
+
+
+# -- refusals ------------------------------------------------------------------
+
+
+def _corrupt(good: Version, kind: str) -> tuple[Version, str]:
+    """A bad version of ``kind`` and the error text the swapper must give."""
+    name = sorted(good.tensors)[0]
+    t = good.tensors[name]
+    tensors = dict(good.tensors)
+    if kind == "nan":
+        arr = t.to_numpy().copy()
+        arr.flat[0] = float("nan")
+        tensors[name] = WireTensor.from_numpy(arr)
+        return Version(good.version, tensors, digest(tensors)), "NaN or Inf"
+    if kind == "inf":
+        arr = t.to_numpy().copy()
+        arr.flat[-1] = float("inf")
+        tensors[name] = WireTensor.from_numpy(arr)
+        return Version(good.version, tensors, digest(tensors)), "NaN or Inf"
+    if kind == "dtype":
+        tensors[name] = WireTensor.from_numpy(t.to_numpy().astype("float16"))
+        return Version(good.version, tensors, digest(tensors)), f"tensor {name!r} is float16"
+    if kind == "shape":
+        tensors[name] = WireTensor.from_numpy(t.to_numpy().reshape(-1)[:-1].copy())
+        return Version(good.version, tensors, digest(tensors)), f"tensor {name!r} is float32"
+    if kind == "names":
+        tensors["model.not_a_layer.weight"] = tensors.pop(name)
+        return Version(good.version, tensors, digest(tensors)), "tensor names differ"
+    if kind == "missing":
+        del tensors[name]
+        return Version(good.version, tensors, digest(tensors)), "tensor names differ"
+    if kind == "corrupted":  # bytes changed after the digest was taken
+        arr = t.to_numpy().copy()
+        arr.flat[0] += 1.0
+        tensors[name] = WireTensor.from_numpy(arr)
+        return Version(good.version, tensors, good.sha256), "sha256 mismatch"
+    if kind == "announced":  # data intact, announcement names another digest
+        return good, "differs from the announced"
+    raise ValueError(kind)
+
+
+BAD_KINDS = ["nan", "inf", "dtype", "shape", "names", "missing", "corrupted", "announced"]
+
+
+async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
+    engine: Engine, models: dict[str, object], tmp_path: Path
+) -> None:
+    signature = read_signature(models["v0"])
+    store = WeightStore(signature, keep=64)
+    health = Health("learner")
+    servicer = LearnerServicer(store, health, "test", lambda: {})
+    server, port = await start_server(
+        ListenSettings(host="127.0.0.1", port=0),
+        health,
+        lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+        ["asymptote.v1.Learner"],
+    )
+    metrics = GeneratorMetrics()
+    swapper = Swapper(engine, GrpcWeightSource(), models["v0"], tmp_path / "staged", "inflight", metrics)
+    endpoint = f"127.0.0.1:{port}"
+    try:
+        start = engine.version
+        v1 = load_model(models["v1"])
+        good = store.snapshot(start + 1, v1)
+
+        for i, kind in enumerate(BAD_KINDS):
+            version = start + 100 + i
+            bad, message = _corrupt(replace(good, version=version), kind)
+            store.put(bad)
+            announced = "0" * 64 if kind == "announced" else bad.sha256
+            policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=endpoint, sha256=announced)
+            assert await swapper.update(policy) is False, kind
+            assert message in swapper.refused[version], (kind, swapper.refused[version])
+            assert engine.version == start, f"{kind}: the engine left the version it had"
+            # Still serving: a request completes under the version it had.
+            _, samples = await engine.sample("12+34=", 2, 1.0, 1.0, 5, seed=i + 1)
+            assert all(s.version_spans == [(start, 0, 5)] for s in samples), (kind, samples[0].version_spans)
+
+        refused = metrics.swaps_refused.labels("invalid")._value.get()
+        assert refused == len(BAD_KINDS)
+        # A good update after all that loads.
+        policy = rollout_pb2.PolicyVersion(version=good.version, weights_endpoint=endpoint, sha256=good.sha256)
+        assert await swapper.update(policy) is True
+        assert engine.version == good.version
+    finally:
+        await server.stop(None)
