@@ -42,7 +42,13 @@ class Sample:
 class SwapReport:
     version: int
     paused_s: float
+    """Generation stalled: from the scheduler pausing to its resuming."""
     num_running: int
+    """Sequences in the engine across the swap (carried, in inflight mode)."""
+    staged_s: float = 0.0
+    """Reading the checkpoint into the worker, while generation continued."""
+    pause_wait_s: float = 0.0
+    """Waiting for the step under way to finish (drain: for running requests)."""
 
 
 class Engine:
@@ -73,6 +79,7 @@ class Engine:
             logprobs_mode="processed_logprobs",
             max_logprobs=1,
             enable_prefix_caching=True,
+            worker_extension_cls="services.generator.worker_ext.StagedWeightsExtension",
         )
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(args)
@@ -143,26 +150,37 @@ class Engine:
     async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
         """Load ``weights_path`` as ``version`` into the running engine.
 
-        inflight: pause keeping requests and their KV cache, reload, resume;
+        The checkpoint is first read into the worker's memory while generation
+        continues; then the scheduler is paused between two engine steps, the
+        staged tensors are loaded, the engine's weight version is set and the
+        scheduler resumes. inflight: requests and their KV cache are kept, so
         sequences in flight continue under the new weights (PipelineRL).
         drain: running requests finish first (conventional on-policy RL).
-        The reload goes through vLLM's layerwise reload, which repacks CPU
-        kernels' weights; loading tensors directly corrupts them on CPU.
+        The load goes through vLLM's in-place layerwise reload, which repacks
+        CPU kernels' weights; copying tensors into parameters corrupts them on CPU.
         """
         async with self._swap_lock:
-            running = self.num_running
+            path = str(weights_path)
             started = time.monotonic()
-            await self._llm.pause_generation(mode="keep" if mode == "inflight" else "wait", clear_cache=False)
+            await self._llm.collective_rpc("stage_weights", kwargs={"weights_path": path})
+            staged = time.monotonic()
+            # The engine core takes the pause between two steps; the step under
+            # way when it is asked still completes, so the stall starts on return.
+            await self._llm.engine_core.pause_scheduler_async(
+                mode="keep" if mode == "inflight" else "wait", clear_cache=False
+            )
+            paused = time.monotonic()
+            running = self.num_running
             try:
-                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+                await self._llm.collective_rpc("apply_staged_weights", kwargs={"weights_path": path})
                 await self._llm.update_weight_version(str(version))
                 self.version = version
             finally:
                 await self._llm.resume_generation()
-            paused = time.monotonic() - started
+            resumed = time.monotonic()
         async with self._version_changed:
             self._version_changed.notify_all()
-        return SwapReport(version, paused, running)
+        return SwapReport(version, resumed - paused, running, staged_s=staged - started, pause_wait_s=paused - staged)
 
     async def wait_for_version(self, version: int) -> None:
         """Return once the engine serves ``version`` or a newer one."""

@@ -21,8 +21,8 @@ class GeneratorMetrics:
         )
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
-            "Engine pause per swap",
-            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            "Generation stalled per swap (scheduler paused to resumed)",
+            buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5),
             registry=r,
         )
         self.swap_pull_s = Histogram(
@@ -30,6 +30,9 @@ class GeneratorMetrics:
             "Time to pull and verify a version",
             buckets=(0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
             registry=r,
+        )
+        self.swap_last_pause_s = Gauge(
+            "asymptote_generator_swap_last_pause_seconds", "Generation stalled by the latest swap", registry=r
         )
         self.swap_bytes = Counter("asymptote_generator_swap_bytes", "Weight bytes pulled", registry=r)
         self.swap_carried = Counter(

@@ -95,11 +95,14 @@ class Swapper:
         m.swaps.inc()
         m.swap_pull_s.observe(pulled)
         m.swap_pause_s.observe(report.paused_s)
+        m.swap_last_pause_s.set(report.paused_s)
         m.swap_bytes.inc(weights.num_bytes)
         m.swap_carried.inc(report.num_running)
         m.policy_version.set(version)
         log.info(
-            "loaded version %d: %.1f MB, pull %.0f ms, paused %.0f ms, %d sequences carried across",
-            version, weights.num_bytes / 1e6, pulled * 1e3, report.paused_s * 1e3, report.num_running,
+            "loaded version %d: %.1f MB, pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
+            "paused %.1f ms, %d sequences carried across",
+            version, weights.num_bytes / 1e6, pulled * 1e3, report.staged_s * 1e3, report.pause_wait_s * 1e3,
+            report.paused_s * 1e3, report.num_running,
         )
         return True
