@@ -61,6 +61,10 @@ class Names:
     def deadletter_stream(self) -> str:
         return f"{self.prefix.upper()}_DEADLETTER"
 
+    @property
+    def ledger_stream(self) -> str:
+        return f"{self.prefix.upper()}_LEDGER"
+
     # Subjects
     @property
     def train_tasks(self) -> str:
@@ -88,6 +92,9 @@ class Names:
 
     def deadletter(self, source: str) -> str:
         return f"{self.prefix}.deadletter.{source}"
+
+    def ledger(self, task_id: str) -> str:
+        return f"{self.prefix}.ledger.{task_id}"
 
     # Durable consumers (one per consuming role; generators share theirs)
     @property
@@ -153,6 +160,16 @@ def stream_configs(names: Names) -> list[StreamConfig]:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=7 * 24 * 3600.0,
+            discard=DiscardPolicy.OLD,
+        ),
+        # Every issued train task's fate (asymptote.ledger); kept, never consumed away.
+        StreamConfig(
+            name=names.ledger_stream,
+            subjects=[names.ledger("*")],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=dedup,
+            max_age=30 * 24 * 3600.0,
             discard=DiscardPolicy.OLD,
         ),
         StreamConfig(

@@ -32,6 +32,24 @@ class Ackable(Protocol):
     async def in_progress(self) -> None: ...
 
 
+class LedgerSink(Protocol):
+    """Where the batcher records each group's fate (asymptote.ledger.Ledger)."""
+
+    async def record(
+        self,
+        task_id: str,
+        event: rollout_pb2.LedgerEvent.ValueType,
+        reason: str = "",
+        policy_version: int = 0,
+        batch_id: str = "",
+    ) -> None: ...
+
+    async def was_trained(self, task_id: str) -> bool: ...
+
+
+Event = rollout_pb2.LedgerEvent
+
+
 @dataclass
 class Held:
     group: rollout_pb2.RolloutGroup
@@ -86,9 +104,12 @@ def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
 
 
 class Batcher:
-    def __init__(self, batch_prompts: int, max_staleness_versions: int) -> None:
+    def __init__(self, batch_prompts: int, max_staleness_versions: int, ledger: LedgerSink | None = None) -> None:
         self.batch_prompts = batch_prompts
         self.max_staleness = max_staleness_versions
+        self.ledger = ledger
+        self._held: dict[str, Held] = {}
+        """Every group held now (ready or handed out), by group id."""
         self.ready: deque[Held] = deque()
         self.handed_out: dict[str, HandedOut] = {}
         self.dropped: Counter[str] = Counter()
@@ -104,24 +125,49 @@ class Batcher:
     def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
         return learner_version - int(group.min_version) > self.max_staleness
 
-    async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable) -> str | None:
-        """Take a decoded, validated group; returns the drop reason, if any."""
+    async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable, redelivered: bool = False) -> str | None:
+        """Take a decoded, validated group; returns the drop reason, if any.
+
+        ``redelivered``: JetStream delivered this message before. A copy of a
+        group held now replaces the held message handle (one copy is kept); a
+        copy of a group the ledger shows trained is acked and not served again.
+        """
+        held = self._held.get(group.group_id)
+        if held is not None:
+            held.msg = msg
+            return None
         self.num_received += 1
+        if redelivered and self.ledger is not None and await self.ledger.was_trained(group.group_id):
+            await self._record(group.group_id, Event.LEDGER_EVENT_DUPLICATE, "redelivered after training")
+            await msg.ack()
+            self.dropped["already_trained"] += 1
+            return "already_trained"
         reason: str | None = None
         if is_zero_variance(group):
             reason = "zero_variance"
         elif self.is_stale(group, self.learner_version):
             reason = "stale"
         if reason is not None:
-            await self._drop(msg, reason)
+            await self._drop(group, msg, reason)
             return reason
         async with self._changed:
-            self.ready.append(Held(group, msg))
+            held = self._held[group.group_id] = Held(group, msg)
+            self.ready.append(held)
             self._changed.notify_all()
         return None
 
-    async def _drop(self, msg: Ackable, reason: str) -> None:
-        await msg.ack()  # accounted for: filtered with a reason
+    async def _record(
+        self, group_id: str, event: rollout_pb2.LedgerEvent.ValueType, reason: str = "", batch_id: str = ""
+    ) -> None:
+        if self.ledger is not None:
+            await self.ledger.record(group_id, event, reason, self.learner_version, batch_id)
+
+    async def _drop(self, group: rollout_pb2.RolloutGroup, msg: Ackable, reason: str) -> None:
+        # Recorded before the ack: while the message is in the queue the group
+        # is in flight, and once it leaves the ledger says why.
+        await self._record(group.group_id, Event.LEDGER_EVENT_FILTERED, reason)
+        await msg.ack()
+        self._held.pop(group.group_id, None)
         self.dropped[reason] += 1
         self._since_batch[reason] += 1
 
@@ -163,23 +209,43 @@ class Batcher:
         kept: deque[Held] = deque()
         for held in self.ready:
             if self.is_stale(held.group, self.learner_version):
-                await self._drop(held.msg, "stale")
+                await self._drop(held.group, held.msg, "stale")
             else:
                 kept.append(held)
         self.ready = kept
 
-    async def ack(self, batch_ids: Sequence[str]) -> tuple[int, list[str]]:
-        """The learner's checkpoint holds these batches: ack their messages."""
+    async def ack(self, batches: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> tuple[int, list[str]]:
+        """The learner's checkpoint holds these batches: record and ack their groups.
+
+        ``batches``: (batch id, group ids it carried, of those the ones the
+        learner recognised as already trained). Groups of a batch this broker
+        does not know (it restarted since handing the batch out) are recorded
+        under the same batch id, so their redelivered messages are acked, never
+        served again, and a record the previous broker made is not doubled.
+        Returns (groups acked, unknown batch ids).
+        """
         num, unknown = 0, []
-        for batch_id in batch_ids:
+        for batch_id, group_ids, duplicate_ids in batches:
+            dups = set(duplicate_ids)
             batch = self.handed_out.pop(batch_id, None)
             if batch is None:
                 unknown.append(batch_id)
+                for gid in group_ids:
+                    event = Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED
+                    await self._record(gid, event, batch_id=batch_id)
+                self.num_trained += len(group_ids) - len(dups)
                 continue
             for held in batch.items:
+                gid = held.group.group_id
+                event = Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED
+                await self._record(gid, event, batch_id=batch_id)
                 await held.msg.ack()
-            self.num_trained += len(batch.items)
+                self._held.pop(gid, None)
+            self.num_trained += len(batch.items) - len(dups)
             num += len(batch.items)
+        if unknown:
+            log.info("%d acked batches were handed out before this broker started; their groups are recorded",
+                     len(unknown))
         return num, unknown
 
     async def release(self, batch_ids: Sequence[str] | None = None) -> int:

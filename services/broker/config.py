@@ -68,7 +68,7 @@ class BrokerConfig(Frozen):
     """No-Positive-Resampling: from the next epoch on, skip prompts whose latest pass rate reached this."""
     seed: int = 0
     """Seed of the per-epoch shuffle of the train split."""
-    ack_wait_s: float = Field(default=300.0, gt=1.0)
+    ack_wait_s: float = Field(default=30.0, gt=1.0)
     """JetStream ack wait on rollout groups; the broker heartbeats held ones well inside it."""
     batch_release_s: float = Field(default=900.0, gt=1.0)
     """A batch handed out and not acked for this long goes back to the queue."""

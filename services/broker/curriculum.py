@@ -75,6 +75,20 @@ class Curriculum:
         self.state.num_issued += 1
         return problem, int(self.state.epoch), position
 
+    def mark(self) -> tuple[int, int, int]:
+        """Where the cursor is, for :meth:`rewind`."""
+        return int(self.state.epoch), int(self.state.cursor), int(self.state.num_issued)
+
+    def rewind(self, mark: tuple[int, int, int]) -> None:
+        """Undo :meth:`next` calls since ``mark`` (a task that could not be issued)."""
+        epoch, cursor, num_issued = mark
+        if epoch != self.state.epoch:
+            # The mark sat at the end of its epoch: cross into the next one afresh.
+            self.state.epoch, self.state.cursor = epoch, len(self.state.epoch_order)
+        else:
+            self.state.cursor = cursor
+        self.state.num_issued = num_issued
+
     def record(self, prompt_id: str, pass_rate: float) -> None:
         """Keep the latest observed pass rate of a prompt."""
         self.state.pass_rates[prompt_id] = pass_rate

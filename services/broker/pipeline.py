@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
+from asymptote.ledger import Event, Ledger
 from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import watch_policy
 from asymptote.streams import Names
@@ -58,11 +59,16 @@ class BrokerPipeline:
             self.heldout = self.heldout[: config.eval.num_prompts]
         self._train = list(task.problems("train"))
         self.curriculum: Curriculum | None = None
-        self.batcher = Batcher(config.batch_prompts, config.staleness_bound)
+        self.ledger = Ledger(js, names, "broker")
+        self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger)
         self.pending_tasks = 0
         self._state_dirty = False
         self._generators_seen: dict[str, float] = {}
         self._eval_lock = asyncio.Lock()
+        # Issuing a task (ledger record, publish, cursor) and saving the
+        # curriculum never interleave: a saved cursor covers only tasks whose
+        # record and publish both happened.
+        self._issue_lock = asyncio.Lock()
         # Train tasks wait for the first policy version, whose eval round
         # (R0) must be queued ahead of them so it runs on the initial weights.
         self.policy_seen = asyncio.Event()
@@ -85,8 +91,9 @@ class BrokerPipeline:
 
     async def save_state(self) -> None:
         assert self.curriculum is not None
-        await self.curriculum_kv.put(STATE_KEY, self.curriculum.state.SerializeToString())
-        self._state_dirty = False
+        async with self._issue_lock:
+            await self.curriculum_kv.put(STATE_KEY, self.curriculum.state.SerializeToString())
+            self._state_dirty = False
 
     async def persist_loop(self, stop: asyncio.Event, interval_s: float = 2.0) -> None:
         while not stop.is_set():
@@ -132,7 +139,19 @@ class BrokerPipeline:
 
     async def _issue_train_task(self) -> None:
         assert self.curriculum is not None
-        problem, epoch, position = self.curriculum.next()
+        async with self._issue_lock:
+            mark = self.curriculum.mark()
+            problem, epoch, position = self.curriculum.next()
+            try:
+                await self._publish_train_task(problem, epoch, position)
+            except BaseException:
+                self.curriculum.rewind(mark)  # issued again, under the same id, on the next try
+                raise
+        self.pending_tasks += 1
+        self._state_dirty = True
+        self.metrics.tasks_issued.labels("train").inc()
+
+    async def _publish_train_task(self, problem: Problem, epoch: int, position: int) -> None:
         s = self.config.sampling
         task = rollout_pb2.GenerationTask(
             task_id=f"train-e{epoch}-p{position}-{problem.prompt_id}",
@@ -149,12 +168,12 @@ class BrokerPipeline:
             epoch=epoch,
             require_version=self.batcher.learner_version if self.config.mode == "sync" else 0,
         )
+        # Recorded first: a task in the queue is always in the ledger. Both
+        # are idempotent under the task id, so a retry after a crash is safe.
+        await self.ledger.record(task.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=task.issued_at_version)
         await self.js.publish(
             self.names.train_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
         )
-        self.pending_tasks += 1
-        self._state_dirty = True
-        self.metrics.tasks_issued.labels("train").inc()
 
     async def issue_eval_round(self, version: int) -> None:
         """One eval task per held-out prompt, at ``version``; ids dedupe reissues."""
@@ -236,6 +255,9 @@ class BrokerPipeline:
             validate_group(group)
         except Exception as exc:  # poison: DecodeError or PayloadError
             reason = str(exc) if isinstance(exc, PayloadError) else f"undecodable RolloutGroup: {exc}"
+            group_id = _group_id_of(msg)
+            if group_id:
+                await self.ledger.record(group_id, Event.LEDGER_EVENT_DEADLETTERED, reason)
             await self.deadletter(msg, "rollouts", reason)
             return
         assert self.curriculum is not None
@@ -244,7 +266,7 @@ class BrokerPipeline:
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
             self.curriculum.record(group.task.prompt_id, pass_rate(group))
             self._state_dirty = True
-        reason = await self.batcher.admit(group, msg)
+        reason = await self.batcher.admit(group, msg, redelivered=_num_delivered(msg) > 1)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
 
@@ -287,3 +309,16 @@ class BrokerPipeline:
             m.retired_prompts.set(self.curriculum.num_retired)
         m.desired_generators.set(self.desired_generators())
 
+
+
+def _num_delivered(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # not a JetStream message (tests)
+        return 1
+
+
+def _group_id_of(msg: Msg) -> str:
+    """The task id a poison group was published under (its message id), if any."""
+    msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+    return msg_id if msg_id.startswith("train-") else ""

@@ -52,7 +52,9 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             yield services_pb2.BatchPart(group=held.group)
 
     async def Ack(self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext) -> services_pb2.AckResponse:
-        num, unknown = await self.pipeline.batcher.ack(list(request.batch_ids))
+        batches = [(b, (), ()) for b in request.batch_ids]
+        batches += [(b.batch_id, list(b.group_ids), list(b.duplicate_group_ids)) for b in request.batches]
+        num, unknown = await self.pipeline.batcher.ack(batches)
         self.pipeline.metrics.groups_trained.inc(num)
         if request.release_unacked:
             await self.pipeline.batcher.release()

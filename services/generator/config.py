@@ -44,7 +44,7 @@ class GeneratorConfig(Frozen):
     """The vLLM engine."""
     max_inflight_groups: int = Field(default=32, ge=1)
     """Prompt groups generated concurrently (each is G sequences in the engine)."""
-    task_ack_wait_s: float = Field(default=120.0, gt=1.0)
+    task_ack_wait_s: float = Field(default=30.0, gt=1.0)
     """JetStream ack wait of a leased task; heartbeats extend it while generating."""
     swap_mode: Literal["inflight", "drain"] = "inflight"
     """inflight: pause keeping requests and KV cache, swap, resume (PipelineRL); drain: finish running requests first."""

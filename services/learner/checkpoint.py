@@ -1,7 +1,8 @@
 """Durable learner checkpoints.
 
 Owns writing and finding checkpoints: model weights (safetensors), the
-optimizer and scheduler state, RNG state, the policy version and counters.
+optimizer and scheduler state, RNG state, the policy version, counters and
+the ids of the groups trained into the weights.
 A checkpoint is written into a temporary folder, fsynced, then renamed, so
 a crash mid-write never leaves a checkpoint that looks complete. Only
 ``ckpt-*`` folders with a ``DONE`` marker count.
@@ -13,6 +14,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,8 @@ class Restored:
     version: int
     samples_trained: int
     path: Path
+    trained_group_ids: tuple[str, ...] = ()
+    """The newest group ids trained into these weights (redelivered copies are skipped)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -43,6 +47,7 @@ def save(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     samples_trained: int,
     keep: int,
+    trained_group_ids: Sequence[str] = (),
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"ckpt-{version:08d}"
@@ -69,7 +74,8 @@ def save(
         },
         tmp / "trainer.pt",
     )
-    (tmp / "meta.json").write_text(json.dumps({"version": version, "samples_trained": samples_trained}))
+    meta = {"version": version, "samples_trained": samples_trained, "trained_group_ids": list(trained_group_ids)}
+    (tmp / "meta.json").write_text(json.dumps(meta))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -106,4 +112,6 @@ def restore(
     torch.set_rng_state(trainer["torch_rng"])
     random.setstate(trainer["python_rng"])
     meta = json.loads((path / "meta.json").read_text())
-    return Restored(int(meta["version"]), int(meta["samples_trained"]), path)
+    return Restored(
+        int(meta["version"]), int(meta["samples_trained"]), path, tuple(meta.get("trained_group_ids", ()))
+    )

@@ -3,7 +3,10 @@
 Owns the order of operations that makes the learner lose nothing: a batch's
 messages are acked to the broker only after a durable checkpoint includes
 the batch; on start the learner resumes from its newest checkpoint and asks
-the broker to release every batch it had handed out and not seen acked.
+the broker to release every batch it had handed out and not seen acked. The
+ids of the groups trained into the weights travel with them, so a copy the
+broker redelivers after its own restart is acked as a duplicate, not trained
+twice.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -36,6 +41,9 @@ from services.learner.trainer import Trainer, collate
 from services.learner.weights import Version, WeightStore
 
 log = logging.getLogger(__name__)
+
+MAX_TRAINED_IDS = 200_000
+"""Group ids remembered as trained (checkpointed with the weights); far more than can be redelivered."""
 
 
 class BrokerClient:
@@ -75,13 +83,16 @@ class BrokerClient:
             raise PayloadError(f"batch {header.batch_id}: header says {header.num_groups} groups, got {len(groups)}")
         return header, groups
 
-    async def ack(self, batch_ids: list[str], release_unacked: bool = False, attempts: int = 30) -> None:
+    async def ack(
+        self, batches: Sequence[services_pb2.AckedBatch], release_unacked: bool = False, attempts: int = 30
+    ) -> None:
         """Ack with bounded retries; the batches stay safe in JetStream meanwhile."""
         delay = 0.5
         for attempt in range(attempts):
             try:
                 resp = await self.stub.Ack(
-                    services_pb2.AckRequest(batch_ids=batch_ids, release_unacked=release_unacked), timeout=10.0
+                    services_pb2.AckRequest(batches=batches, release_unacked=release_unacked),
+                    timeout=10.0,
                 )
                 if resp.unknown_batch_ids:
                     log.warning("broker did not know batches %s (it restarted: JetStream redelivers them)",
@@ -108,7 +119,10 @@ class Learner:
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
         self.samples_trained = 0
-        self.unacked: list[str] = []
+        self.unacked: list[services_pb2.AckedBatch] = []
+        # Groups trained into the current weights, newest last: a redelivered
+        # copy (the broker restarted before it saw the ack) is not trained again.
+        self.trained_ids: OrderedDict[str, None] = OrderedDict()
         self.meter = ComputeMeter("learner", rt.instance_id, config.device_kind, config.num_devices)
         self.metrics_path = config.run_dir / "metrics.jsonl"
         self.done = asyncio.Event()
@@ -121,6 +135,7 @@ class Learner:
         restored = checkpoint.restore(path, self.model, self.trainer.optimizer, self.trainer.scheduler)
         self.version = restored.version
         self.samples_trained = restored.samples_trained
+        self.trained_ids = OrderedDict.fromkeys(restored.trained_group_ids)
         log.info("resumed from %s at version %d", path, self.version)
 
     def gauges(self) -> dict[str, float]:
@@ -149,7 +164,7 @@ class Learner:
         started = time.perf_counter()
         await asyncio.to_thread(
             checkpoint.save, self.ckpt_root, self.version, self.model, self.trainer.optimizer,
-            self.trainer.scheduler, self.samples_trained, self.config.keep_checkpoints,
+            self.trainer.scheduler, self.samples_trained, self.config.keep_checkpoints, list(self.trained_ids),
         )
         log.info("checkpoint at version %d in %.2fs", self.version, time.perf_counter() - started)
         if self.unacked:
@@ -173,13 +188,28 @@ class Learner:
                     await wait_or_stop(stop, 1.0)
                 continue
             header, groups = got
+            dups = [g.group_id for g in groups if g.group_id in self.trained_ids]
+            self.unacked.append(
+                services_pb2.AckedBatch(
+                    batch_id=header.batch_id, group_ids=[g.group_id for g in groups], duplicate_group_ids=dups
+                )
+            )
+            if dups:
+                log.warning("batch %s: %d groups already trained (redelivered); kept out of the loss",
+                            header.batch_id, len(dups))
+                groups = [g for g in groups if g.group_id not in self.trained_ids]
+                if not groups:
+                    continue
+            for g in groups:
+                self.trained_ids[g.group_id] = None
+            while len(self.trained_ids) > MAX_TRAINED_IDS:
+                self.trained_ids.popitem(last=False)
             inputs = collate(groups, self.pad_id)
             step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
             self.version += 1
             self.samples_trained += int(inputs.rewards.numel())
             v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
             await self.announce(v)
-            self.unacked.append(header.batch_id)
             self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
             record = {
                 "step": self.version,

@@ -58,6 +58,10 @@ class StackConfig(Frozen):
     """Overrides of the supervised warm start's settings."""
     pin_cores: bool = True
     """Pin generators and the learner to different cores (Linux)."""
+    max_restarts: int = Field(default=5, ge=0)
+    """Times a process that exits is restarted before the run is declared failed."""
+    restart_backoff_s: float = Field(default=1.0, gt=0.0)
+    """First restart delay; doubles per restart of the same process, at most 30 s."""
     startup_timeout_s: float = Field(default=300.0, gt=0.0)
     """Longest the stack waits for every service to become ready."""
     final_eval_timeout_s: float = Field(default=300.0, gt=0.0)

@@ -124,13 +124,16 @@ class Progress:
         try:
             while True:
                 stack.poll_ready()
-                dead = stack.dead()
-                if dead:
-                    for p in dead:
+                events, failed = stack.supervise()
+                for event in events:
+                    self.console.print(f"[yellow]{event}[/yellow]")
+                if failed:
+                    for p in failed:
                         self.console.print(
-                            f"[red]{p.name} exited with code {p.popen.returncode}[/red]; last log lines:\n{p.tail()}"
+                            f"[red]{p.name} exited with code {p.popen.returncode} after {p.restarts} restarts"
+                            f"[/red]; last log lines:\n{p.tail()}"
                         )
-                    self.outcome = f"failed: {', '.join(p.name for p in dead)} exited"
+                    self.outcome = f"failed: {', '.join(p.name for p in failed)} exited"
                     return 1
                 snap = self.snapshot()
                 if self.rl_started is None and snap["step"] > 0:
@@ -178,6 +181,8 @@ class Progress:
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
             "fit": {k: fit.get(k) for k in ("ok", "a", "b", "c_mid", "r0", "a_interval", "reason")},
+            "restarts": {p.name: p.restarts for p in stack.procs if p.restarts},
+            "ledger": read_json(self.run_dir / "ledger.json"),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         t = Table(title="run summary", show_header=False)
@@ -186,5 +191,15 @@ class Progress:
             t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
         if fit.get("ok"):
             t.add_row("fit", f"A {fit['a']:.3f}  B {fit['b']:.2f}  C_mid {fit['c_mid']:.1f}  R0 {fit['r0']:.3f}")
+        ledger = summary["ledger"]
+        if ledger:
+            t.add_row(
+                "ledger",
+                f"issued {ledger['issued']}  trained {ledger['trained']}  filtered {sum(ledger['filtered'].values())}"
+                f"  dead-lettered {ledger['deadlettered']}  in flight {ledger['in_flight']}"
+                f"  lost {ledger['lost']}  trained twice {ledger['trained_twice']}",
+            )
+        if summary["restarts"]:
+            t.add_row("restarts", ", ".join(f"{k} {v}" for k, v in summary["restarts"].items()))
         t.add_row("run directory", str(self.run_dir))
         self.console.print(t)

@@ -9,6 +9,7 @@ process behind. Torch-free: the model is prepared in a child process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -44,6 +45,10 @@ class Proc:
     http_port: int | None = None
     ready: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    cpu: int | None = None
+    restarts: int = 0
+    restart_at: float | None = None
 
     def tail(self, num_lines: int = 15) -> str:
         try:
@@ -105,9 +110,54 @@ class LocalStack:
             cwd=os.getcwd(), start_new_session=True, preexec_fn=pin,
         )
         fh.close()
-        proc = Proc(name, popen, log_path, http_port)
+        proc = Proc(name, popen, log_path, http_port, argv=argv, cpu=cpu)
         self.procs.append(proc)
         return proc
+
+    def supervise(self) -> tuple[list[str], list[Proc]]:
+        """Restart exited processes with exponential backoff, as Kubernetes would.
+
+        Returns (events to show, processes out of restarts). Every restart is
+        appended to restarts.jsonl in the run directory.
+        """
+        events: list[str] = []
+        failed: list[Proc] = []
+        now = time.monotonic()
+        for p in self.procs:
+            if p.popen.poll() is None:
+                continue
+            if p.restart_at is None:
+                if p.restarts >= self.config.max_restarts:
+                    failed.append(p)
+                    continue
+                delay = min(self.config.restart_backoff_s * 2.0**p.restarts, 30.0)
+                p.restart_at = now + delay
+                events.append(f"{p.name} exited with code {p.popen.returncode}; restarting in {delay:.1f}s")
+                with (self.run_dir / "restarts.jsonl").open("a") as f:
+                    f.write(json.dumps({
+                        "service": p.name, "exit_code": p.popen.returncode, "restart": p.restarts + 1,
+                        "delay_s": delay, "unix_s": time.time(),
+                    }) + "\n")
+            elif now >= p.restart_at:
+                self._respawn(p)
+                events.append(f"{p.name} restarted (restart {p.restarts})")
+        return events, failed
+
+    def _respawn(self, p: Proc) -> None:
+        p.restarts += 1
+        p.restart_at = None
+        p.ready = False
+        if p.name == "nats-server":
+            server = start_nats(self.run_dir / "nats", self.nats_port, p.log_path)
+            p.popen = server.process
+            return
+        fresh = self._spawn(p.name, p.argv, cpu=p.cpu, http_port=p.http_port)
+        self.procs.remove(fresh)
+        p.popen = fresh.popen
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Signal one process group (fault injection)."""
+        self._signal(next(p for p in self.procs if p.name == name), sig)
 
     def start_nats(self) -> None:
         logs = self.run_dir / "logs"
@@ -201,6 +251,27 @@ class LocalStack:
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]
 
+    def audit_ledger(self) -> dict[str, Any] | None:
+        """Account for every issued task (asymptote.ledger) into ledger.json."""
+        from asymptote.config import NatsSettings
+        from asymptote.ledger import audit
+        from asymptote.streams import Names, connect
+
+        async def run() -> dict[str, Any]:
+            nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{self.nats_port}", max_reconnect_attempts=2), "audit")
+            try:
+                return (await audit(nc.jetstream(), Names())).as_dict()
+            finally:
+                await nc.close()
+
+        try:
+            result = asyncio.run(run())
+        except Exception as exc:
+            log.warning("ledger audit failed: %s", exc)
+            return None
+        (self.run_dir / "ledger.json").write_text(json.dumps(result, indent=2))
+        return result
+
     def save_final_metrics(self) -> None:
         """Each live service's last Prometheus exposition, to metrics/<name>.prom."""
         out = self.run_dir / "metrics"
@@ -260,5 +331,6 @@ class LocalStack:
             return 130
         finally:
             self.save_final_metrics()
+            self.audit_ledger()
             self.stop()
             progress.finish(self)

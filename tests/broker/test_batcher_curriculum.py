@@ -180,14 +180,14 @@ async def test_ack_acks_only_that_batch_and_reports_unknown_ids() -> None:
     b1 = await batcher.next_batch(0, 2, 1.0)
     b2 = await batcher.next_batch(0, 2, 1.0)
     assert b1 is not None and b2 is not None and b1.batch_id != b2.batch_id
-    num, unknown = await batcher.ack([b2.batch_id, "no-such-batch"])
+    num, unknown = await batcher.ack([(b2.batch_id, (), ()), ("no-such-batch", (), ())])
     assert (num, unknown) == (2, ["no-such-batch"])
     assert [m.acked for m in msgs] == [False, False, True, True]
     assert batcher.num_trained == 2
     # Acking twice: the second time the id is unknown and nothing is re-acked.
-    assert await batcher.ack([b2.batch_id]) == (0, [b2.batch_id])
+    assert await batcher.ack([(b2.batch_id, (), ())]) == (0, [b2.batch_id])
     assert [m.calls.count("ack") for m in msgs] == [0, 0, 1, 1]
-    assert await batcher.ack([b1.batch_id]) == (2, [])
+    assert await batcher.ack([(b1.batch_id, (), ())]) == (2, [])
     assert all(m.calls == ["ack"] for m in msgs)
     assert batcher.num_held == 0 and batcher.num_trained == 4
 
@@ -206,7 +206,7 @@ async def test_release_puts_batches_back_at_the_front_in_order() -> None:
     # The next batches are the same groups again, and the old ids are gone.
     again = await batcher.next_batch(0, 2, 1.0)
     assert again is not None and ids(again.items) == ["g0", "g1"]
-    assert await batcher.ack([b1.batch_id]) == (0, [b1.batch_id])
+    assert await batcher.ack([(b1.batch_id, (), ())]) == (0, [b1.batch_id])
 
 
 async def test_release_selected_batches_and_expired_ones() -> None:

@@ -12,9 +12,24 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
     TASK_KIND_TRAIN: _ClassVar[TaskKind]
     TASK_KIND_EVAL: _ClassVar[TaskKind]
+
+class LedgerEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEDGER_EVENT_UNSPECIFIED: _ClassVar[LedgerEvent]
+    LEDGER_EVENT_ISSUED: _ClassVar[LedgerEvent]
+    LEDGER_EVENT_TRAINED: _ClassVar[LedgerEvent]
+    LEDGER_EVENT_FILTERED: _ClassVar[LedgerEvent]
+    LEDGER_EVENT_DEADLETTERED: _ClassVar[LedgerEvent]
+    LEDGER_EVENT_DUPLICATE: _ClassVar[LedgerEvent]
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_TRAIN: TaskKind
 TASK_KIND_EVAL: TaskKind
+LEDGER_EVENT_UNSPECIFIED: LedgerEvent
+LEDGER_EVENT_ISSUED: LedgerEvent
+LEDGER_EVENT_TRAINED: LedgerEvent
+LEDGER_EVENT_FILTERED: LedgerEvent
+LEDGER_EVENT_DEADLETTERED: LedgerEvent
+LEDGER_EVENT_DUPLICATE: LedgerEvent
 
 class SamplingParams(_message.Message):
     __slots__ = ("num_samples", "temperature", "top_p", "max_tokens", "seed")
@@ -206,3 +221,21 @@ class CurriculumState(_message.Message):
     eval_issued: bool
     epoch_order: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LedgerEntry(_message.Message):
+    __slots__ = ("task_id", "event", "reason", "policy_version", "batch_id", "unix_s", "service")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    event: LedgerEvent
+    reason: str
+    policy_version: int
+    batch_id: str
+    unix_s: float
+    service: str
+    def __init__(self, task_id: _Optional[str] = ..., event: _Optional[_Union[LedgerEvent, str]] = ..., reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., unix_s: _Optional[float] = ..., service: _Optional[str] = ...) -> None: ...

@@ -85,13 +85,25 @@ class BatchPart(_message.Message):
     group: _rollout_pb2.RolloutGroup
     def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., group: _Optional[_Union[_rollout_pb2.RolloutGroup, _Mapping]] = ...) -> None: ...
 
+class AckedBatch(_message.Message):
+    __slots__ = ("batch_id", "group_ids", "duplicate_group_ids")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    duplicate_group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, batch_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., duplicate_group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class AckRequest(_message.Message):
-    __slots__ = ("batch_ids", "release_unacked")
+    __slots__ = ("batch_ids", "release_unacked", "batches")
     BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_UNACKED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     batch_ids: _containers.RepeatedScalarFieldContainer[str]
     release_unacked: bool
-    def __init__(self, batch_ids: _Optional[_Iterable[str]] = ..., release_unacked: _Optional[bool] = ...) -> None: ...
+    batches: _containers.RepeatedCompositeFieldContainer[AckedBatch]
+    def __init__(self, batch_ids: _Optional[_Iterable[str]] = ..., release_unacked: _Optional[bool] = ..., batches: _Optional[_Iterable[_Union[AckedBatch, _Mapping]]] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("num_acked", "unknown_batch_ids")
