@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import logging
 from pathlib import Path
 
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import load_config, log_resolved
@@ -26,14 +28,37 @@ from services.fitter.server import FitterServicer
 log = logging.getLogger(__name__)
 
 
+def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
+    """Decode and check one telemetry sample; raises ValueError naming the problem."""
+    try:
+        t = rollout_pb2.ComputeTelemetry.FromString(data)
+    except Exception as exc:
+        raise ValueError(f"undecodable ComputeTelemetry: {exc}") from exc
+    if not t.service or not t.instance_id:
+        raise ValueError("compute telemetry lacks service or instance_id")
+    if t.service not in ("generator", "learner"):
+        raise ValueError(f"compute telemetry from unknown service {t.service!r}")
+    for name in ("device_seconds_total", "busy_seconds_total", "unix_s"):
+        value = getattr(t, name)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"compute telemetry {name} is {value}")
+    return t
+
+
 async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
     """Replay the whole telemetry stream, then follow it (an ordered consumer)."""
 
-    async def on_msg(msg: object) -> None:
+    async def on_msg(msg: Msg) -> None:
         try:
-            axis.observe(rollout_pb2.ComputeTelemetry.FromString(msg.data))  # type: ignore[attr-defined]
+            axis.observe(decode_telemetry(msg.data))
         except Exception as exc:
-            log.warning("ignoring undecodable compute telemetry: %s", exc)
+            log.error("dead-lettering bad compute telemetry: %s", exc)
+            # The stream is replayed on every start: the message id keeps one copy.
+            seq = msg.metadata.sequence.stream if msg.metadata else 0
+            await rt.js.publish(
+                rt.names.deadletter("telemetry"), msg.data,
+                headers={"Asymptote-Reason": str(exc)[:512], "Nats-Msg-Id": f"telemetry-{seq}"},
+            )
 
     sub = await rt.js.subscribe(rt.names.telemetry, cb=on_msg, ordered_consumer=True)
     try:
@@ -59,6 +84,11 @@ async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> 
                 result = rollout_pb2.EvalResult.FromString(msg.data)
                 if not result.eval_id or not result.task_id or result.num_samples == 0:
                     raise ValueError("eval result lacks eval_id, task_id or samples")
+                if result.num_correct > result.num_samples or result.eval_num_prompts == 0:
+                    raise ValueError(
+                        f"eval result {result.task_id}: {result.num_correct} correct of {result.num_samples} "
+                        f"samples, {result.eval_num_prompts} prompts in the round"
+                    )
             except Exception as exc:
                 log.error("dead-lettering a bad eval result: %s", exc)
                 await rt.js.publish(rt.names.deadletter("evals"), msg.data, headers={"Asymptote-Reason": str(exc)[:512]})

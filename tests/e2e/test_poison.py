@@ -1,0 +1,195 @@
+"""Hundreds of malformed and invalid messages on every subject, mixed with a
+live run: each lands in the dead-letter stream with a reason, no service
+restarts, and the good traffic is all trained (the ledger balances).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from asymptote.config import NatsSettings
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.streams import Names, connect
+from services.local.config import StackConfig
+from services.local.progress import Progress, read_jsonl
+from services.local.stack import LocalStack
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_STEPS = 20
+RANDOM_PER_SUBJECT = 60
+SEED = 20261122
+
+
+def _group(**overrides: object) -> rollout_pb2.RolloutGroup:
+    task = rollout_pb2.GenerationTask(
+        task_id="poison", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic", prompt_id="p",
+        prompt="1+2=", reference="3",
+    )
+    completions = [
+        rollout_pb2.Completion(token_ids=[5, 6], logprobs=[-0.1, -0.2], reward=r,
+                               version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=2)])
+        for r in (0.0, 1.0)
+    ]
+    g = rollout_pb2.RolloutGroup(group_id="poison", task=task, prompt_token_ids=[1, 2], completions=completions)
+    for k, v in overrides.items():
+        setattr(g, k, v) if not callable(v) else v(g)
+    return g
+
+
+def invalid_rollouts() -> list[bytes]:
+    def c0(g: rollout_pb2.RolloutGroup) -> rollout_pb2.Completion:
+        return g.completions[0]
+
+    cases = [
+        _group(group_id=""),
+        _group(completions=lambda g: g.ClearField("completions")),
+        _group(prompt_token_ids=lambda g: g.ClearField("prompt_token_ids")),
+        _group(completions=lambda g: c0(g).logprobs.append(-1.0)),            # more log-probs than tokens
+        _group(completions=lambda g: c0(g).logprobs.__setitem__(0, math.nan)),
+        _group(completions=lambda g: c0(g).logprobs.__setitem__(0, 0.5)),      # a probability above 1
+        _group(completions=lambda g: setattr(c0(g), "reward", math.inf)),
+        _group(completions=lambda g: c0(g).loss_mask.extend([1, 1, 1])),
+        _group(completions=lambda g: c0(g).version_spans.__getitem__(0).__setattr__("end", 1)),
+        _group(completions=lambda g: c0(g).token_ids.__delitem__(slice(None))),
+    ]
+    return [g.SerializeToString() for g in cases]
+
+
+def invalid_tasks() -> list[bytes]:
+    base = dict(task_id="poison-task", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic",
+                prompt_id="p", prompt="1+2=", reference="3")
+    sampling = rollout_pb2.SamplingParams(num_samples=4, temperature=1.0, max_tokens=4)
+    cases = [
+        rollout_pb2.GenerationTask(**{**base, "task_id": ""}, sampling=sampling),
+        rollout_pb2.GenerationTask(**{**base, "prompt": ""}, sampling=sampling),
+        rollout_pb2.GenerationTask(**{**base, "kind": 7}, sampling=sampling),
+        rollout_pb2.GenerationTask(**{**base, "task_name": "no-such-task"}, sampling=sampling),
+        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=0, temperature=1, max_tokens=4)),
+        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=0, max_tokens=4)),
+        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=1, max_tokens=0)),
+        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=99999, temperature=1, max_tokens=4)),
+    ]
+    return [t.SerializeToString() for t in cases]
+
+
+def invalid_evals() -> list[bytes]:
+    ok = dict(eval_id="eval-v999", task_id="t", prompt_id="p", num_samples=4, num_correct=1, eval_num_prompts=10)
+    cases = [
+        rollout_pb2.EvalResult(**{**ok, "eval_id": ""}),
+        rollout_pb2.EvalResult(**{**ok, "task_id": ""}),
+        rollout_pb2.EvalResult(**{**ok, "num_samples": 0}),
+        rollout_pb2.EvalResult(**{**ok, "num_correct": 9}),
+        rollout_pb2.EvalResult(**{**ok, "eval_num_prompts": 0}),
+    ]
+    return [e.SerializeToString() for e in cases]
+
+
+def invalid_telemetry() -> list[bytes]:
+    ok = dict(service="generator", instance_id="x", num_devices=1, device_seconds_total=10.0,
+              busy_seconds_total=5.0, unix_s=time.time())
+    cases = [
+        rollout_pb2.ComputeTelemetry(**{**ok, "service": ""}),
+        rollout_pb2.ComputeTelemetry(**{**ok, "service": "toaster"}),
+        rollout_pb2.ComputeTelemetry(**{**ok, "instance_id": ""}),
+        rollout_pb2.ComputeTelemetry(**{**ok, "device_seconds_total": math.nan}),
+        rollout_pb2.ComputeTelemetry(**{**ok, "busy_seconds_total": -1.0}),
+    ]
+    return [t.SerializeToString() for t in cases]
+
+
+def random_payloads(rng: random.Random, n: int) -> list[bytes]:
+    # Bytes that are not a protobuf of the subject's type (0xff never starts a valid field key),
+    # or empty / one-byte messages that decode to an empty, invalid message.
+    out = [b"", b"\x00"]
+    while len(out) < n:
+        out.append(b"\xff" + rng.randbytes(rng.randint(1, 300)))
+    return out
+
+
+async def inject(nats_port: int, names: Names) -> Counter[str]:
+    rng = random.Random(SEED)
+    nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{nats_port}"), "poison")
+    js = nc.jetstream()
+    plan = {
+        "tasks": (names.train_tasks, invalid_tasks()),
+        "rollouts": (names.rollouts, invalid_rollouts()),
+        "evals": (names.eval_results, invalid_evals()),
+        "telemetry": (names.telemetry, invalid_telemetry()),
+    }
+    sent: Counter[str] = Counter()
+    try:
+        for source, (subject, structured) in plan.items():
+            payloads = structured + random_payloads(rng, RANDOM_PER_SUBJECT)
+            rng.shuffle(payloads)
+            for data in payloads:
+                await js.publish(subject, data)
+                sent[source] += 1
+                await asyncio.sleep(0.005)  # interleaved with the live traffic
+    finally:
+        await nc.close()
+    return sent
+
+
+async def deadletters(nats_port: int, names: Names) -> Counter[str]:
+    nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{nats_port}"), "poison-check")
+    js = nc.jetstream()
+    got: Counter[str] = Counter()
+    try:
+        info = await js.stream_info(names.deadletter_stream)
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(names.deadletter_stream, seq)
+            assert (msg.headers or {}).get("Asymptote-Reason"), f"dead letter {seq} on {msg.subject} has no reason"
+            got[msg.subject.rsplit(".", 1)[-1]] += 1
+    finally:
+        await nc.close()
+    return got
+
+
+@pytest.mark.e2e
+@pytest.mark.faults
+def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path / "run", cache_dir=REPO / ".cache" / "asymptote", max_steps=MAX_STEPS,
+        batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5, startup_timeout_s=240,
+    )
+    stack = LocalStack(config)
+    stack.run_dir.mkdir(parents=True)
+    model_dir = stack.prepare_model()
+    progress = Progress(stack.run_dir, config.max_steps)
+    names = Names()
+    sent: Counter[str] = Counter()
+
+    def injector() -> None:
+        while not read_jsonl(stack.run_dir / "metrics.jsonl"):
+            time.sleep(0.2)
+        sent.update(asyncio.run(inject(stack.nats_port, names)))
+
+    try:
+        stack.start_nats()
+        stack.start_services(stack.write_configs(model_dir))
+        thread = threading.Thread(target=injector, daemon=True)
+        thread.start()
+        assert progress.follow(stack, config) == 0, progress.outcome
+        thread.join(60)
+        got = asyncio.run(deadletters(stack.nats_port, names))
+        print("sent:", dict(sent), "dead-lettered:", dict(got))
+        assert sum(sent.values()) >= 200
+        assert got == sent
+        assert not (stack.run_dir / "restarts.jsonl").exists(), "a service crashed on bad input"
+
+        ledger = stack.audit_ledger()
+        assert ledger is not None and ledger["ok"], ledger
+        steps = read_jsonl(stack.run_dir / "metrics.jsonl")
+        assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
+        assert ledger["trained"] == sum(int(s["batch/prompts"]) for s in steps)
+    finally:
+        stack.stop()
+        progress.finish(stack)
