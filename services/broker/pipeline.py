@@ -218,7 +218,11 @@ class BrokerPipeline:
         async for policy in watch_policy(self.policy_kv, self.names, stop):
             await self.batcher.set_learner_version(int(policy.version))
             self.metrics.learner_version.set(policy.version)
-            if policy.version % self.config.eval.every_versions == 0 or not self.policy_seen.is_set():
+            if (
+                policy.version % self.config.eval.every_versions == 0
+                or policy.final
+                or not self.policy_seen.is_set()
+            ):
                 await self.issue_eval_round(int(policy.version))
             self.policy_seen.set()
 

@@ -29,6 +29,8 @@ class Restored:
     path: Path
     trained_group_ids: tuple[str, ...] = ()
     """The newest group ids trained into these weights (redelivered copies are skipped)."""
+    step: int = 0
+    """Optimizer steps taken (the version can run ahead of it after a restart)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -48,6 +50,7 @@ def save(
     samples_trained: int,
     keep: int,
     trained_group_ids: Sequence[str] = (),
+    step: int | None = None,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"ckpt-{version:08d}"
@@ -74,7 +77,12 @@ def save(
         },
         tmp / "trainer.pt",
     )
-    meta = {"version": version, "samples_trained": samples_trained, "trained_group_ids": list(trained_group_ids)}
+    meta = {
+        "version": version,
+        "step": version if step is None else step,
+        "samples_trained": samples_trained,
+        "trained_group_ids": list(trained_group_ids),
+    }
     (tmp / "meta.json").write_text(json.dumps(meta))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -113,5 +121,9 @@ def restore(
     random.setstate(trainer["python_rng"])
     meta = json.loads((path / "meta.json").read_text())
     return Restored(
-        int(meta["version"]), int(meta["samples_trained"]), path, tuple(meta.get("trained_group_ids", ()))
+        int(meta["version"]),
+        int(meta["samples_trained"]),
+        path,
+        tuple(meta.get("trained_group_ids", ())),
+        int(meta.get("step", meta["version"])),
     )

@@ -28,7 +28,7 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.errors import PayloadError
 from asymptote.health import Health
 from asymptote.lifecycle import wait_or_stop
-from asymptote.policy import publish_policy
+from asymptote.policy import current_policy, publish_policy
 from asymptote.rpc import channel, start_server
 from asymptote.runtime import Runtime, service_runtime, supervise
 from asymptote.streams import ensure_bucket
@@ -118,6 +118,9 @@ class Learner:
         self.store = WeightStore(read_signature(config.model_dir))
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
+        """Policy version: strictly increasing across restarts (generators and the broker rely on it)."""
+        self.step = 0
+        """Optimizer steps in the weights (restored from a checkpoint, so it can repeat after a crash)."""
         self.samples_trained = 0
         self.unacked: list[services_pb2.AckedBatch] = []
         # Groups trained into the current weights, newest last: a redelivered
@@ -134,6 +137,7 @@ class Learner:
             return
         restored = checkpoint.restore(path, self.model, self.trainer.optimizer, self.trainer.scheduler)
         self.version = restored.version
+        self.step = restored.step
         self.samples_trained = restored.samples_trained
         self.trained_ids = OrderedDict.fromkeys(restored.trained_group_ids)
         log.info("resumed from %s at version %d", path, self.version)
@@ -155,6 +159,8 @@ class Learner:
             num_tensors=len(v.tensors),
             published_unix_s=time.time(),
             samples_trained=self.samples_trained,
+            step=self.step,
+            final=self.step >= self.config.max_steps,
         )
         await publish_policy(self.kv, self.rt.names, policy)
         self.metrics.policy_version.set(v.version)
@@ -165,6 +171,7 @@ class Learner:
         await asyncio.to_thread(
             checkpoint.save, self.ckpt_root, self.version, self.model, self.trainer.optimizer,
             self.trainer.scheduler, self.samples_trained, self.config.keep_checkpoints, list(self.trained_ids),
+            self.step,
         )
         log.info("checkpoint at version %d in %.2fs", self.version, time.perf_counter() - started)
         if self.unacked:
@@ -176,7 +183,7 @@ class Learner:
         await broker.ack([], release_unacked=True)
         waited = 0.0
         last_wait_log = time.monotonic()
-        while self.version < c.max_steps and not stop.is_set():
+        while self.step < c.max_steps and not stop.is_set():
             t0 = time.perf_counter()
             got = await broker.next_batch(self.version, c.batch_prompts, c.batch_wait_s)
             waited += time.perf_counter() - t0
@@ -207,12 +214,13 @@ class Learner:
             inputs = collate(groups, self.pad_id)
             step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
             self.version += 1
+            self.step += 1
             self.samples_trained += int(inputs.rewards.numel())
             v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
             await self.announce(v)
             self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
             record = {
-                "step": self.version,
+                "step": self.step,
                 "policy_version": self.version,
                 "unix_s": time.time(),
                 "samples_trained": self.samples_trained,
@@ -229,9 +237,9 @@ class Learner:
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             waited = 0.0
-            if self.version % c.checkpoint_every_steps == 0 or self.version >= c.max_steps:
+            if self.step % c.checkpoint_every_steps == 0 or self.step >= c.max_steps:
                 await self.checkpoint_and_ack(broker)
-        if self.version >= c.max_steps:
+        if self.step >= c.max_steps:
             log.info("reached max_steps=%d; serving the final weights until stopped", c.max_steps)
             self.done.set()
             await stop.wait()
@@ -240,6 +248,14 @@ class Learner:
         c = self.config
         c.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
+        announced = await current_policy(self.kv, self.rt.names)
+        if announced is not None and announced.version > self.version:
+            # Versions after the checkpoint were announced and are lost with the
+            # crash: the restored weights get the next version, never an old one.
+            log.info("policy version %d was announced; restored step %d weights become version %d",
+                     announced.version, self.step, announced.version + 1)
+            self.version = int(announced.version) + 1
         v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
         servicer = LearnerServicer(self.store, self.rt.health, self.rt.instance_id, self.gauges)
         server, self.grpc_port = await start_server(
@@ -247,7 +263,6 @@ class Learner:
             lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
         )
-        self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
         await self.announce(v)
         broker = BrokerClient(c.broker_endpoint, self.rt.health)
         await self.rt.health.unblock("starting")

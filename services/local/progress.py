@@ -61,6 +61,7 @@ class Progress:
         samples = sum(r["batch/samples"] for r in recent[1:])
         return {
             "step": steps[-1]["step"] if steps else 0,
+            "policy_version": steps[-1]["policy_version"] if steps else 0,
             "batch_pass_rate": steps[-1]["reward/pass_rate"] if steps else None,
             "samples_per_s": samples / span if span > 0 else None,
             "staleness": steps[-1].get("staleness/mean") if steps else None,
@@ -112,7 +113,9 @@ class Progress:
         return "  ".join(parts)
 
     def finished(self, snap: dict[str, Any]) -> bool:
-        return snap["step"] >= self.max_steps and any(e["policy_version"] >= self.max_steps for e in snap["evals"])
+        return snap["step"] >= self.max_steps and any(
+            e["policy_version"] >= snap["policy_version"] for e in snap["evals"]
+        )
 
     def follow(self, stack: "LocalStack", config: "StackConfig") -> int:
         deadline_ready = time.monotonic() + config.startup_timeout_s

@@ -1,10 +1,12 @@
-"""The broker and nats-server restart mid-run; nothing is lost or trained twice.
+"""The broker, nats-server and the learner die mid-run; nothing is lost or trained twice.
 
 The local stack supervises its processes as Kubernetes would. This test
-SIGKILLs the broker, and later nats-server (file storage), while the learner
-is training, lets the stack restart them, and then audits the ledger: every
-issued train task is trained exactly once, filtered with a reason,
-dead-lettered, or still in a queue; the learner's steps continue in order.
+SIGKILLs the broker, later nats-server (file storage), later the learner,
+while the learner is training, lets the stack restart them, and then audits
+the ledger: every issued train task is trained exactly once into the weights
+that continue, filtered with a reason, dead-lettered, or still in a queue;
+the learner resumes from its last checkpoint and the policy version never
+goes backwards.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from services.local.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 40
-FAULTS = [(8, "broker"), (22, "nats-server")]
+FAULTS = [(8, "broker"), (18, "nats-server"), (29, "learner")]
 """(learner step at which to kill, process)."""
 
 
@@ -40,7 +42,7 @@ def inject(stack: LocalStack, stop: threading.Event, done: list[tuple[int, str, 
 
 @pytest.mark.e2e
 @pytest.mark.faults
-def test_broker_and_nats_restart_lose_nothing(tmp_path: Path) -> None:
+def test_broker_nats_and_learner_restarts_lose_nothing(tmp_path: Path) -> None:
     config = StackConfig(
         run_dir=tmp_path / "run",
         cache_dir=REPO / ".cache" / "asymptote",
@@ -70,12 +72,21 @@ def test_broker_and_nats_restart_lose_nothing(tmp_path: Path) -> None:
         assert ledger is not None
         print("ledger:", json.dumps({k: v for k, v in ledger.items() if k != "examples"}))
         restarts = read_jsonl(stack.run_dir / "restarts.jsonl")
-        assert sorted(r["service"] for r in restarts) == ["broker", "nats-server"]
+        assert sorted(r["service"] for r in restarts) == ["broker", "learner", "nats-server"]
 
-        steps = read_jsonl(stack.run_dir / "metrics.jsonl")
-        # Training continued through both faults, one version after another.
-        assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
-        trained_groups = sum(int(s["batch/prompts"]) for s in steps)
+        rows = read_jsonl(stack.run_dir / "metrics.jsonl")
+        versions = [r["policy_version"] for r in rows]
+        assert versions == sorted(set(versions)), "the policy version went backwards or repeated"
+        # The learner resumed from its last checkpoint: the steps after the
+        # crash repeat those trained since that checkpoint, which were lost.
+        resumed = next(i for i in range(1, len(rows)) if rows[i]["step"] <= rows[i - 1]["step"])
+        ckpt_step = rows[resumed]["step"] - 1
+        assert ckpt_step % config.checkpoint_every_steps == 0
+        lost = [r for r in rows[:resumed] if r["step"] > ckpt_step]
+        kept = rows[: resumed - len(lost)] + rows[resumed:]
+        assert [r["step"] for r in kept] == list(range(1, MAX_STEPS + 1))
+        trained_groups = sum(int(r["batch/prompts"]) for r in kept)
+        print(f"learner resumed at step {ckpt_step + 1}; {len(lost)} uncheckpointed steps retrained")
         assert ledger["lost"] == 0, ledger["examples"]
         assert ledger["trained_twice"] == 0, ledger["examples"]
         assert ledger["ended_twice"] == 0, ledger["examples"]

@@ -156,7 +156,7 @@ class EvalResult(_message.Message):
     def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
-    __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained")
+    __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained", "step", "final")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,8 @@ class PolicyVersion(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     version: int
     weights_endpoint: str
     sha256: str
@@ -171,7 +173,9 @@ class PolicyVersion(_message.Message):
     num_tensors: int
     published_unix_s: float
     samples_trained: int
-    def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., sha256: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ...) -> None: ...
+    step: int
+    final: bool
+    def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., sha256: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ComputeTelemetry(_message.Message):
     __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total")
