@@ -47,8 +47,9 @@ class NatsSettings(Frozen):
     """CA bundle to verify the server's TLS certificate; enables TLS."""
     connect_timeout_s: float = 5.0
     """Time allowed for one connection attempt."""
-    max_reconnect_attempts: int = 60
-    """Reconnect attempts before the service gives up and exits (-1: forever)."""
+    max_reconnect_attempts: int = Field(default=60, ge=-1)
+    """Reconnect attempts before the service gives up and exits (-1: forever; nats-py also
+    treats 0 as forever)."""
 
 
 class ListenSettings(Frozen):

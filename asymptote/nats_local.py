@@ -50,14 +50,24 @@ class NatsServer:
                 self.process.wait(5)
 
 
-def start_nats(store_dir: Path, port: int | None = None, log_path: Path | None = None) -> NatsServer:
-    """Start nats-server (loopback only) and wait until it accepts connections."""
+def start_nats(
+    store_dir: Path,
+    port: int | None = None,
+    log_path: Path | None = None,
+    user: str | None = None,
+    password: str | None = None,
+) -> NatsServer:
+    """Start nats-server (loopback only) and wait until it accepts connections.
+
+    With ``user`` and ``password`` every client must authenticate.
+    """
     port = port or free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or store_dir / "nats-server.log"
     log = log_path.open("ab")
+    auth = ["--user", user, "--pass", password] if user and password else []
     proc = subprocess.Popen(
-        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *auth],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     log.close()

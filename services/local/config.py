@@ -58,6 +58,8 @@ class StackConfig(Frozen):
     """Overrides of the supervised warm start's settings."""
     pin_cores: bool = True
     """Pin generators and the learner to different cores (Linux)."""
+    nats_auth: bool = True
+    """nats-server requires a user and a password made for this run; services get it from their environment."""
     max_restarts: int = Field(default=5, ge=0)
     """Times a process that exits is restarted before the run is declared failed."""
     restart_backoff_s: float = Field(default=1.0, gt=0.0)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asymptote.config import dump_config
+from asymptote.config import NatsSettings, dump_config
 from asymptote.nats_local import free_port, start_nats
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
@@ -64,6 +65,11 @@ class LocalStack:
         self.run_dir = (config.run_dir or Path("runs") / stamp).resolve()
         self.procs: list[Proc] = []
         self.nats_port = free_port()
+        # Credentials made for this run: handed to services in their
+        # environment (as a Kubernetes Secret would be), never written to
+        # their config files or logs.
+        self.nats_user = "asymptote" if config.nats_auth else None
+        self.nats_password = secrets.token_urlsafe(24) if config.nats_auth else None
 
     # -- set-up ------------------------------------------------------------
 
@@ -97,6 +103,10 @@ class LocalStack:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        role = name.split("-")[0]
+        if self.nats_user and self.nats_password and role in SERVICE_ORDER:
+            env[f"ASY_{role.upper()}__NATS__USER"] = self.nats_user
+            env[f"ASY_{role.upper()}__NATS__PASSWORD"] = self.nats_password
         affinity = {cpu} if cpu is not None and self.config.pin_cores and hasattr(os, "sched_setaffinity") else None
         cores = os.cpu_count() or 1
 
@@ -148,7 +158,7 @@ class LocalStack:
         p.restart_at = None
         p.ready = False
         if p.name == "nats-server":
-            server = start_nats(self.run_dir / "nats", self.nats_port, p.log_path)
+            server = start_nats(self.run_dir / "nats", self.nats_port, p.log_path, self.nats_user, self.nats_password)
             p.popen = server.process
             return
         fresh = self._spawn(p.name, p.argv, cpu=p.cpu, http_port=p.http_port)
@@ -162,7 +172,9 @@ class LocalStack:
     def start_nats(self) -> None:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        server = start_nats(self.run_dir / "nats", self.nats_port, logs / "nats-server.log")
+        server = start_nats(
+            self.run_dir / "nats", self.nats_port, logs / "nats-server.log", self.nats_user, self.nats_password
+        )
         self.procs.append(Proc("nats-server", server.process, logs / "nats-server.log"))
 
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
@@ -251,14 +263,19 @@ class LocalStack:
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]
 
+    def nats_settings(self, **overrides: Any) -> NatsSettings:
+        """How a client on this machine reaches this run's nats-server."""
+        return NatsSettings(
+            url=f"nats://127.0.0.1:{self.nats_port}", user=self.nats_user, password=self.nats_password, **overrides
+        )
+
     def audit_ledger(self) -> dict[str, Any] | None:
         """Account for every issued task (asymptote.ledger) into ledger.json."""
-        from asymptote.config import NatsSettings
         from asymptote.ledger import audit
         from asymptote.streams import Names, connect
 
         async def run() -> dict[str, Any]:
-            nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{self.nats_port}", max_reconnect_attempts=2), "audit")
+            nc = await connect(self.nats_settings(max_reconnect_attempts=2), "audit")
             try:
                 return (await audit(nc.jetstream(), Names())).as_dict()
             finally:

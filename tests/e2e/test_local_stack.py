@@ -90,6 +90,11 @@ def test_local_stack_trains_and_reports_failures(tmp_path: Path) -> None:
         assert sorted(p.name for p in (stack.run_dir / "checkpoints").glob("ckpt-*")) == [
             "ckpt-00000005", "ckpt-00000010"]
 
+        # NATS required this run's credentials; they never reach a log or a config file.
+        assert stack.nats_password
+        written = [*(stack.run_dir / "logs").iterdir(), *(stack.run_dir / "config").iterdir()]
+        assert written and not [f.name for f in written if stack.nats_password in f.read_text(errors="replace")]
+
         # A dependency dies: every service says so on /readyz.
         nats_proc = next(p for p in stack.procs if p.name == "nats-server")
         os.killpg(nats_proc.popen.pid, signal.SIGKILL)

@@ -114,9 +114,9 @@ def random_payloads(rng: random.Random, n: int) -> list[bytes]:
     return out
 
 
-async def inject(nats_port: int, names: Names) -> Counter[str]:
+async def inject(nats: NatsSettings, names: Names) -> Counter[str]:
     rng = random.Random(SEED)
-    nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{nats_port}"), "poison")
+    nc = await connect(nats, "poison")
     js = nc.jetstream()
     plan = {
         "tasks": (names.train_tasks, invalid_tasks()),
@@ -138,8 +138,8 @@ async def inject(nats_port: int, names: Names) -> Counter[str]:
     return sent
 
 
-async def deadletters(nats_port: int, names: Names) -> Counter[str]:
-    nc = await connect(NatsSettings(url=f"nats://127.0.0.1:{nats_port}"), "poison-check")
+async def deadletters(nats: NatsSettings, names: Names) -> Counter[str]:
+    nc = await connect(nats, "poison-check")
     js = nc.jetstream()
     got: Counter[str] = Counter()
     try:
@@ -170,7 +170,7 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(tmp_pa
     def injector() -> None:
         while not read_jsonl(stack.run_dir / "metrics.jsonl"):
             time.sleep(0.2)
-        sent.update(asyncio.run(inject(stack.nats_port, names)))
+        sent.update(asyncio.run(inject(stack.nats_settings(), names)))
 
     try:
         stack.start_nats()
@@ -179,7 +179,7 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(tmp_pa
         thread.start()
         assert progress.follow(stack, config) == 0, progress.outcome
         thread.join(60)
-        got = asyncio.run(deadletters(stack.nats_port, names))
+        got = asyncio.run(deadletters(stack.nats_settings(), names))
         print("sent:", dict(sent), "dead-lettered:", dict(got))
         assert sum(sent.values()) >= 200
         assert got == sent
