@@ -2,7 +2,8 @@
 
 The learner publishes; the broker, generators and fitter watch. A watcher
 yields every new version in order (at least the latest one after a gap) and
-survives a NATS reconnect by re-creating the watch.
+survives a NATS restart: the watch is re-created on error, and a watch that
+stays silent is backed by a direct read of the key.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from asymptote.errors import PayloadError
 from asymptote.streams import Names
 
 log = logging.getLogger(__name__)
+
+POLL_AFTER_QUIET_S = 2.0
+"""Seconds without a watch update after which the key is read directly."""
 
 
 def decode_policy(raw: bytes) -> rollout_pb2.PolicyVersion:
@@ -53,11 +57,23 @@ async def watch_policy(kv: KeyValue, names: Names, stop: asyncio.Event) -> Async
             await asyncio.sleep(1.0)
             continue
         try:
+            quiet_s = 0.0
             while not stop.is_set():
                 try:
                     entry = await watcher.updates(timeout=1.0)
+                    quiet_s = 0.0
                 except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
-                    continue
+                    # After a server restart a watch can stay silent until its
+                    # consumer is reset; a direct read every few quiet seconds
+                    # catches up at once.
+                    quiet_s += 1.0
+                    if quiet_s < POLL_AFTER_QUIET_S:
+                        continue
+                    quiet_s = 0.0
+                    try:
+                        entry = await kv.get(names.policy_key)
+                    except Exception:
+                        continue
                 if entry is None or not entry.value:
                     continue
                 try:

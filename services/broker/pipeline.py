@@ -132,8 +132,13 @@ class BrokerPipeline:
             served = self.batcher.served_at_version
             if self.config.mode == "sync" and served is not None and self.batcher.learner_version <= served:
                 room = 0  # the learner is training on this version's batch
-            for _ in range(max(room, 0)):
-                await self._issue_train_task()
+            try:
+                for _ in range(max(room, 0)):
+                    await self._issue_train_task()
+            except Exception as exc:  # JetStream unavailable (a restart): the task is issued again
+                log.warning("could not issue a train task (will retry): %s", exc)
+                await wait_or_stop(stop, 1.0)
+                continue
             self._update_gauges()
             await wait_or_stop(stop, 0.05 if room > 0 else 0.2)
 
@@ -213,6 +218,16 @@ class BrokerPipeline:
             self.metrics.tasks_issued.labels("eval").inc(len(self.heldout))
             log.info("eval round %s issued: %d prompts x %d samples", eval_id, len(self.heldout), e.num_samples)
 
+    async def _issue_eval_round_retrying(self, version: int, stop: asyncio.Event) -> None:
+        """Issue the round, retrying while JetStream is unavailable (ids dedupe the retries)."""
+        while not stop.is_set():
+            try:
+                await self.issue_eval_round(version)
+                return
+            except Exception as exc:
+                log.warning("could not issue eval round v%d (will retry): %s", version, exc)
+                await wait_or_stop(stop, 1.0)
+
     async def policy_loop(self, stop: asyncio.Event) -> None:
         """Track the learner's version; issue eval rounds on schedule."""
         async for policy in watch_policy(self.policy_kv, self.names, stop):
@@ -223,7 +238,7 @@ class BrokerPipeline:
                 or policy.final
                 or not self.policy_seen.is_set()
             ):
-                await self.issue_eval_round(int(policy.version))
+                await self._issue_eval_round_retrying(int(policy.version), stop)
             self.policy_seen.set()
 
     # -- consuming ---------------------------------------------------------
