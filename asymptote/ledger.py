@@ -70,9 +70,10 @@ class Ledger:
             return None
         return rollout_pb2.LedgerEntry.FromString(msg.data or b"")
 
-    async def was_trained(self, task_id: str) -> bool:
+    async def has_ended(self, task_id: str) -> bool:
+        """Whether the task already has an outcome (trained, filtered, dead-lettered)."""
         last = await self.last(task_id)
-        return last is not None and last.event in (Event.LEDGER_EVENT_TRAINED, Event.LEDGER_EVENT_DUPLICATE)
+        return last is not None and last.event != Event.LEDGER_EVENT_ISSUED
 
 
 @dataclass

@@ -44,7 +44,7 @@ class LedgerSink(Protocol):
         batch_id: str = "",
     ) -> None: ...
 
-    async def was_trained(self, task_id: str) -> bool: ...
+    async def has_ended(self, task_id: str) -> bool: ...
 
 
 Event = rollout_pb2.LedgerEvent
@@ -55,6 +55,8 @@ class Held:
     group: rollout_pb2.RolloutGroup
     msg: Ackable
     received_s: float = field(default_factory=time.monotonic)
+    seq: int | None = None
+    """The message's stream sequence (a redelivery has the same, a second copy another)."""
 
 
 @dataclass
@@ -125,23 +127,26 @@ class Batcher:
     def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
         return learner_version - int(group.min_version) > self.max_staleness
 
-    async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable, redelivered: bool = False) -> str | None:
+    async def admit(
+        self, group: rollout_pb2.RolloutGroup, msg: Ackable, seq: int | None = None, ended: bool = False
+    ) -> str | None:
         """Take a decoded, validated group; returns the drop reason, if any.
 
-        ``redelivered``: JetStream delivered this message before. A copy of a
-        group held now replaces the held message handle (one copy is kept); a
-        copy of a group the ledger shows trained is acked and not served again.
+        ``seq``: the message's stream sequence. A redelivery of a message held
+        now replaces the held handle; another copy of a held group (its task
+        was generated twice, e.g. when a generator died before acking it) is
+        acked as a duplicate. ``ended``: the ledger already holds an outcome
+        for this task, so this copy is acked as a duplicate and never served.
         """
         held = self._held.get(group.group_id)
         if held is not None:
-            held.msg = msg
-            return None
+            if seq is None or held.seq == seq:
+                held.msg = msg
+                return None
+            return await self._duplicate(group.group_id, msg, "second copy of a held group")
         self.num_received += 1
-        if redelivered and self.ledger is not None and await self.ledger.was_trained(group.group_id):
-            await self._record(group.group_id, Event.LEDGER_EVENT_DUPLICATE, "redelivered after training")
-            await msg.ack()
-            self.dropped["already_trained"] += 1
-            return "already_trained"
+        if ended:
+            return await self._duplicate(group.group_id, msg, "copy of a task that already ended")
         reason: str | None = None
         if is_zero_variance(group):
             reason = "zero_variance"
@@ -151,10 +156,16 @@ class Batcher:
             await self._drop(group, msg, reason)
             return reason
         async with self._changed:
-            held = self._held[group.group_id] = Held(group, msg)
+            held = self._held[group.group_id] = Held(group, msg, seq=seq)
             self.ready.append(held)
             self._changed.notify_all()
         return None
+
+    async def _duplicate(self, group_id: str, msg: Ackable, why: str) -> str:
+        await self._record(group_id, Event.LEDGER_EVENT_DUPLICATE, why)
+        await msg.ack()
+        self.dropped["duplicate"] += 1
+        return "duplicate"
 
     async def _record(
         self, group_id: str, event: rollout_pb2.LedgerEvent.ValueType, reason: str = "", batch_id: str = ""

@@ -264,11 +264,24 @@ class BrokerPipeline:
                 log.warning("fetch of rollout groups failed: %s", exc)
                 await wait_or_stop(stop, 0.5)
                 continue
-            for msg in msgs:
-                await self._on_group(msg)
+            # One ledger lookup per group, concurrently: a copy of a task that
+            # already ended (generated twice across a crash) is never admitted.
+            ended = await asyncio.gather(*(self._has_ended(m) for m in msgs))
+            for msg, was_ended in zip(msgs, ended):
+                await self._on_group(msg, was_ended)
             self._update_gauges()
 
-    async def _on_group(self, msg: Msg) -> None:
+    async def _has_ended(self, msg: Msg) -> bool:
+        group_id = _group_id_of(msg)
+        if not group_id:
+            return False
+        try:
+            return await self.ledger.has_ended(group_id)
+        except Exception as exc:  # JetStream hiccup: admit; a later copy is caught when held
+            log.warning("ledger lookup for %s failed: %s", group_id, exc)
+            return False
+
+    async def _on_group(self, msg: Msg, ended: bool = False) -> None:
         try:
             group = rollout_pb2.RolloutGroup.FromString(msg.data)
             validate_group(group)
@@ -285,7 +298,7 @@ class BrokerPipeline:
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
             self.curriculum.record(group.task.prompt_id, pass_rate(group))
             self._state_dirty = True
-        reason = await self.batcher.admit(group, msg, redelivered=_num_delivered(msg) > 1)
+        reason = await self.batcher.admit(group, msg, seq=_stream_seq(msg), ended=ended)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
 
@@ -330,11 +343,11 @@ class BrokerPipeline:
 
 
 
-def _num_delivered(msg: Msg) -> int:
+def _stream_seq(msg: Msg) -> int | None:
     try:
-        return int(msg.metadata.num_delivered)
+        return int(msg.metadata.sequence.stream)
     except Exception:  # not a JetStream message (tests)
-        return 1
+        return None
 
 
 def _group_id_of(msg: Msg) -> str:

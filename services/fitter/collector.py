@@ -84,6 +84,10 @@ class Collector:
             log.info("loaded %d curve points from %s", len(self.points), self.eval_path)
             self.refit()
 
+    def is_done(self, version: int) -> bool:
+        """Whether the eval round of ``version`` has its point."""
+        return version in self._done
+
     def add_result(self, result: rollout_pb2.EvalResult) -> Point | None:
         """Add one eval result; returns the round's point when it completes."""
         version = int(result.eval_version)

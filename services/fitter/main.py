@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import time
 import logging
 from pathlib import Path
 
@@ -74,6 +75,8 @@ async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> 
         stream=rt.names.evals_stream,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_deliver=5),
     )
+    held: dict[str, list[Msg]] = {}
+    last_heartbeat = time.monotonic()
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch=256, timeout=1.0)
@@ -96,7 +99,17 @@ async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> 
                 continue
             # Refits run in a thread: a bootstrap must not stall the event loop.
             await asyncio.to_thread(collector.add_result, result)
-            await msg.ack()
+            # A round's results are acked once its point is in eval.jsonl: a
+            # fitter that dies mid-round gets them redelivered (results are
+            # keyed by task id, so a redelivered copy counts once).
+            held.setdefault(result.eval_id, []).append(msg)
+            if collector.is_done(int(result.eval_version)):
+                for m in held.pop(result.eval_id):
+                    await m.ack()
+        if held and time.monotonic() - last_heartbeat > 15.0:  # well inside the 60 s ack wait
+            last_heartbeat = time.monotonic()
+            for m in (m for round_msgs in held.values() for m in round_msgs):
+                await m.in_progress()
 
 
 async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
