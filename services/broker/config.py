@@ -63,7 +63,8 @@ class BrokerConfig(Frozen):
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k: drop groups whose oldest token is more than k versions behind the learner."""
     max_outstanding_tasks: int | None = Field(default=None, ge=1)
-    """Cap on prompt tasks queued or being generated plus groups waiting for the learner; None derives 2 x batch_prompts."""
+    """Fixed cap on prompt tasks queued or being generated plus groups waiting for the learner; None follows
+    the learner's consumption and the generation latency, between one batch and k + 1 batches."""
     pass_rate_retire: float = Field(default=0.9, gt=0.0, le=1.0)
     """No-Positive-Resampling: from the next epoch on, skip prompts whose latest pass rate reached this."""
     seed: int = 0

@@ -28,6 +28,11 @@ class BrokerMetrics:
         self.retired_prompts = Gauge(
             "asymptote_broker_retired_prompts", "Prompts retired by No-Positive-Resampling", registry=r
         )
+        self.outstanding_limit = Gauge(
+            "asymptote_broker_outstanding_limit",
+            "Train tasks queued or generating plus groups waiting that the broker allows (back-pressure)",
+            registry=r,
+        )
         self.desired_generators = Gauge(
             "asymptote_broker_desired_generators", "Generator replicas the pipeline wants (autoscaling)", registry=r
         )

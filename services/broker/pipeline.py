@@ -62,6 +62,13 @@ class BrokerPipeline:
         self.ledger = Ledger(js, names, "broker")
         self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger)
         self.pending_tasks = 0
+        # Flow measurements behind the outstanding-task limit (EWMAs).
+        self.consume_rate: float | None = None
+        """Groups per second the learner takes."""
+        self.issue_latency_s: float | None = None
+        """Seconds from issuing a train task to its group arriving."""
+        self._flow_at: float | None = None
+        self._flow_served = 0
         self._state_dirty = False
         self._generators_seen: dict[str, float] = {}
         self._eval_lock = asyncio.Lock()
@@ -114,7 +121,6 @@ class BrokerPipeline:
     async def issue_loop(self, stop: asyncio.Event) -> None:
         """Keep pending tasks + groups waiting for the learner at the limit."""
         assert self.curriculum is not None
-        limit = self.config.outstanding_limit
         if not self.policy_seen.is_set():
             log.info("waiting for the learner's first policy version before issuing train tasks")
         while not self.policy_seen.is_set():
@@ -128,6 +134,7 @@ class BrokerPipeline:
                 await wait_or_stop(stop, 1.0)
                 continue
             waiting = len(self.batcher.ready)
+            limit = self.outstanding_limit()
             room = limit - self.pending_tasks - waiting
             served = self.batcher.served_at_version
             if self.config.mode == "sync" and served is not None and self.batcher.learner_version <= served:
@@ -141,6 +148,33 @@ class BrokerPipeline:
                 continue
             self._update_gauges()
             await wait_or_stop(stop, 0.05 if room > 0 else 0.2)
+
+    def outstanding_limit(self) -> int:
+        """Tasks queued or generating plus groups waiting: what keeps the learner fed.
+
+        Little's law: the learner's consumption (groups/s) times the time from
+        issuing a task to its group arriving, with a quarter of headroom, plus
+        one batch in hand; at least one batch and never more than k + 1
+        batches ahead, since groups further ahead would arrive stale. Until
+        both are measured, two batches. Synchronous mode: one batch. A
+        configured ``max_outstanding_tasks`` overrides it.
+        """
+        c = self.config
+        if c.mode == "sync" or c.max_outstanding_tasks is not None:
+            return c.outstanding_limit
+        b = c.batch_prompts
+        now = time.monotonic()
+        served = self.batcher.num_served
+        if self._flow_at is not None and now - self._flow_at >= 1.0:
+            rate = (served - self._flow_served) / (now - self._flow_at)
+            self.consume_rate = rate if self.consume_rate is None else 0.8 * self.consume_rate + 0.2 * rate
+            self._flow_at, self._flow_served = now, served
+        elif self._flow_at is None:
+            self._flow_at, self._flow_served = now, served
+        if not self.consume_rate or self.issue_latency_s is None:
+            return 2 * b
+        need = math.ceil(1.25 * self.consume_rate * self.issue_latency_s) + b
+        return max(b, min(need, b * (c.staleness_bound + 1)))
 
     async def _issue_train_task(self) -> None:
         assert self.curriculum is not None
@@ -298,6 +332,10 @@ class BrokerPipeline:
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
             self.curriculum.record(group.task.prompt_id, pass_rate(group))
             self._state_dirty = True
+            latency = group.finished_unix_s - group.task.issued_unix_s
+            if 0.0 < latency < 3600.0:
+                prev = self.issue_latency_s
+                self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
         reason = await self.batcher.admit(group, msg, seq=_stream_seq(msg), ended=ended)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
@@ -340,6 +378,7 @@ class BrokerPipeline:
             m.epoch.set(self.curriculum.state.epoch)
             m.retired_prompts.set(self.curriculum.num_retired)
         m.desired_generators.set(self.desired_generators())
+        m.outstanding_limit.set(self.outstanding_limit())
 
 
 

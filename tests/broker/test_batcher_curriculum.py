@@ -17,7 +17,8 @@ import pytest
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
-from asymptote.tasks import Problem
+from asymptote.tasks import Problem, TaskSettings
+from services.broker.config import BrokerConfig
 from services.broker.batcher import Batcher, is_zero_variance, pass_rate, validate_group
 from services.broker.curriculum import Curriculum
 
@@ -446,3 +447,24 @@ def test_state_round_trip_resumes_exactly(stop_after: int) -> None:
     after = run_with_results(resumed, 40 - stop_after, in_flight)
     assert before + after == expected
     assert resumed.state.num_issued == 40
+
+
+def test_outstanding_limit_follows_consumption_and_k() -> None:
+    from asymptote.streams import Names
+    from services.broker.metrics import BrokerMetrics
+    from services.broker.pipeline import BrokerPipeline
+
+    config = BrokerConfig(task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16,
+                          max_staleness_versions=8)
+    p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
+    assert p.outstanding_limit() == 32  # nothing measured yet: two batches
+    p.consume_rate, p.issue_latency_s = 40.0, 1.0  # Little's law: 40 groups in the pipeline
+    p._flow_at = None
+    assert p.outstanding_limit() == 50 + 16  # ceil(1.25 * 40 * 1.0) + one batch in hand
+    p.consume_rate, p.issue_latency_s = 1000.0, 5.0
+    assert p.outstanding_limit() == 16 * 9  # never more than k + 1 batches ahead
+    p.consume_rate, p.issue_latency_s = 0.1, 0.1
+    assert p.outstanding_limit() == 17  # ceil(0.0125) + one batch
+    sync = BrokerPipeline(config.model_copy(update={"mode": "sync"}), None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
+    sync.consume_rate, sync.issue_latency_s = 1000.0, 5.0
+    assert sync.outstanding_limit() == 16
