@@ -171,13 +171,29 @@ class Engine:
             )
             paused = time.monotonic()
             running = self.num_running
-            try:
-                await self._llm.collective_rpc("apply_staged_weights", kwargs={"weights_path": path})
-                await self._llm.update_weight_version(str(version))
-                self.version = version
-            finally:
-                await self._llm.resume_generation()
+            # Load, relabel and resume are sent back to back: the engine core
+            # runs its utility calls one at a time in arrival order, so the
+            # new label and the resumption come strictly after the load,
+            # without a round trip between them.
+            calls = []
+            for call in (
+                self._llm.collective_rpc("apply_staged_weights", kwargs={"weights_path": path}),
+                self._llm.update_weight_version(str(version)),
+                self._llm.resume_generation(),
+            ):
+                calls.append(asyncio.ensure_future(call))
+                await asyncio.sleep(0)  # let it send before the next one is sent
+            results = await asyncio.gather(*calls, return_exceptions=True)
             resumed = time.monotonic()
+            if isinstance(results[0], BaseException):
+                # The load failed after verification: relabel to the version
+                # still (or partly) in the engine and report it.
+                await self._llm.update_weight_version(str(self.version))
+                raise RuntimeError(f"loading version {version} into the engine failed: {results[0]}") from results[0]
+            for r in results[1:]:
+                if isinstance(r, BaseException):
+                    raise r
+            self.version = version
         async with self._version_changed:
             self._version_changed.notify_all()
         return SwapReport(version, resumed - paused, running, staged_s=staged - started, pause_wait_s=paused - staged)

@@ -57,7 +57,7 @@ class StackConfig(Frozen):
     warmstart: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the supervised warm start's settings."""
     pin_cores: bool = True
-    """Pin generators and the learner to different cores (Linux)."""
+    """Generators on every core but the last; the learner, broker, fitter and nats-server on the last (Linux, 2+ cores)."""
     nats_auth: bool = True
     """nats-server requires a user and a password made for this run; services get it from their environment."""
     max_restarts: int = Field(default=5, ge=0)

@@ -47,7 +47,7 @@ class Proc:
     ready: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)
-    cpu: int | None = None
+    cpus: set[int] | None = None
     restarts: int = 0
     restart_at: float | None = None
 
@@ -98,7 +98,9 @@ class LocalStack:
             )
         return path
 
-    def _spawn(self, name: str, argv: list[str], cpu: int | None = None, http_port: int | None = None) -> Proc:
+    def _spawn(
+        self, name: str, argv: list[str], cpus: set[int] | None = None, http_port: int | None = None
+    ) -> Proc:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
@@ -107,12 +109,10 @@ class LocalStack:
         if self.nats_user and self.nats_password and role in SERVICE_ORDER:
             env[f"ASY_{role.upper()}__NATS__USER"] = self.nats_user
             env[f"ASY_{role.upper()}__NATS__PASSWORD"] = self.nats_password
-        affinity = {cpu} if cpu is not None and self.config.pin_cores and hasattr(os, "sched_setaffinity") else None
-        cores = os.cpu_count() or 1
 
         def pin() -> None:
-            if affinity and cores > 1:
-                os.sched_setaffinity(0, affinity)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
 
         fh = log_path.open("ab")
         popen = subprocess.Popen(
@@ -120,7 +120,7 @@ class LocalStack:
             cwd=os.getcwd(), start_new_session=True, preexec_fn=pin,
         )
         fh.close()
-        proc = Proc(name, popen, log_path, http_port, argv=argv, cpu=cpu)
+        proc = Proc(name, popen, log_path, http_port, argv=argv, cpus=cpus)
         self.procs.append(proc)
         return proc
 
@@ -159,11 +159,20 @@ class LocalStack:
         p.ready = False
         if p.name == "nats-server":
             server = start_nats(self.run_dir / "nats", self.nats_port, p.log_path, self.nats_user, self.nats_password)
+            self._pin_nats(server.process.pid)
             p.popen = server.process
             return
-        fresh = self._spawn(p.name, p.argv, cpu=p.cpu, http_port=p.http_port)
+        fresh = self._spawn(p.name, p.argv, cpus=p.cpus, http_port=p.http_port)
         self.procs.remove(fresh)
         p.popen = fresh.popen
+
+    def _pin_nats(self, pid: int) -> None:
+        cpus = self.cores_for("nats")
+        if cpus:
+            try:
+                os.sched_setaffinity(pid, cpus)
+            except OSError as exc:
+                log.warning("could not pin nats-server: %s", exc)
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Signal one process group (fault injection)."""
@@ -175,6 +184,7 @@ class LocalStack:
         server = start_nats(
             self.run_dir / "nats", self.nats_port, logs / "nats-server.log", self.nats_user, self.nats_password
         )
+        self._pin_nats(server.process.pid)
         self.procs.append(Proc("nats-server", server.process, logs / "nats-server.log"))
 
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
@@ -227,17 +237,24 @@ class LocalStack:
         return paths
 
     def start_services(self, paths: dict[str, Path]) -> None:
-        cores = os.cpu_count() or 1
         for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):
             role = name.split("-")[0]
-            # vLLM pins its worker to core 0; the learner gets the last core.
-            cpu = cores - 1 if role == "learner" else None
             self._spawn(
                 name,
                 [sys.executable, "-m", "services.cli", role, "--config", str(path)],
-                cpu=cpu,
+                cpus=self.cores_for(role),
                 http_port=self.ports[name][1],
             )
+
+    def cores_for(self, role: str) -> set[int] | None:
+        """Generators (with their vLLM engine processes) on every core but the
+        last; the learner on the last, beside the light broker, fitter and
+        nats-server, so a weight swap's hops between the generator's
+        processes never wait behind another service."""
+        cores = os.cpu_count() or 1
+        if not self.config.pin_cores or cores < 2 or not hasattr(os, "sched_setaffinity"):
+            return None
+        return set(range(cores - 1)) if role == "generator" else {cores - 1}
 
     # -- running -----------------------------------------------------------
 
