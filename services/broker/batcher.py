@@ -22,6 +22,7 @@ from typing import Protocol
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
+from asymptote.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +31,6 @@ class Ackable(Protocol):
     async def ack(self) -> None: ...
     async def nak(self, delay: float | None = None) -> None: ...
     async def in_progress(self) -> None: ...
-
-
-class LedgerSink(Protocol):
-    """Where the batcher records each group's fate (asymptote.ledger.Ledger)."""
-
-    async def record(
-        self,
-        task_id: str,
-        event: rollout_pb2.LedgerEvent.ValueType,
-        reason: str = "",
-        policy_version: int = 0,
-        batch_id: str = "",
-    ) -> None: ...
-
-    async def has_ended(self, task_id: str) -> bool: ...
 
 
 Event = rollout_pb2.LedgerEvent
@@ -106,7 +92,7 @@ def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
 
 
 class Batcher:
-    def __init__(self, batch_prompts: int, max_staleness_versions: int, ledger: LedgerSink | None = None) -> None:
+    def __init__(self, batch_prompts: int, max_staleness_versions: int, ledger: Ledger | None = None) -> None:
         self.batch_prompts = batch_prompts
         self.max_staleness = max_staleness_versions
         self.ledger = ledger

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from services.fitter.holdout import half_run_projection
+
 if TYPE_CHECKING:
     from services.local.config import StackConfig
     from services.local.stack import LocalStack
@@ -184,6 +186,7 @@ class Progress:
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
             "fit": {k: fit.get(k) for k in ("ok", "a", "b", "c_mid", "r0", "a_interval", "reason")},
+            "half_run_projection": half_run_projection(evals) if evals else None,
             "restarts": {p.name: p.restarts for p in stack.procs if p.restarts},
             "ledger": read_json(self.run_dir / "ledger.json"),
         }
@@ -194,6 +197,13 @@ class Progress:
             t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
         if fit.get("ok"):
             t.add_row("fit", f"A {fit['a']:.3f}  B {fit['b']:.2f}  C_mid {fit['c_mid']:.1f}  R0 {fit['r0']:.3f}")
+        hp = summary["half_run_projection"]
+        if hp and hp["projected"] is not None:
+            t.add_row(
+                "half-run projection",
+                f"{hp['projected']:.3f} (interval {hp['interval'][0]:.3f}-{hp['interval'][1]:.3f}) vs measured "
+                f"{hp['measured']:.3f}: error {hp['error']:+.3f}",
+            )
         ledger = summary["ledger"]
         if ledger:
             t.add_row(

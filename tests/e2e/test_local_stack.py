@@ -16,15 +16,13 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from services.local.config import StackConfig
-from services.local.progress import Progress, read_jsonl
-from services.local.stack import LocalStack
-
-REPO = Path(__file__).resolve().parents[2]
+from services.local.progress import read_jsonl
 MAX_STEPS = 10
 
 
@@ -49,22 +47,9 @@ def group_alive(pgid: int) -> bool:
 
 
 @pytest.mark.e2e
-def test_local_stack_trains_and_reports_failures(tmp_path: Path) -> None:
-    config = StackConfig(
-        run_dir=tmp_path / "run",
-        cache_dir=REPO / ".cache" / "asymptote",
-        max_steps=MAX_STEPS,
-        eval_every_versions=5,
-        checkpoint_every_steps=5,
-        startup_timeout_s=240,
-    )
-    stack = LocalStack(config)
-    stack.run_dir.mkdir(parents=True)
-    model_dir = stack.prepare_model()
-    progress = Progress(stack.run_dir, config.max_steps)
-    try:
-        stack.start_nats()
-        stack.start_services(stack.write_configs(model_dir))
+def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> None:
+    with launch(max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5) as (stack, progress):
+        config = stack.config
         assert progress.follow(stack, config) == 0, progress.outcome
 
         steps = read_jsonl(stack.run_dir / "metrics.jsonl")
@@ -109,8 +94,5 @@ def test_local_stack_trains_and_reports_failures(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert sorted(reported) == sorted(p.name for p in services), reported
         assert stack.dead() == [nats_proc]
-    finally:
-        stack.stop()
-        progress.finish(stack)
     assert all(p.popen.poll() is not None for p in stack.procs)
     assert not [p.name for p in stack.procs if group_alive(p.popen.pid)], "processes left behind"

@@ -11,18 +11,15 @@ import random
 import threading
 import time
 from collections import Counter
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.streams import Names, connect
-from services.local.config import StackConfig
-from services.local.progress import Progress, read_jsonl
-from services.local.stack import LocalStack
-
-REPO = Path(__file__).resolve().parents[2]
+from services.local.progress import read_jsonl
 MAX_STEPS = 20
 RANDOM_PER_SUBJECT = 60
 SEED = 20261122
@@ -155,26 +152,19 @@ async def deadletters(nats: NatsSettings, names: Names) -> Counter[str]:
 
 @pytest.mark.e2e
 @pytest.mark.faults
-def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(tmp_path: Path) -> None:
-    config = StackConfig(
-        run_dir=tmp_path / "run", cache_dir=REPO / ".cache" / "asymptote", max_steps=MAX_STEPS,
-        batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5, startup_timeout_s=240,
-    )
-    stack = LocalStack(config)
-    stack.run_dir.mkdir(parents=True)
-    model_dir = stack.prepare_model()
-    progress = Progress(stack.run_dir, config.max_steps)
+def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch: Callable[..., Any]) -> None:
     names = Names()
     sent: Counter[str] = Counter()
+    with launch(
+        max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5
+    ) as (stack, progress):
+        config = stack.config
 
-    def injector() -> None:
-        while not read_jsonl(stack.run_dir / "metrics.jsonl"):
-            time.sleep(0.2)
-        sent.update(asyncio.run(inject(stack.nats_settings(), names)))
+        def injector() -> None:
+            while not read_jsonl(stack.run_dir / "metrics.jsonl"):
+                time.sleep(0.2)
+            sent.update(asyncio.run(inject(stack.nats_settings(), names)))
 
-    try:
-        stack.start_nats()
-        stack.start_services(stack.write_configs(model_dir))
         thread = threading.Thread(target=injector, daemon=True)
         thread.start()
         assert progress.follow(stack, config) == 0, progress.outcome
@@ -190,6 +180,3 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(tmp_pa
         steps = read_jsonl(stack.run_dir / "metrics.jsonl")
         assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
         assert ledger["trained"] == sum(int(s["batch/prompts"]) for s in steps)
-    finally:
-        stack.stop()
-        progress.finish(stack)

@@ -20,15 +20,14 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from services.local.config import StackConfig
-from services.local.progress import Progress, read_jsonl
+from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
-
-REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 96
 FAULTS = [
     ("broker", signal.SIGKILL),
@@ -95,29 +94,17 @@ def kept_rows(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 @pytest.mark.e2e
 @pytest.mark.faults
-def test_faults_lose_nothing_and_train_nothing_twice(tmp_path: Path) -> None:
+def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any], tmp_path: Path) -> None:
     seed = int(os.environ.get("ASY_FAULT_SEED", random.SystemRandom().randrange(1 << 30)))
     plan = schedule(seed)
     print(f"fault seed {seed} (replay with ASY_FAULT_SEED={seed}): "
           + ", ".join(f"{n}:{s.name}@{st}" for st, n, s in plan))
-    config = StackConfig(
-        run_dir=tmp_path / "run",
-        cache_dir=REPO / ".cache" / "asymptote",
-        max_steps=MAX_STEPS,
-        batch_prompts=16,
-        eval_every_versions=24,
-        checkpoint_every_steps=4,
-        startup_timeout_s=240,
-    )
-    stack = LocalStack(config)
-    stack.run_dir.mkdir(parents=True)
-    model_dir = stack.prepare_model()
-    progress = Progress(stack.run_dir, config.max_steps)
     stop = threading.Event()
     injected: list[str] = []
-    try:
-        stack.start_nats()
-        stack.start_services(stack.write_configs(model_dir))
+    with launch(
+        max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=24, checkpoint_every_steps=4
+    ) as (stack, progress):
+        config = stack.config
         injector = threading.Thread(target=inject, args=(stack, plan, stop, injected), daemon=True)
         injector.start()
         completed = progress.follow(stack, config) == 0
@@ -158,8 +145,5 @@ def test_faults_lose_nothing_and_train_nothing_twice(tmp_path: Path) -> None:
             ledger["trained"] + sum(ledger["filtered"].values()) + ledger["deadlettered"] + ledger["in_flight"]
         )
         assert accounted == ledger["issued"]
-    finally:
         stop.set()
-        stack.stop()
-        progress.finish(stack)
     assert all(p.popen.poll() is not None for p in stack.procs)

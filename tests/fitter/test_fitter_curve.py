@@ -315,3 +315,27 @@ def test_a_grid_limits_are_respected() -> None:
     fit = fit_curve(compute, _curve(compute, params), 0.2, CurveFitSettings(a_min=0.45, a_max=0.8))
     assert fit.a == pytest.approx(0.8, abs=1e-9)
     assert "A" in fit.params_at_bounds
+
+
+def test_half_run_projection_predicts_the_end_of_a_run() -> None:
+    from services.fitter.holdout import half_run_projection
+
+    p = PAPER_DENSE
+    compute = np.linspace(0.0, 2.0 * p["c_mid"], 25)
+    truth = predict(np.maximum(compute, 1e-9), p["a"], p["b"], p["c_mid"], p["r0"])
+    rng = np.random.default_rng(0)
+    rows = [
+        {"policy_version": i, "compute": float(c), "pass_rate": float(p["r0"] if i == 0 else t + rng.normal(0, 0.003))}
+        for i, (c, t) in enumerate(zip(compute, truth))
+    ]
+    out = half_run_projection(rows)
+    assert out["reason"] == ""
+    assert out["points_used"] == 12  # compute in (0, C_mid]
+    assert out["measured"] == rows[-1]["pass_rate"]
+    assert abs(out["projected"] - float(truth[-1])) < 0.02
+    assert out["error"] == pytest.approx(out["projected"] - out["measured"])
+    assert out["interval"][0] <= out["projected"] <= out["interval"][1]
+
+    refused = half_run_projection(rows[:3])
+    assert refused["projected"] is None and "too few points" in refused["reason"]
+    assert half_run_projection(rows[1:])["reason"] == "needs the step-0 evaluation and at least one more"
