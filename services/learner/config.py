@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asymptote.config import Frozen, ListenSettings, NatsSettings
 
@@ -13,8 +13,17 @@ from asymptote.config import Frozen, ListenSettings, NatsSettings
 class LossSettings(Frozen):
     """The policy-gradient loss (RECIPE.md section 2)."""
 
-    name: Literal["cispo"] = "cispo"
-    """Loss function."""
+    name: Literal["cispo", "grpo", "dapo", "gspo"] = "cispo"
+    """Loss function: CISPO (ScaleRL), GRPO (PPO clip), DAPO (asymmetric PPO clip), GSPO (sequence ratio)."""
+    clip_low: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """PPO-style losses: the ratio is clipped to [1 - clip_low, 1 + clip_high] (the verl / PPO
+    convention, not CISPO's eps_max). None: the loss's default (GRPO 0.2, DAPO 0.2, GSPO 3e-3)."""
+    clip_high: float | None = Field(default=None, gt=0.0)
+    """Upper clip of PPO-style losses; None: GRPO 0.2, DAPO 0.28, GSPO 4e-3."""
+    tis_cap: float | None = Field(default=None, gt=0.0)
+    """GRPO/DAPO: truncated importance sampling, weight sg(min(pi_learner / pi_gen, tis_cap)) with the PPO
+    ratio then taken against the learner's pre-step log-probs (RECIPE default 2). None: the PPO ratio is
+    taken against the generator's log-probs. CISPO folds this correction in already."""
     eps_max: float = Field(default=4.0, gt=0.0)
     """CISPO: cap on the IS weight itself, w = sg(min(rho, eps_max)). ScaleRL's convention;
     eps_max = 4 equals eps_high = 3 in the MiniMax/verl 1 + eps_high notation."""
@@ -22,6 +31,18 @@ class LossSettings(Frozen):
     """Token-loss aggregation: per prompt (ScaleRL), per sample (GRPO), per token (DAPO)."""
     normalization: Literal["batch", "group", "none"] = "batch"
     """Advantage normalisation: batch std (ScaleRL), group std (GRPO), none (Dr. GRPO)."""
+
+    @property
+    def clip(self) -> tuple[float, float]:
+        """(low, high) for the PPO-style losses, with each loss's defaults."""
+        low, high = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "gspo": (3e-3, 4e-3)}.get(self.name, (0.2, 0.2))
+        return (low if self.clip_low is None else self.clip_low, high if self.clip_high is None else self.clip_high)
+
+    @model_validator(mode="after")
+    def _tis_only_for_ppo(self) -> "LossSettings":
+        if self.tis_cap is not None and self.name not in ("grpo", "dapo"):
+            raise ValueError(f"tis_cap applies to grpo and dapo; {self.name} takes its IS correction otherwise")
+        return self
 
 
 class OptimizerSettings(Frozen):

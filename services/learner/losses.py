@@ -133,6 +133,77 @@ def cispo_loss(
     return loss, ratio_stats(ratio, mask, capped=ratio > eps_max)
 
 
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    aggregation: Aggregation = "sample",
+    tis_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clip: GRPO (arXiv 2402.03300; eps_low = eps_high = 0.2, sample average)
+    and DAPO (arXiv 2503.14476; asymmetric eps 0.2 / 0.28, token average).
+
+    Per token ``-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)``.
+    Without ``tis_cap`` the ratio ``r`` is taken against the generator's
+    log-probs (the behaviour policy). With it, truncated importance sampling:
+    ``r`` is taken against the learner's own pre-step log-probs and the token
+    loss is multiplied by ``sg(min(pi_learner / pi_gen, tis_cap))``.
+    """
+    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
+    if tis_cap is None:
+        ratio = torch.exp(log_ratio(logp, logp_gen))
+        weight = None
+    else:
+        ratio = torch.exp(logp - logp.detach())
+        weight = torch.exp(log_ratio(logp.detach(), logp_gen)).clamp(max=tis_cap)
+    adv = advantages[:, None]
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    token_loss = -torch.minimum(ratio * adv, clipped * adv)
+    if weight is not None:
+        token_loss = token_loss * weight
+    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    r = ratio.detach()
+    active = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
+    stats = ratio_stats(r if weight is None else torch.exp(log_ratio(logp.detach(), logp_gen)), mask, capped=active)
+    return loss, stats
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    eps_low: float = 3e-3,
+    eps_high: float = 4e-3,
+    aggregation: Aggregation = "sample",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (arXiv 2507.18071): a sequence-level ratio.
+
+    ``s_i = exp(mean over loss tokens of (logp - logp_gen))``, per sequence
+    ``-min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)``; each
+    sequence's loss stands on each of its loss tokens and is then aggregated
+    (sample: the plain mean over sequences).
+    """
+    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
+    m = mask.to(logp.dtype)
+    counts = m.sum(dim=1)
+    mean_diff = (log_ratio(logp, logp_gen) * m).sum(dim=1) / counts.clamp_min(1.0)
+    s = torch.exp(mean_diff)
+    clipped = s.clamp(1.0 - eps_low, 1.0 + eps_high)
+    seq_loss = -torch.minimum(s * advantages, clipped * advantages)
+    token_loss = seq_loss[:, None].expand_as(logp)
+    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    sd = s.detach()[:, None].expand_as(logp)
+    adv = advantages[:, None].expand_as(logp)
+    active = ((adv > 0) & (sd > 1.0 + eps_high)) | ((adv < 0) & (sd < 1.0 - eps_low))
+    return loss, ratio_stats(sd, mask, capped=active)
+
+
 def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> dict[str, float]:
     """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4)."""
     m = mask.bool()
@@ -164,3 +235,25 @@ def _check_shapes(
             f"advantages and prompt_index must be [{n}]; got {tuple(advantages.shape)}, "
             f"{tuple(prompt_index.shape)}"
         )
+
+
+def policy_loss(
+    name: str,
+    logp: torch.Tensor,
+    logp_gen: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    aggregation: Aggregation,
+    eps_max: float = 4.0,
+    clip: tuple[float, float] = (0.2, 0.2),
+    tis_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss named in the learner's config."""
+    if name == "cispo":
+        return cispo_loss(logp, logp_gen, advantages, mask, prompt_index, eps_max, aggregation)
+    if name in ("grpo", "dapo"):
+        return ppo_clip_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, tis_cap)
+    if name == "gspo":
+        return gspo_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation)
+    raise ValueError(f"unknown loss {name!r}; choose cispo, grpo, dapo or gspo")

@@ -20,7 +20,7 @@ import torch
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from services.learner.config import LossSettings, OptimizerSettings
-from services.learner.losses import cispo_loss, group_advantages, log_ratio
+from services.learner.losses import group_advantages, log_ratio, policy_loss
 from services.learner.model import PackedBatch, pack
 
 
@@ -101,8 +101,12 @@ def forward(
     temperature so the learner scores the distribution the generator
     sampled from.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    logits = out.logits[:, batch.prompt_len - 1 : -1].float() / temperature[:, None, None]
+    out = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    # Only the positions that predict completion tokens go through the head,
+    # as a float32 matmul of float32 copies (a bf16 head would round the logits).
+    hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
+    head = model.get_output_embeddings().weight
+    logits = torch.nn.functional.linear(hidden.float(), head.float()) / temperature[:, None, None]
     logsm = torch.log_softmax(logits, dim=-1)
     targets = batch.input_ids[:, batch.prompt_len :]
     logp = logsm.gather(-1, targets[..., None]).squeeze(-1)
@@ -135,9 +139,9 @@ class Trainer:
         # their tokens keeps them out of the aggregation's denominators too.
         loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
         logp, entropy = forward(self.model, inputs.batch, inputs.temperature)
-        loss, stats = cispo_loss(
-            logp, inputs.logp_gen, per_completion_adv, loss_mask, inputs.prompt_index,
-            eps_max=s.eps_max, aggregation=s.aggregation,
+        loss, stats = policy_loss(
+            s.name, logp, inputs.logp_gen, per_completion_adv, loss_mask, inputs.prompt_index,
+            s.aggregation, eps_max=s.eps_max, clip=s.clip, tis_cap=s.tis_cap,
         )
         self.optimizer.zero_grad(set_to_none=True)
         if keep.any():

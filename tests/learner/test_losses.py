@@ -515,3 +515,147 @@ def test_cispo_rejects_mismatched_shapes(
             torch.ones(mask_shape),
             torch.zeros(index_len, dtype=torch.long),
         )
+
+
+# --------------------------------------------------------------------------
+# PPO-style losses: GRPO, DAPO (with and without TIS) and GSPO
+# --------------------------------------------------------------------------
+
+
+def ref_aggregate(token_terms: list[list[torch.Tensor]], prompt_index: list[int], aggregation: str,
+                  zero: torch.Tensor) -> torch.Tensor:
+    """RECIPE 2 aggregation over per-completion lists of token terms, one at a time."""
+    if aggregation == "token":
+        terms = [x for row in token_terms for x in row]
+        return sum(terms, zero) / len(terms) if terms else zero
+    if aggregation == "sample":
+        per = [sum(row, zero) / len(row) for row in token_terms if row]
+        return sum(per, zero) / len(per) if per else zero
+    per_prompt = []
+    for p in sorted(set(prompt_index)):
+        terms = [x for n, row in enumerate(token_terms) if prompt_index[n] == p for x in row]
+        if terms:
+            per_prompt.append(sum(terms, zero) / len(terms))
+    return sum(per_prompt, zero) / len(per_prompt) if per_prompt else zero
+
+
+def _clamp(x: float) -> float:
+    return min(max(x, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
+
+
+def ref_ppo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[float], mask: list[list[int]],
+            prompt_index: list[int], eps_low: float, eps_high: float, aggregation: str,
+            tis_cap: float | None) -> torch.Tensor:
+    """Per token -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) [x sg(min(pi/pi_gen, C))]."""
+    terms: list[list[torch.Tensor]] = []
+    for n in range(logp.shape[0]):
+        row = []
+        for t in range(logp.shape[1]):
+            if not mask[n][t]:
+                continue
+            if tis_cap is None:
+                r = torch.exp(torch.clamp(logp[n, t] - logp_gen[n][t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+                w = 1.0
+            else:
+                r = torch.exp(logp[n, t] - float(logp[n, t]))  # value 1, gradient of logp
+                w = min(math.exp(_clamp(float(logp[n, t]) - logp_gen[n][t])), tis_cap)
+            a = advantages[n]
+            row.append(-torch.minimum(r * a, torch.clamp(r, 1 - eps_low, 1 + eps_high) * a) * w)
+        terms.append(row)
+    return ref_aggregate(terms, prompt_index, aggregation, logp.sum() * 0.0)
+
+
+def ref_gspo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[float], mask: list[list[int]],
+             prompt_index: list[int], eps_low: float, eps_high: float, aggregation: str) -> torch.Tensor:
+    """s_i = exp(mean of token log-ratios); -min(s A, clip(s) A) on each of the sequence's tokens."""
+    terms: list[list[torch.Tensor]] = []
+    for n in range(logp.shape[0]):
+        tokens = [t for t in range(logp.shape[1]) if mask[n][t]]
+        if not tokens:
+            terms.append([])
+            continue
+        diffs = [torch.clamp(logp[n, t] - logp_gen[n][t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) for t in tokens]
+        s = torch.exp(sum(diffs, logp.sum() * 0.0) / len(tokens))
+        a = advantages[n]
+        seq = -torch.minimum(s * a, torch.clamp(s, 1 - eps_low, 1 + eps_high) * a)
+        terms.append([seq] * len(tokens))
+    return ref_aggregate(terms, prompt_index, aggregation, logp.sum() * 0.0)
+
+
+PPO_CASES = [("grpo", None), ("dapo", None), ("grpo", 2.0), ("dapo", 2.0), ("gspo", None)]
+
+
+def assert_ppo_matches_reference(batch: Batch, name: str, tis_cap: float | None, normalization: Normalization,
+                                 aggregation: Aggregation) -> None:
+    from services.learner.config import LossSettings
+    from services.learner.losses import policy_loss
+
+    settings = LossSettings(name=name, tis_cap=tis_cap, aggregation=aggregation, normalization=normalization)
+    low, high = settings.clip
+    rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
+    advantages, keep = group_advantages(rewards, normalization)
+    loss, _ = policy_loss(name, logp, logp_gen, advantages.reshape(-1), mask * keep[prompt_index, None],
+                          prompt_index, aggregation, clip=(low, high), tis_cap=tis_cap)
+    (grad,) = torch.autograd.grad(loss, logp)
+
+    ref_adv, ref_keep = ref_advantages(batch.rewards, normalization)
+    per = [ref_adv[p][i] for p in range(batch.num_prompts) for i in range(len(batch.rewards[p]))]
+    ref_mask = [[m if ref_keep[p] else 0 for m in row] for row, p in zip(batch.mask, batch.prompt_index)]
+    ref_logp = torch.tensor(batch.logp, dtype=torch.float64, requires_grad=True)
+    if name == "gspo":
+        ref = ref_gspo(ref_logp, batch.logp_gen, per, ref_mask, batch.prompt_index, low, high, aggregation)
+    else:
+        ref = ref_ppo(ref_logp, batch.logp_gen, per, ref_mask, batch.prompt_index, low, high, aggregation, tis_cap)
+    ref_grad = torch.autograd.grad(ref, ref_logp)[0] if ref.requires_grad else torch.zeros_like(ref_logp)
+    torch.testing.assert_close(loss.detach(), ref.detach(), **TOL)
+    torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+@pytest.mark.parametrize(("name", "tis_cap"), PPO_CASES)
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("reward_kind", ["binary", "signed"])
+def test_ppo_style_losses_match_reference(name: str, tis_cap: float | None, normalization: Normalization,
+                                          aggregation: Aggregation, reward_kind: RewardKind) -> None:
+    batch = random_batch(seed=23, num_prompts=5, group_size=4, num_tokens=6, reward_kind=reward_kind)
+    assert_ppo_matches_reference(batch, name, tis_cap, normalization, aggregation)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    case=st.sampled_from(PPO_CASES),
+    num_tokens=st.integers(1, 5),
+    normalization=st.sampled_from(NORMALIZATIONS),
+    aggregation=st.sampled_from(AGGREGATIONS),
+    reward_kind=st.sampled_from(get_args(RewardKind)),
+)
+def test_ppo_style_losses_match_reference_random_shapes(
+    seed: int, case: tuple[str, float | None], num_tokens: int, normalization: Normalization,
+    aggregation: Aggregation, reward_kind: RewardKind,
+) -> None:
+    batch = random_batch(seed, 3, 3, num_tokens, reward_kind)
+    assert_ppo_matches_reference(batch, case[0], case[1], normalization, aggregation)
+
+
+def test_ppo_clip_by_hand() -> None:
+    from services.learner.losses import ppo_clip_loss
+
+    # One token each: r = 1.5 with A = +1 is clipped at 1.2 (no gradient);
+    # r = 0.5 with A = +1 is not clipped (gradient -r); mean over the two.
+    logp = torch.tensor([[math.log(1.5)], [math.log(0.5)]], dtype=torch.float64, requires_grad=True)
+    loss, stats = ppo_clip_loss(logp, torch.zeros(2, 1, dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64),
+                                torch.ones(2, 1), torch.tensor([0, 1]), 0.2, 0.2, "sample")
+    assert float(loss) == pytest.approx(-(1.2 + 0.5) / 2)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [-0.25]], dtype=torch.float64))
+    assert stats["is/capped_frac"] == pytest.approx(0.5)
+
+
+def test_tis_needs_a_ppo_loss() -> None:
+    from pydantic import ValidationError
+
+    from services.learner.config import LossSettings
+
+    with pytest.raises(ValidationError, match="tis_cap applies to grpo and dapo"):
+        LossSettings(name="cispo", tis_cap=2.0)

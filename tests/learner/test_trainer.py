@@ -247,3 +247,30 @@ def test_step_with_nothing_to_learn_leaves_weights_alone(tiny_llama: LlamaForCau
     assert metrics["batch/kept_prompts"] == 0.0
     for p0, p1 in zip(tiny_llama.parameters(), model.parameters()):
         assert torch.equal(p0, p1)
+
+
+def test_lm_head_runs_in_float32_for_a_bfloat16_model() -> None:
+    """FP32 LM head: with bf16 weights the logits are a float32 matmul of the
+    bf16 hidden states, not bf16 logits cast afterwards."""
+    from services.learner.model import ModelSpec, build_model, build_tokenizer, pack
+    from services.learner.trainer import forward
+    from asymptote.tasks import ALPHABET
+
+    spec = ModelSpec(init_seed=4)
+    tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
+    model = build_model(spec, tok).to(torch.bfloat16)
+    batch = pack([[1, 5, 6, 7], [1, 8, 9]], [[10, 11, 2], [12, 2]], int(tok.pad_token_id))
+    temperature = torch.ones(2)
+    logp, _ = forward(model, batch, temperature)
+    assert logp.dtype == torch.float32
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             position_ids=batch.position_ids).last_hidden_state[:, batch.prompt_len - 1 : -1]
+        fp32 = torch.log_softmax(hidden.float() @ model.lm_head.weight.float().T, -1)
+        bf16 = torch.log_softmax(model.lm_head(hidden).float(), -1)
+    targets = batch.input_ids[:, batch.prompt_len:]
+    want = fp32.gather(-1, targets[..., None]).squeeze(-1)
+    rounded = bf16.gather(-1, targets[..., None]).squeeze(-1)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(logp.detach()[mask], want[mask], rtol=0, atol=1e-6)
+    assert (rounded[mask] - want[mask]).abs().max() > 1e-4  # a bf16 head would differ
