@@ -47,6 +47,8 @@ def test_first_half_predicts_the_end_and_the_interval_covers_it() -> None:
     error = np.array(errors)
     hit_rate = float(np.mean(np.abs(error) < 0.02))
     coverage = covered / NUM_TRIALS
+    print(f"calibration: {int(round(hit_rate * NUM_TRIALS))}/{NUM_TRIALS} projections within 0.02, "
+          f"{covered}/{NUM_TRIALS} intervals cover the truth; error mean {error.mean():+.4f} sd {error.std():.4f}")
     assert hit_rate >= 0.95, f"projection within 0.02 in only {hit_rate:.1%} of trials"
     assert coverage >= 0.90, f"95% interval covered the truth in only {coverage:.1%} of trials"
     # The projection is unbiased to well within its spread.
