@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError
+from asymptote.errors import PayloadError, parse
 from asymptote.streams import Names
 
 log = logging.getLogger(__name__)
@@ -25,10 +25,7 @@ POLL_AFTER_QUIET_S = 2.0
 
 
 def decode_policy(raw: bytes) -> rollout_pb2.PolicyVersion:
-    try:
-        policy = rollout_pb2.PolicyVersion.FromString(raw)
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        raise PayloadError(f"policy version entry is not a PolicyVersion protobuf: {exc}") from exc
+    policy = parse(rollout_pb2.PolicyVersion, raw)
     if not policy.weights_endpoint or not policy.sha256:
         raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or sha256")
     return policy

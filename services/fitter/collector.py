@@ -5,6 +5,10 @@ become one point once every held-out prompt has reported), the run's curve
 points (``eval.jsonl``), refitting on each new point, and the current
 projection (``fit.json``, Prometheus, gRPC). R0 is the pass rate of the
 round at policy version 0.
+
+Readers in other threads (a Prometheus scrape, a gRPC call) see the state
+through ``snapshot()``: one immutable object replaced whole after each
+refit, so a reader never mixes two fits.
 """
 
 from __future__ import annotations
@@ -37,6 +41,25 @@ class Point:
     min_version: int
     max_version: int
     unix_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What readers see: the latest fit attempt and the state it was made from.
+
+    Replaced whole, never mutated, so everything in one snapshot belongs together.
+    """
+
+    projection: services_pb2.Projection
+    """The latest fit attempt: a fit, or ``ok=False`` with the reason."""
+    last_ok: services_pb2.Projection | None
+    """The latest successful fit (the same object as ``projection`` when that succeeded)."""
+    num_points: int
+    """Validation points collected, R0's included."""
+    last_compute: float
+    """Compute of the latest point (accelerator-seconds); 0 without points."""
+    last_pass_rate: float
+    """Pass rate of the latest point; 0 without points."""
 
 
 @dataclass
@@ -78,11 +101,20 @@ class Collector:
         self._rounds: dict[str, _Round] = {}
         self._done = {p.policy_version for p in self.points}
         self._lock = threading.Lock()
-        self.projection = services_pb2.Projection(ok=False, reason="no eval points yet")
-        self.extra_points: dict[str, list[services_pb2.CurvePoint]] = {}
+        self._snapshot = Snapshot(services_pb2.Projection(ok=False, reason="no eval points yet"), None, 0, 0.0, 0.0)
         if self.points:
             log.info("loaded %d curve points from %s", len(self.points), self.eval_path)
             self.refit()
+
+    def snapshot(self) -> Snapshot:
+        """The current state, consistent with itself (safe from any thread)."""
+        with self._lock:
+            return self._snapshot
+
+    @property
+    def projection(self) -> services_pb2.Projection:
+        """The latest fit attempt."""
+        return self.snapshot().projection
 
     def is_done(self, version: int) -> bool:
         """Whether the eval round of ``version`` has its point."""
@@ -133,6 +165,10 @@ class Collector:
         return None
 
     def refit(self) -> services_pb2.Projection:
+        """Fit the points collected so far and publish the result (snapshot, fit.json, plot).
+
+        Called from one thread at a time (the evals loop); readers use ``snapshot()``.
+        """
         r0 = self.r0
         pts = [p for p in self.points if p.policy_version > 0]
         compute = np.array([p.compute for p in pts])
@@ -142,8 +178,15 @@ class Collector:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
         else:
             proj, fitted = fit_projection(compute, pass_rate, r0, self.settings, self.target_multiples)
+        last = self.points[-1] if self.points else None
         with self._lock:
-            self.projection = proj
+            self._snapshot = Snapshot(
+                projection=proj,
+                last_ok=proj if proj.ok else self._snapshot.last_ok,
+                num_points=len(self.points),
+                last_compute=last.compute if last else 0.0,
+                last_pass_rate=last.pass_rate if last else 0.0,
+            )
         self._write(proj)
         if self.plot and len(pts):
             try:

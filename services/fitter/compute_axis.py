@@ -3,11 +3,15 @@
 Owns integrating every instance's telemetry (generators and learner, any
 number of them coming and going) into one total, and remembering the total
 at the moment each policy version was published, which is the x value of
-an eval of that version.
+an eval of that version. The x values it hands out never decrease as the
+version grows, so the curve's compute axis is monotone even when a
+version's publication was missed and its value had to come from a later
+moment.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from asymptote.contracts.v1 import rollout_pb2
@@ -22,12 +26,21 @@ class _Instance:
 
 
 class ComputeAxis:
+    """The sum over instances of their latest cumulative device-seconds.
+
+    Each instance (a generator or learner process) reports its own total;
+    an instance is known by its id, so any number may join, leave or
+    restart (a restart has a new id) and the sum integrates the changing
+    number of devices over time.
+    """
+
     def __init__(self, stale_s: float) -> None:
         self.stale_s = stale_s
         self._instances: dict[str, _Instance] = {}
         self._at_version: dict[int, float] = {}
 
     def observe(self, t: rollout_pb2.ComputeTelemetry) -> None:
+        """Take one telemetry sample; an older total of a known instance is ignored."""
         known = self._instances.get(t.instance_id)
         if known is not None and t.device_seconds_total < known.device_seconds:
             return  # out of order: totals only grow
@@ -47,8 +60,9 @@ class ComputeAxis:
         return total
 
     def by_service(self) -> dict[str, float]:
+        """Reported device-seconds per service (no extrapolation)."""
         out: dict[str, float] = {}
-        for inst in self._instances.values():
+        for inst in list(self._instances.values()):
             out[inst.service] = out.get(inst.service, 0.0) + inst.device_seconds
         return out
 
@@ -57,9 +71,21 @@ class ComputeAxis:
         return len(self._instances)
 
     def mark_version(self, version: int, published_unix_s: float) -> None:
-        self._at_version.setdefault(version, self.total(published_unix_s))
+        """Record the total at the moment ``version`` was published (first mark wins)."""
+        if version not in self._at_version:
+            self._pin(version, self.total(published_unix_s))
 
     def at_version(self, version: int, fallback_unix_s: float) -> float:
+        """The compute of ``version``: its mark, else the total at ``fallback_unix_s``
+        (e.g. when its eval finished), kept between its neighbours' values."""
         if version not in self._at_version:
-            self._at_version[version] = self.total(fallback_unix_s)
+            self._pin(version, self.total(fallback_unix_s))
         return self._at_version[version]
+
+    def _pin(self, version: int, value: float) -> None:
+        # A version whose publication was missed takes its value from a later
+        # moment (its eval), which can exceed a later version's mark: clamp
+        # into its neighbours' range so compute never decreases with version.
+        lower = max((v for k, v in self._at_version.items() if k < version), default=0.0)
+        upper = min((v for k, v in self._at_version.items() if k > version), default=math.inf)
+        self._at_version[version] = min(max(value, lower), upper)

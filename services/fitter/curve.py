@@ -13,8 +13,8 @@ logistic in log-compute; every evaluation here uses that form because it
 neither overflows for tiny C nor loses precision for huge C.
 
 Knows nothing about files, NATS, Prometheus or plotting: inputs are arrays of
-cumulative compute (accelerator-hours, or any positive unit used
-consistently) and pass rates in [0, 1]; outputs are frozen results. The
+cumulative compute (accelerator-seconds as the services measure it, or any
+positive unit used consistently) and pass rates in [0, 1]; outputs are frozen results. The
 array kernels (grid statistics, batched Levenberg-Marquardt) are in
 ``kernels.py``. Torch-free.
 """
@@ -221,6 +221,31 @@ class _Problem:
     log_b_bounds: tuple[float, float]
 
 
+def _check_points(c: FloatArray, y: FloatArray, r0: float) -> None:
+    """Refuse values no run can produce, naming the first offending element."""
+    for name, values in (("compute", c), ("pass_rate", y)):
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise FitError(f"non-finite value: {name}[{bad[0]}] is {values[bad[0]]}; values must be finite numbers")
+    if not math.isfinite(r0):
+        raise FitError(f"non-finite value: r0 is {r0}; it must be the finite step-0 pass rate")
+    bad = np.flatnonzero(c <= 0)
+    if bad.size:
+        raise FitError(f"compute must be > 0: compute[{bad[0]}] is {c[bad[0]]:g}")
+    bad = np.flatnonzero(np.diff(c) < 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise FitError(
+            f"compute must not decrease along the run: compute[{i}] = {c[i]:g} follows "
+            f"compute[{i - 1}] = {c[i - 1]:g} (points are a run's evaluations in order, compute cumulative)"
+        )
+    bad = np.flatnonzero((y < 0) | (y > 1))
+    if bad.size:
+        raise FitError(f"pass rates must lie in [0, 1]: pass_rate[{bad[0]}] = {y[bad[0]]:g} is outside [0, 1]")
+    if not 0.0 <= r0 <= 1.0:
+        raise FitError(f"r0 (the step-0 pass rate) = {r0:g} is outside [0, 1]")
+
+
 def _prepare(
     compute: ArrayLike,
     pass_rate: ArrayLike,
@@ -236,12 +261,7 @@ def _prepare(
         )
     if c.size == 0:
         raise FitError("too few points: no points given")
-    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(y)) and math.isfinite(r0)):
-        raise FitError("non-finite values (NaN or inf) in compute, pass_rate or r0")
-    if np.any(c <= 0):
-        raise FitError(f"compute must be > 0; smallest given is {c.min():g}")
-    if np.any((y < 0) | (y > 1)) or not 0.0 <= r0 <= 1.0:
-        raise FitError("pass rates must lie in [0, 1]: a value (or r0) is outside [0, 1]")
+    _check_points(c, y, r0)
 
     if settings.early_cutoff_compute is not None:
         cutoff = float(settings.early_cutoff_compute)
@@ -415,8 +435,12 @@ def fit_curve(
     excluded; a grid over (A, C_mid) with B fitted by least squares at each
     node picks the least-squared-error winner, which a bounded continuous
     least-squares polish over (A, B, C_mid) refines. ``fixed_a`` holds A
-    (the comparison procedure). Raises FitError naming what is wrong with the
-    data.
+    (the comparison procedure). ``compute`` is the run's cumulative compute
+    in evaluation order (> 0, never decreasing), ``pass_rate`` the pass rate
+    measured there (in [0, 1]) and ``r0`` the step-0 pass rate (in [0, 1]).
+    Raises FitError naming what is wrong with the data: a non-finite,
+    non-positive, decreasing or out-of-range value, too few points after the
+    cutoff, constant compute or pass rates, or no gain over R0.
     """
     settings = settings or CurveFitSettings()
     problem = _prepare(compute, pass_rate, r0, settings, fixed_a)

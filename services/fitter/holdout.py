@@ -3,59 +3,93 @@
 Owns the check users run to decide whether to trust a projection: fit the
 eval points whose compute is at most half the run's final compute, project
 the pass rate at the final compute, and compare it with the pass rate
-measured there. The local stack puts the result in ``summary.json``;
-``asymptote fit`` could report it per run.
+measured there. The local stack puts the result in ``summary.json`` and
+``asymptote fit`` reports it for every run. Never raises on bad data: a run
+that cannot be checked gets a ``reason`` instead, so a summary is always
+written.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from services.fitter.curve import CurveFitSettings, FitError, bootstrap_intervals, fit_curve
+from services.fitter.evals import EvalFileError, records_from_rows, split_baseline
+
+
+def _result(**values: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "projected": None, "measured": None, "error": None, "interval": None, "level": None,
+        "points_used": 0, "points_in_first_half": 0, "half_compute": None, "final_compute": None, "reason": "",
+    }
+    out.update(values)
+    return out
+
+
+def project_from_half(
+    compute: npt.ArrayLike, pass_rate: npt.ArrayLike, r0: float, settings: CurveFitSettings | None = None
+) -> dict[str, Any]:
+    """Fit the points with compute <= half the last point's; project to the last point.
+
+    ``compute`` and ``pass_rate`` are a run's curve points in run order (R0's
+    point excluded), ``r0`` its step-0 pass rate. Returns ``projected``,
+    ``measured`` (the last point's pass rate), ``error`` (projected -
+    measured), the bootstrap ``interval`` of the projection at ``level``,
+    ``points_used`` (by the fit, after its early cutoff),
+    ``points_in_first_half``, ``half_compute``, ``final_compute``, and
+    ``reason`` (empty when the projection was made).
+    """
+    c = np.asarray(compute, dtype=np.float64)
+    y = np.asarray(pass_rate, dtype=np.float64)
+    if c.ndim != 1 or c.shape != y.shape:
+        return _result(reason=f"compute and pass_rate must be 1-D of equal length, got {c.shape} and {y.shape}")
+    if c.size < 2:
+        return _result(reason=f"needs at least two curve points after R0, got {c.size}")
+    final_compute, measured = float(c[-1]), float(y[-1])
+    half = final_compute / 2.0
+    first_half = c <= half
+    out = _result(measured=measured, final_compute=final_compute, half_compute=half,
+                  points_in_first_half=int(first_half.sum()), points_used=int(first_half.sum()))
+    settings = settings or CurveFitSettings()
+    try:
+        fit = fit_curve(c[first_half], y[first_half], r0, settings)
+        intervals = bootstrap_intervals(c[first_half], y[first_half], r0, settings, fit, targets=[final_compute])
+    except FitError as error:
+        out["reason"] = f"first half (compute <= {half:g}): {error}"
+        return out
+    projected = float(fit.predict(final_compute))
+    band = intervals.projection[0]
+    out.update(
+        projected=projected,
+        error=projected - measured,
+        interval=[band.low, band.high],
+        level=intervals.level,
+        points_used=fit.num_points_used,
+    )
+    return out
 
 
 def half_run_projection(
-    evals: Sequence[Mapping[str, Any]], settings: CurveFitSettings | None = None
+    evals: Sequence[object], settings: CurveFitSettings | None = None
 ) -> dict[str, Any]:
-    """Fit on compute <= half the final compute; project to the final compute.
+    """The half-run check on a run's ``eval.jsonl`` rows (dicts with ``step``,
+    ``policy_version``, ``compute``, ``pass_rate``; other keys ignored).
 
-    ``evals``: eval.jsonl rows (``policy_version``, ``compute``, ``pass_rate``).
-    Returns ``projected``, ``measured``, ``error`` (projected - measured),
-    the interval of the projection, the points used, or ``reason`` when no
-    fit was possible.
+    R0 is the step-0 row (else the first); the other rows are the curve. A
+    bad row (missing key, NaN, negative compute, pass rate outside [0, 1],
+    compute decreasing as the steps grow) gives a ``reason`` naming it.
     """
-    rows = sorted(evals, key=lambda r: float(r["compute"]))
-    r0_rows = [r for r in rows if int(r["policy_version"]) == 0]
-    out: dict[str, Any] = {"projected": None, "measured": None, "error": None, "interval": None,
-                           "points_used": 0, "half_compute": None, "reason": ""}
-    if not r0_rows or len(rows) < 2:
-        out["reason"] = "needs the step-0 evaluation and at least one more"
-        return out
-    final = rows[-1]
-    final_compute = float(final["compute"])
-    half = final_compute / 2
-    first_half = [r for r in rows if 0 < float(r["compute"]) <= half]
-    out.update(measured=float(final["pass_rate"]), half_compute=half, points_used=len(first_half))
-    if not math.isfinite(final_compute) or final_compute <= 0:
-        out["reason"] = f"final compute is {final_compute}"
-        return out
-    compute = np.array([float(r["compute"]) for r in first_half])
-    pass_rate = np.array([float(r["pass_rate"]) for r in first_half])
-    r0 = float(r0_rows[0]["pass_rate"])
-    settings = settings or CurveFitSettings()
     try:
-        fit = fit_curve(compute, pass_rate, r0, settings)
-        intervals = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets=[final_compute])
-    except FitError as exc:
-        out["reason"] = str(exc)
-        return out
-    projected = float(fit.predict(np.array([final_compute]))[0])
-    out.update(projected=projected, error=projected - out["measured"])
-    band = intervals.projection[0]
-    out["interval"] = [float(band.low), float(band.high)]
-    out["level"] = intervals.level
-    return out
+        records = records_from_rows(evals, "eval.jsonl row")
+    except EvalFileError as error:
+        return _result(reason=str(error))
+    if len(records) < 2:
+        return _result(reason=f"needs at least two evaluations (R0's and one more), got {len(records)}")
+    baseline, rest = split_baseline(records)
+    return project_from_half(
+        [record.compute for record in rest], [record.pass_rate for record in rest], baseline.pass_rate, settings
+    )

@@ -14,6 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
+from asymptote.errors import parse
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
 from asymptote.policy import watch_policy
@@ -30,11 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
-    """Decode and check one telemetry sample; raises ValueError naming the problem."""
-    try:
-        t = rollout_pb2.ComputeTelemetry.FromString(data)
-    except Exception as exc:
-        raise ValueError(f"undecodable ComputeTelemetry: {exc}") from exc
+    """Decode and check one telemetry sample; raises ValueError (PayloadError) naming the problem."""
+    t = parse(rollout_pb2.ComputeTelemetry, data)
     if not t.service or not t.instance_id:
         raise ValueError("compute telemetry lacks service or instance_id")
     if t.service not in ("generator", "learner"):
@@ -121,12 +119,7 @@ async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> No
 async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
     axis = ComputeAxis(config.telemetry_stale_s)
     collector = Collector(config.run_dir, config.run_name, config.curve, config.target_compute_multiples, axis, config.plot)
-
-    def points() -> tuple[int, float, float]:
-        last = collector.points[-1] if collector.points else None
-        return len(collector.points), (last.compute if last else 0.0), (last.pass_rate if last else 0.0)
-
-    registry = registry_with(ProjectionCollector(config.run_name, lambda: collector.projection, points, axis.by_service))
+    registry = registry_with(ProjectionCollector(config.run_name, collector.snapshot, axis.by_service))
     async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:
         servicer = FitterServicer(collector)
         server, _ = await start_server(

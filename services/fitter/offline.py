@@ -1,16 +1,16 @@
 """The offline ``fit`` command: fit finished (or running) runs from their eval logs.
 
-Owns reading ``eval.jsonl`` files, choosing R0, running the curve fit, the
-bootstrap and the recipe comparison, and reporting: a rich table on the
+Owns choosing R0, running the curve fit, the bootstrap, the half-run check
+and the recipe comparison over eval logs, and reporting: rich tables on the
 terminal, ``fit.json`` and ``curve.png`` in the output directory. Knows
-nothing about NATS or the live fitter service; the maths lives in
-``curve.py`` and the drawing in ``plot.py``.
+nothing about NATS or the live fitter service; the log format is
+``evals.py``, the maths ``curve.py`` and ``holdout.py``, the drawing
+``plot.py``.
 
-``eval.jsonl`` holds one JSON object per line with at least ``step``,
-``policy_version``, ``compute`` (cumulative, accelerator-hours) and
-``pass_rate``; other keys are ignored. R0 is the pass rate at step 0, or at
-the smallest compute when there is no step 0; that point defines R0 and is
-not itself a point of the curve.
+R0 is the pass rate at step 0, or at the first step when there is no step
+0; that point defines R0 and is not itself a point of the curve. Compute is
+cumulative accelerator-seconds as the live fitter writes it (any positive
+unit works if all runs share it).
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from asymptote.config import load_config, log_resolved
-from asymptote.errors import AsymptoteError
 from asymptote.logs import setup_logging
 from services.fitter.curve import (
     CurveFit,
@@ -43,6 +41,8 @@ from services.fitter.curve import (
     compare_runs,
     fit_curve,
 )
+from services.fitter.evals import EvalFileError, EvalRecord, read_eval_log, split_baseline  # noqa: F401 (re-exported)
+from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, plot_curves
 
 log = logging.getLogger(__name__)
@@ -54,27 +54,8 @@ DEFAULT_OUTPUT_DIR = "fit-report"
 PLOT_FILE_NAME = "curve.png"
 
 EXIT_OK = 0
-EXIT_FIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-
-
-class EvalFileError(AsymptoteError, ValueError):
-    """An eval log is missing or has a bad line; the message names the file and line."""
-
-
-class EvalRecord(BaseModel):
-    """One evaluation pass as written to ``eval.jsonl``."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    step: int = Field(ge=0)
-    """Learner step the evaluated policy came from."""
-    policy_version: int = Field(ge=0)
-    """Policy version that was evaluated."""
-    compute: float = Field(ge=0.0, allow_inf_nan=False)
-    """Cumulative training compute at that version (accelerator-hours)."""
-    pass_rate: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    """Mean pass rate over the held-out prompts and samples."""
+"""An eval log could not be read, or a run's data cannot support a fit."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +78,8 @@ class RunResult:
     fit: CurveFit | None = None
     intervals: Intervals | None = None
     error: str | None = None
+    half_run: dict[str, Any] | None = None
+    """The half-run check (``holdout.project_from_half``): fit on compute <= half the final, projected to it."""
 
 
 def resolve_eval_path(path: Path) -> Path:
@@ -108,42 +91,10 @@ def resolve_eval_path(path: Path) -> Path:
     return candidate
 
 
-def read_eval_log(path: Path) -> list[EvalRecord]:
-    """Parse an eval log; blank lines are skipped, a repeated step keeps its last record.
-
-    A repeated step happens when a run resumed from a checkpoint re-evaluates
-    the same policy; the later record is the one the run continued from.
-    """
-    by_step: dict[int, EvalRecord] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise EvalFileError(f"{path}:{line_number}: not valid JSON ({error.msg})") from error
-            if not isinstance(raw, dict):
-                raise EvalFileError(f"{path}:{line_number}: expected a JSON object, got {type(raw).__name__}")
-            try:
-                record = EvalRecord.model_validate(raw)
-            except ValidationError as error:
-                problems = "; ".join(
-                    f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}" for issue in error.errors()
-                )
-                raise EvalFileError(f"{path}:{line_number}: {problems}") from error
-            by_step[record.step] = record
-    if not by_step:
-        raise EvalFileError(f"{path}: no evaluation records")
-    return sorted(by_step.values(), key=lambda record: (record.compute, record.step))
-
-
 def load_run(path: Path, name: str) -> RunData:
-    """Read a run's eval log and split off the R0 point (step 0, else the smallest compute)."""
+    """Read a run's eval log and split off the R0 point (step 0, else the first step)."""
     eval_path = resolve_eval_path(path)
-    records = read_eval_log(eval_path)
-    baseline = next((record for record in records if record.step == 0), records[0])
-    rest = [record for record in records if record is not baseline]
+    baseline, rest = split_baseline(read_eval_log(eval_path))
     return RunData(
         name=name,
         eval_path=eval_path,
@@ -165,15 +116,19 @@ def _run_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def fit_run(data: RunData, settings: CurveFitSettings, targets: Sequence[float]) -> RunResult:
-    """Fit one run with bootstrap intervals; a FitError becomes the result's error."""
+def fit_run(
+    data: RunData, settings: CurveFitSettings, targets: Sequence[float], half_run: bool = True
+) -> RunResult:
+    """Fit one run with bootstrap intervals (a FitError becomes the result's error), and
+    with ``half_run`` also check how well its first half projects its end."""
     run_targets = tuple(targets) or ((2.0 * float(data.compute.max()),) if data.compute.size else ())
+    check = project_from_half(data.compute, data.pass_rate, data.r0, settings) if half_run else None
     try:
         fit = fit_curve(data.compute, data.pass_rate, data.r0, settings)
         intervals = bootstrap_intervals(data.compute, data.pass_rate, data.r0, settings, fit, run_targets)
     except FitError as error:
-        return RunResult(data=data, targets=run_targets, error=str(error))
-    return RunResult(data=data, targets=run_targets, fit=fit, intervals=intervals)
+        return RunResult(data=data, targets=run_targets, error=str(error), half_run=check)
+    return RunResult(data=data, targets=run_targets, fit=fit, intervals=intervals, half_run=check)
 
 
 def _interval_json(interval: Interval) -> list[float]:
@@ -183,6 +138,8 @@ def _interval_json(interval: Interval) -> list[float]:
 def run_summary(result: RunResult) -> dict[str, Any]:
     """The JSON object ``fit.json`` holds for one run."""
     summary: dict[str, Any] = {"eval_path": str(result.data.eval_path), "r0": result.data.r0}
+    if result.half_run is not None:
+        summary["half_run_projection"] = result.half_run
     if result.fit is None or result.intervals is None:
         summary["error"] = result.error
         return summary
@@ -242,6 +199,29 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
     return table
 
 
+def _half_run_table(results: Sequence[RunResult]) -> Table:
+    table = Table(title="Half-run check: fit on compute <= half the final, projected to the final compute")
+    for column in ("run", "half compute", "points used", "projected", "measured", "error"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for result in results:
+        check = result.half_run
+        if check is None:
+            continue
+        if check["projected"] is None:
+            table.add_row(result.data.name, "", "", f"[red]{check['reason']}[/red]", "", "")
+            continue
+        low, high = check["interval"]
+        table.add_row(
+            result.data.name,
+            f"{check['half_compute']:.4g}",
+            str(check["points_used"]),
+            f"{check['projected']:.3f} [{low:.3f}, {high:.3f}]",
+            f"{check['measured']:.3f}",
+            f"{check['error']:+.3f}",
+        )
+    return table
+
+
 def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
     table = Table(title=f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)")
     for column in ("rank", "run", "A", "B", "shared A", "B at shared A", "decided by"):
@@ -264,7 +244,7 @@ def plot_run(run_dir: Path, run_name: str, settings: CurveFitSettings, targets: 
 
     A run that cannot be fitted yet is drawn with its points only.
     """
-    result = fit_run(load_run(run_dir, run_name), settings, targets)
+    result = fit_run(load_run(run_dir, run_name), settings, targets, half_run=False)
     return plot_curves(
         [PlotSeries(run_name, result.data.compute, result.data.pass_rate, result.fit, result.intervals)],
         run_dir / PLOT_FILE_NAME,
@@ -279,63 +259,75 @@ def main_fit(
     targets: Sequence[float],
     console: Console | None = None,
     margin: float = 0.02,
+    error_console: Console | None = None,
 ) -> int:
     """Fit each run's eval log, print the tables, write fit.json and curve.png.
 
     ``paths`` are eval logs or run directories holding ``eval.jsonl``;
     ``output_dir`` defaults to ./fit-report (a run directory's fit.json
-    belongs to the live fitter). ``targets`` are
-    compute values to project to (default: twice each run's largest
-    compute). With several runs the comparison table is printed and stored
-    too. Returns 0 on success, 1 if some run could not be fitted (the others
-    are still reported and written), 2 if an input could not be read
-    (nothing is written).
+    belongs to the live fitter). ``targets`` are compute values to project
+    to (default: twice each run's largest compute). Every run also gets the
+    half-run check. With several runs the comparison table is printed and
+    stored too. Errors go to ``error_console`` (default: ``console`` if one
+    is given, else stderr). Returns 0 on success and 2 on bad input: an
+    input that could not be read (nothing is written), or a run whose data
+    cannot support a fit (the reason is printed; the other runs are still
+    reported and written).
     """
+    if error_console is None:
+        error_console = console if console is not None else Console(stderr=True)
     console = console or Console()
+
+    def refuse(message: str) -> int:
+        error_console.print(f"[red]fit: {message}[/red]")
+        return EXIT_BAD_INPUT
+
     if not paths:
-        console.print("[red]fit: no eval logs or run directories given[/red]")
-        return EXIT_BAD_INPUT
+        return refuse("no eval logs or run directories given")
     if any(not math.isfinite(t) or t <= 0 for t in targets):
-        console.print(f"[red]fit: target compute values must be finite and > 0, got {list(targets)}[/red]")
-        return EXIT_BAD_INPUT
+        return refuse(f"target compute values must be finite and > 0, got {list(targets)}")
+    if not (math.isfinite(margin) and margin >= 0):
+        return refuse(f"margin must be a finite pass-rate difference >= 0, got {margin}")
     try:
         runs = [load_run(path, name) for path, name in zip(paths, _run_names(paths))]
     except (EvalFileError, OSError) as error:
-        console.print(f"[red]fit: {error}[/red]")
-        return EXIT_BAD_INPUT
+        return refuse(str(error))
 
     results = [fit_run(data, settings, targets) for data in runs]
     console.print(_runs_table(results))
+    console.print(_half_run_table(results))
     fitted = {r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0) for r in results if r.fit is not None}
     comparison: list[RunComparison] = []
     if len(fitted) > 1:
         try:
             comparison = compare_runs(fitted, settings, margin=margin)
         except FitError as error:
-            console.print(f"[red]fit: comparison failed: {error}[/red]")
+            error_console.print(f"[red]fit: comparison failed: {error}[/red]")
         if comparison:
             console.print(_comparison_table(comparison, margin))
 
     out = output_dir if output_dir is not None else Path(DEFAULT_OUTPUT_DIR)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {
-        "settings": settings.model_dump(),
-        "runs": {result.data.name: run_summary(result) for result in results},
-        "comparison": [asdict(row) for row in comparison],
-    }
-    (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    target_compute = max((t for r in results for t in r.targets), default=None)
-    plot_curves(
-        [PlotSeries(r.data.name, r.data.compute, r.data.pass_rate, r.fit, r.intervals) for r in results],
-        out / PLOT_FILE_NAME,
-        target_compute=target_compute,
-    )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        report = {
+            "settings": settings.model_dump(),
+            "runs": {result.data.name: run_summary(result) for result in results},
+            "comparison": [asdict(row) for row in comparison],
+        }
+        (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        target_compute = max((t for r in results for t in r.targets), default=None)
+        plot_curves(
+            [PlotSeries(r.data.name, r.data.compute, r.data.pass_rate, r.fit, r.intervals) for r in results],
+            out / PLOT_FILE_NAME,
+            target_compute=target_compute,
+        )
+    except OSError as error:
+        return refuse(f"cannot write the report to {out}: {error}")
     console.print(f"wrote {out / FIT_FILE_NAME} and {out / PLOT_FILE_NAME}")
-    failed = [r.data.name for r in results if r.fit is None]
-    if failed:
-        log.warning("fit failed for %s", ", ".join(failed))
-        return EXIT_FIT_FAILED
-    return EXIT_OK
+    failed = [r for r in results if r.fit is None]
+    for result in failed:
+        error_console.print(f"[red]fit: run {result.data.name!r} ({result.data.eval_path}): {result.error}[/red]")
+    return EXIT_BAD_INPUT if failed else EXIT_OK
 
 
 def main(argv: list[str]) -> int:

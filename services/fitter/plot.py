@@ -51,7 +51,7 @@ def plot_curves(
     path: Path,
     target_compute: float | None = None,
     title: str | None = None,
-    compute_label: str = "cumulative compute (accelerator-hours)",
+    compute_label: str = "cumulative compute (accelerator-seconds)",
 ) -> Path:
     """Draw the runs into a PNG at ``path`` and return the path.
 

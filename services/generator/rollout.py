@@ -21,7 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError
+from asymptote.errors import PayloadError, parse
 from asymptote.streams import Names
 from asymptote.tasks import Task, get_task
 from services.generator.engine import Engine, Sample
@@ -34,10 +34,7 @@ MAX_DELIVER = 5
 
 
 def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
-    try:
-        task = rollout_pb2.GenerationTask.FromString(data)
-    except Exception as exc:
-        raise PayloadError(f"undecodable GenerationTask: {exc}") from exc
+    task = parse(rollout_pb2.GenerationTask, data)
     if not task.task_id or not task.prompt:
         raise PayloadError("task has no task_id or prompt")
     if task.kind not in (rollout_pb2.TASK_KIND_TRAIN, rollout_pb2.TASK_KIND_EVAL):
