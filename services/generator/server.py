@@ -11,6 +11,15 @@ from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import completion
 
 MAX_SAMPLES = 256
+
+
+def _request_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean the request itself was bad (vLLM's validation error has its own class)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMValidationError)
 MAX_TOKENS_CAP = 65_536
 
 
@@ -37,7 +46,12 @@ class GeneratorServicer(services_pb2_grpc.GeneratorServicer):
             )
         if not self.health.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"generator not ready: {self.health.detail}")
-        prompt_ids, samples = await self.engine.sample(request.prompt, num, temperature, s.top_p, max_tokens, int(s.seed))
+        try:
+            prompt_ids, samples = await self.engine.sample(
+                request.prompt, num, temperature, s.top_p, max_tokens, int(s.seed)
+            )
+        except _request_errors() as exc:  # vLLM's own checks: prompt too long for the model, and the like
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request refused by the engine: {exc}")
         return services_pb2.GenerateResponse(
             completions=[completion(x, 0.0) for x in samples],
             policy_version=self.engine.version,

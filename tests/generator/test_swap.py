@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
 from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature
 from asymptote.config import ListenSettings
-from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
+from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
 from asymptote.rpc import start_server
 from asymptote.tasks import ALPHABET
@@ -272,3 +273,46 @@ async def test_tied_head_follows_the_swap(tmp_path: Path) -> None:
     gaps = [(torch.tensor(s.logprobs) - _reference_logprobs(v0_dir, prompt_ids, s.token_ids)).abs().max().item()
             for s in samples]
     assert max(gaps) > 1.0
+
+
+# -- Generate over gRPC ------------------------------------------------------------
+
+
+async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -> None:
+    from services.generator.server import GeneratorServicer
+
+    health = Health("generator")
+    await health.unblock("starting")
+    servicer = GeneratorServicer(engine, health, "test", GeneratorMetrics())
+    server, port = await start_server(
+        ListenSettings(host="127.0.0.1", port=0), health,
+        lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s), ["asymptote.contracts.v1.Generator"],
+    )
+    bad = {
+        "empty prompt": services_pb2.GenerateRequest(prompt=""),
+        "too many samples": services_pb2.GenerateRequest(
+            prompt="1+2=", sampling=rollout_pb2.SamplingParams(num_samples=10_000)),
+        "too many tokens": services_pb2.GenerateRequest(
+            prompt="1+2=", sampling=rollout_pb2.SamplingParams(max_tokens=1_000_000)),
+        "prompt longer than the model": services_pb2.GenerateRequest(
+            prompt="1+" * 100 + "=", sampling=rollout_pb2.SamplingParams(max_tokens=4)),
+    }
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = services_pb2_grpc.GeneratorStub(ch)
+            for what, request in bad.items():
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Generate(request, timeout=60)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, err.value.details())
+            raw = ch.unary_unary("/asymptote.contracts.v1.Generator/Generate",
+                                 request_serializer=lambda x: x, response_deserializer=lambda x: x)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw(b"\xff\xff\xff", timeout=10)
+            assert "Error parsing message with type" in str(err.value.details())
+            # Still serving, and it says which version sampled.
+            good = await stub.Generate(services_pb2.GenerateRequest(
+                prompt="12+34=", sampling=rollout_pb2.SamplingParams(num_samples=2, max_tokens=5)), timeout=60)
+            assert len(good.completions) == 2 and good.policy_version == engine.version
+            assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in good.completions)
+    finally:
+        await server.stop(None)
