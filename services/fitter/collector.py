@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Point:
+    """One eval round's point on the curve, as a line of ``eval.jsonl``."""
+
     step: int
     policy_version: int
     compute: float
@@ -71,16 +73,28 @@ class _Round:
 
 
 def load_points(path: Path) -> list[Point]:
+    """The points of a previous life of this fitter, in policy-version order.
+
+    A line that does not parse (a write cut short by a crash) is skipped
+    with a warning: its round's results were not acked, so they are
+    redelivered and the point is made again.
+    """
     if not path.exists():
         return []
     points = []
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
             points.append(Point(**json.loads(line)))
-    return points
+        except (json.JSONDecodeError, TypeError) as exc:
+            log.warning("skipping unreadable curve point %s:%d: %s", path, line_number, exc)
+    return sorted(points, key=lambda p: p.policy_version)
 
 
 class Collector:
+    """Eval rounds in, curve points and projections out (see the module docstring)."""
+
     def __init__(
         self,
         run_dir: Path,
@@ -225,6 +239,10 @@ def fit_projection(
         iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
     except FitError as exc:
         return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute)), None
+    if fit.params_at_bounds:
+        log.warning(
+            "curve fit ended on the bound of %s: the points so far do not pin it down", ", ".join(fit.params_at_bounds)
+        )
     proj = services_pb2.Projection(
         ok=True,
         a=fit.a,

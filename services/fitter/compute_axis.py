@@ -47,16 +47,22 @@ class ComputeAxis:
         self._instances[t.instance_id] = _Instance(t.service, t.num_devices, t.device_seconds_total, t.unix_s)
 
     def total(self, at_unix_s: float) -> float:
-        """Total device-seconds at a moment, extrapolating live instances.
+        """Total device-seconds at a moment, from each instance's latest report.
 
-        An instance that reported within ``stale_s`` is assumed to have held
-        its devices since; one silent for longer is counted only up to its
-        last report plus ``stale_s`` (it died or left).
+        An instance holds its devices the whole time it runs, so its total
+        moves with wall time: after its report it is extrapolated (held
+        devices x elapsed), for at most ``stale_s`` (one silent for longer
+        died or left); before its report it is taken back the same way, to
+        zero for an instance that had not started yet. A moment in the past
+        (a version mark processed late) thus gets the total it had then.
         """
         total = 0.0
-        for inst in self._instances.values():
-            ahead = min(max(at_unix_s - inst.unix_s, 0.0), self.stale_s)
-            total += inst.device_seconds + ahead * inst.num_devices
+        for inst in list(self._instances.values()):
+            elapsed = at_unix_s - inst.unix_s
+            if elapsed >= 0:
+                total += inst.device_seconds + min(elapsed, self.stale_s) * inst.num_devices
+            else:
+                total += max(inst.device_seconds + elapsed * inst.num_devices, 0.0)
         return total
 
     def by_service(self) -> dict[str, float]:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Mapping, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -354,7 +355,7 @@ def _fit_problem(problem: _Problem, settings: CurveFitSettings, fixed: bool) -> 
     num_points = y.size
     at_bounds = _params_at_bounds(theta, problem, fixed)
     if at_bounds:
-        log.warning("curve fit ended on the bound of %s: the data do not pin it down", ", ".join(at_bounds))
+        log.debug("curve fit ended on the bound of %s: the data do not pin it down", ", ".join(at_bounds))
     return CurveFit(
         a=float(theta[0]),
         b=float(theta[1]),

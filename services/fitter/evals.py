@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -62,7 +63,7 @@ def _in_run_order(located: Iterable[tuple[str, EvalRecord]], source: str) -> lis
     if not by_step:
         raise EvalFileError(f"{source}: no evaluation records")
     ordered = [by_step[step] for step in sorted(by_step)]
-    for (where_before, before), (where, record) in zip(ordered, ordered[1:]):
+    for (where_before, before), (where, record) in pairwise(ordered):
         if record.compute < before.compute:
             raise EvalFileError(
                 f"{where}: compute {record.compute:g} at step {record.step} is below compute "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import time
-import logging
 from pathlib import Path
 
 from nats.aio.msg import Msg

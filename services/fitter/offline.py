@@ -19,9 +19,10 @@ import argparse
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +42,7 @@ from services.fitter.curve import (
     compare_runs,
     fit_curve,
 )
-from services.fitter.evals import EvalFileError, EvalRecord, read_eval_log, split_baseline  # noqa: F401 (re-exported)
+from services.fitter.evals import EvalFileError, read_eval_log, split_baseline
 from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, plot_curves
 
@@ -186,11 +187,15 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
             f"{float(fit.predict(target)):.3f} {_format_interval(interval, 3)} @ {target:.4g}"
             for target, interval in zip(intervals.target_compute, intervals.projection)
         )
+        # A parameter on its search bound is not pinned down by the data: say so beside it.
+        bound = {
+            name: " [yellow](at bound)[/yellow]" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")
+        }
         table.add_row(
             result.data.name,
-            f"{fit.a:.3f} ± {half_width:.3f} {_format_interval(intervals.a, 3)}",
-            f"{fit.b:.2f} {_format_interval(intervals.b, 2)}",
-            f"{fit.c_mid:.4g}",
+            f"{fit.a:.3f}{bound['A']} ± {half_width:.3f} {_format_interval(intervals.a, 3)}",
+            f"{fit.b:.2f}{bound['B']} {_format_interval(intervals.b, 2)}",
+            f"{fit.c_mid:.4g}{bound['C_mid']}",
             f"{fit.r0:.3f}",
             str(fit.num_points_used),
             f"{fit.rmse:.4f}",

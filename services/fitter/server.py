@@ -21,6 +21,7 @@ import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import pairwise
 
 import grpc
 import numpy as np
@@ -53,7 +54,7 @@ def check_points(points: Sequence[services_pb2.CurvePoint]) -> str | None:
     if 0 not in seen:
         return "points: no point with policy_version 0 (R0, the pass rate before RL)"
     order = sorted(seen)
-    for before, after in zip(order, order[1:]):
+    for before, after in pairwise(order):
         i, j = seen[before], seen[after]
         if points[j].compute < points[i].compute:
             return (f"points[{j}].compute {points[j].compute:g} (policy_version {after}) is below points[{i}].compute "

@@ -37,3 +37,47 @@ def test_generators_joining_and_leaving_are_integrated_by_hand() -> None:
     before = axis.at_version(7, 999.0)
     axis.observe(report("gen-a", "generator", 0, 110))
     assert axis.at_version(7, 999.0) == before
+
+
+def test_version_marks_integrate_devices_over_time_and_never_decrease() -> None:
+    """Versions published between reports (every 10 s): the axis extrapolates live instances.
+
+    Devices held: 1 generator + a 2-device learner (3) until t=50, then 2 more
+    generators (5); one dies after its report at t=80 and is counted up to 95
+    (its last report plus the 15 s stale allowance), then 4. By hand: 3 x 25 =
+    75 at t=25; 150 + 5 x 5 = 175 at t=55; 150 + 5 x 45 = 375 at t=95; 375 +
+    4 x 2 = 383 at t=97.
+    """
+    axis = ComputeAxis(stale_s=15.0)
+    marks = {1: 25.0, 2: 55.0, 3: 95.0, 5: 97.0}
+    for t in range(0, 121, 10):
+        axis.observe(report("gen-a", "generator", 0, t))
+        axis.observe(report("learner-0", "learner", 0, t, devices=2))
+        if t >= 50:
+            axis.observe(report("gen-b", "generator", 50, t))
+        if 50 <= t <= 80:
+            axis.observe(report("gen-c", "generator", 50, t))
+        for version, published in marks.items():
+            if t < published <= t + 10:
+                axis.mark_version(version, published)
+    assert [axis.at_version(v, 0.0) for v in (1, 2, 3, 5)] == pytest.approx([75.0, 175.0, 375.0, 383.0])
+    # The mark of version 4 was missed; its eval finished at t=118, later than
+    # version 5's publication. Its compute is held at version 5's, so the axis
+    # never decreases with the version.
+    assert axis.total(118.0) == pytest.approx(118 + 236 + 68 + 45)
+    assert axis.at_version(4, 118.0) == axis.at_version(5, 0.0)
+    values = [axis.at_version(v, 0.0) for v in (1, 2, 3, 4, 5)]
+    assert values == sorted(values)
+
+
+def test_a_mark_processed_late_gets_the_total_of_its_moment() -> None:
+    """The policy watch can lag (e.g. after a NATS restart): reports newer than the
+    publication are taken back to it, an instance not yet started counts zero."""
+    axis = ComputeAxis(stale_s=5.0)
+    axis.observe(report("gen-a", "generator", 0, 100))
+    axis.observe(report("learner-0", "learner", 0, 100, devices=2))
+    axis.observe(report("gen-b", "generator", 70, 100))
+    axis.mark_version(3, 60.0)  # published at t=60, seen at t=100
+    assert axis.at_version(3, 0.0) == pytest.approx(60 + 120 + 0)
+    axis.mark_version(4, 80.0)
+    assert axis.at_version(4, 0.0) == pytest.approx(80 + 160 + 10)

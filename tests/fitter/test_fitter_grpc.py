@@ -1,28 +1,41 @@
-"""The Fitter gRPC service over a real channel: submit points, read the
-projection with intervals; bad points get INVALID_ARGUMENT naming them and
-the service keeps answering; the Prometheus collector serves one snapshot."""
+"""The Fitter gRPC service over a real channel and the Prometheus collector.
+
+Submit points and read the projection with intervals; the live run's
+projection built from eval results through the collector; bad points get
+INVALID_ARGUMENT naming the field and the service keeps answering; every
+scrape sees one fit, even while refits run concurrently.
+"""
 
 from __future__ import annotations
 
+import json
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asymptote.config import ListenSettings
-from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
+from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
 from asymptote.rpc import start_server
-from services.fitter.collector import Collector
+from services.fitter.collector import Collector, Point
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
-from services.fitter.metrics import ProjectionCollector
+from services.fitter.metrics import ProjectionCollector, registry_with
 from services.fitter.server import FitterServicer
 
 A, B, C_MID, R0 = 0.61, 1.92, 2542.0, 0.2
+SETTINGS = CurveFitSettings(num_bootstrap_resamples=50)
+Fitter = tuple[services_pb2_grpc.FitterStub, grpc.aio.Channel, Collector]
 
 
 def points(n: int = 30) -> list[services_pb2.CurvePoint]:
@@ -32,58 +45,274 @@ def points(n: int = 30) -> list[services_pb2.CurvePoint]:
             for i, (c, r) in enumerate(zip(compute, rate))]
 
 
-async def test_submit_and_read_projection_and_refuse_bad_points(tmp_path: Path) -> None:
-    collector = Collector(tmp_path, "live", CurveFitSettings(), (2.0,), ComputeAxis(30.0), plot=False)
+@pytest.fixture
+async def fitter(tmp_path: Path) -> AsyncIterator[Fitter]:
+    collector = Collector(tmp_path, "live", SETTINGS, (2.0,), ComputeAxis(30.0), plot=False)
     health = Health("fitter")
     server, port = await start_server(
         ListenSettings(host="127.0.0.1", port=0), health,
         lambda s: services_pb2_grpc.add_FitterServicer_to_server(FitterServicer(collector), s),
         ["asymptote.contracts.v1.Fitter"],
     )
+    await health.unblock("starting")
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = services_pb2_grpc.FitterStub(ch)
-            proj = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="ablation-1", points=points()))
-            assert proj.ok, proj.reason
-            assert proj.a == pytest.approx(A, abs=0.01) and proj.b == pytest.approx(B, rel=0.1)
-            assert proj.r0 == pytest.approx(R0)
-            assert proj.a_interval.low <= proj.a <= proj.a_interval.high
-            assert proj.projections and proj.projections[0].interval.low <= proj.projections[0].pass_rate
-            again = await stub.GetProjection(services_pb2.GetProjectionRequest(run="ablation-1"))
-            assert again == proj
-
-            bad = points()
-            bad[4].pass_rate = float("nan")
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="x", points=bad))
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "[4]" in err.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="x", points=points()[1:]))
-            assert "policy_version 0" in err.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.GetProjection(services_pb2.GetProjectionRequest(run="nobody"))
-            assert err.value.code() == grpc.StatusCode.NOT_FOUND
-            # Too few points: a projection that says why, not an error.
-            few = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="few", points=points()[:3]))
-            assert not few.ok and "too few points" in few.reason
-            # The live run has no points yet: it says so.
-            live = await stub.GetProjection(services_pb2.GetProjectionRequest())
-            assert not live.ok and live.reason
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield services_pb2_grpc.FitterStub(channel), channel, collector
     finally:
         await server.stop(None)
 
-    # One snapshot per scrape: even when the projection changes between
-    # calls, every gauge of a scrape comes from the same fit.
-    other = services_pb2.Projection()
-    other.CopyFrom(proj)
-    other.a, other.b, other.c_mid = 0.5, 1.0, 100.0
-    calls = iter([proj, other] * 10)
-    registry = CollectorRegistry()
-    registry.register(ProjectionCollector("r", lambda: next(calls), lambda: (30, 5084.0, 0.6), lambda: {"generator": 1.0}))
-    for expected in (proj, other, proj):
-        scraped = {
-            s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
-        }
-        assert (scraped["asymptote_fitter_a"], scraped["asymptote_fitter_b"], scraped["asymptote_fitter_c_mid"]) == (
-            pytest.approx(expected.a), pytest.approx(expected.b), pytest.approx(expected.c_mid))
-        assert scraped["asymptote_fitter_points"] == 30
+
+async def test_submit_points_and_read_the_projection_with_intervals(fitter: Fitter) -> None:
+    stub, _, _ = fitter
+    proj = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="ablation-1", points=points()))
+    assert proj.ok, proj.reason
+    # Noiseless points from the paper's curve: the fit recovers its parameters.
+    assert proj.a == pytest.approx(A, abs=1e-4) and proj.b == pytest.approx(B, rel=1e-3)
+    assert proj.c_mid == pytest.approx(C_MID, rel=1e-3)
+    assert proj.r0 == pytest.approx(R0)
+    assert proj.a_interval.low <= proj.a <= proj.a_interval.high
+    assert proj.a_interval.high - proj.a_interval.low < 1e-3
+    # Curve points k * 2 C_mid / 29 (k = 1..29) at or above the cutoff 0.1 x 2 C_mid: k = 3..29.
+    assert proj.num_points_used == 27
+    (projected,) = proj.projections
+    assert projected.compute == pytest.approx(4 * C_MID)  # 2 x the largest compute
+    assert projected.pass_rate == pytest.approx(float(predict(4 * C_MID, A, B, C_MID, R0)), abs=1e-4)
+    assert projected.interval.low <= projected.pass_rate <= projected.interval.high
+    again = await stub.GetProjection(services_pb2.GetProjectionRequest(run="ablation-1"))
+    assert again == proj
+
+    # Order does not matter: points are taken in policy_version order.
+    shuffled = points()
+    random.Random(0).shuffle(shuffled)
+    other = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="shuffled", points=shuffled))
+    assert (other.a, other.b, other.c_mid) == (proj.a, proj.b, proj.c_mid)
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.GetProjection(services_pb2.GetProjectionRequest(run="nobody"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "nobody" in err.value.details()
+
+
+def _bad(case: str) -> tuple[services_pb2.SubmitPointsRequest, str]:
+    """A request with one kind of bad input, and the start of the message it must get."""
+    pts = points()
+    run = "bad"
+    if case == "nan_pass_rate":
+        pts[4].pass_rate = float("nan")
+        expected = "points[4].pass_rate is nan: must be a finite number in [0, 1]"
+    elif case == "inf_compute":
+        pts[2].compute = float("inf")
+        expected = "points[2].compute is inf: must be a finite number >= 0"
+    elif case == "negative_compute":
+        pts[3].compute = -1.0
+        expected = "points[3].compute is -1.0: must be a finite number >= 0"
+    elif case == "pass_rate_above_one":
+        pts[5].pass_rate = 1.5
+        expected = "points[5].pass_rate is 1.5: must be a finite number in [0, 1]"
+    elif case == "r0_outside":
+        pts[0].pass_rate = -0.1
+        expected = "points[0].pass_rate is -0.1: must be a finite number in [0, 1]"
+    elif case == "zero_compute_after_r0":
+        pts[3].compute = 0.0
+        expected = "points[3].compute is 0 at policy_version 3: points after R0 need compute > 0"
+    elif case == "repeated_version":
+        pts[6].policy_version = 5
+        expected = "points[6].policy_version 5 repeats points[5]'s"
+    elif case == "decreasing_compute":
+        pts[8].compute = pts[7].compute - 1.0
+        expected = f"points[8].compute {pts[8].compute:g} (policy_version 8) is below points[7].compute"
+    elif case == "no_r0":
+        pts = pts[1:]
+        expected = "points: no point with policy_version 0 (R0"
+    elif case == "no_points":
+        pts = []
+        expected = "points: send 1 to 100000 points, got 0"
+    elif case == "empty_run":
+        run = ""
+        expected = "run: give a name of 1 to 200 characters"
+    elif case == "live_run_name":
+        run = "live"
+        expected = "run: 'live' is the live run's name"
+    else:
+        raise AssertionError(case)
+    return services_pb2.SubmitPointsRequest(run=run, points=pts), expected
+
+
+BAD_CASES = [
+    "nan_pass_rate", "inf_compute", "negative_compute", "pass_rate_above_one", "r0_outside",
+    "zero_compute_after_r0", "repeated_version", "decreasing_compute", "no_r0", "no_points", "empty_run",
+    "live_run_name",
+]
+
+
+async def test_bad_points_are_invalid_argument_naming_the_field_and_the_service_stays_up(fitter: Fitter) -> None:
+    stub, channel, _ = fitter
+    for case in BAD_CASES:
+        request, expected = _bad(case)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitPoints(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+        assert err.value.details().startswith(expected), (case, err.value.details())
+    # A refused request stores nothing.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.GetProjection(services_pb2.GetProjectionRequest(run="bad"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # Valid points that cannot support a fit: a projection that says why.
+    few = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="few", points=points()[:3]))
+    assert not few.ok and few.reason.startswith("too few points after the early cutoff")
+    flat = points()
+    for point in flat[1:]:
+        point.pass_rate = 0.4
+    refused = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="flat", points=flat))
+    assert not refused.ok and refused.reason == "all pass rates equal (0.4) after the cutoff: no curve to fit"
+    assert await stub.GetProjection(services_pb2.GetProjectionRequest(run="flat")) == refused
+
+    # Still serving: health says so and a good request is fitted.
+    health = health_pb2_grpc.HealthStub(channel)
+    status = await health.Check(health_pb2.HealthCheckRequest(service="asymptote.contracts.v1.Fitter"))
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    good = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="after", points=points()))
+    assert good.ok and good.a == pytest.approx(A, abs=1e-4)
+
+
+def _eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[rollout_pb2.EvalResult]:
+    """One eval round: ``num_prompts`` results of 100 samples whose mean pass rate is ``pass_rate``."""
+    correct = round(pass_rate * 100 * num_prompts)
+    per_prompt = [correct // num_prompts + (1 if i < correct % num_prompts else 0) for i in range(num_prompts)]
+    return [
+        rollout_pb2.EvalResult(
+            eval_id=f"eval-{version}", task_id=f"eval-{version}-{i}", prompt_id=f"p{i}", num_samples=100,
+            num_correct=n, eval_version=version, min_version=version, max_version=version,
+            eval_num_prompts=num_prompts, finished_unix_s=1000.0 + version,
+        )
+        for i, n in enumerate(per_prompt)
+    ]
+
+
+async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: Path) -> None:
+    stub, _, collector = fitter
+    axis = collector.axis
+    versions = list(range(0, 301, 20))
+    expected_rates = {}
+    for v in versions:
+        # One generator held one device since t = 0; the learner two since t = 0.
+        t = 10.0 * v + 1.0
+        axis.observe(rollout_pb2.ComputeTelemetry(service="generator", instance_id="g", num_devices=1,
+                                                  device_seconds_total=t, unix_s=t))
+        axis.observe(rollout_pb2.ComputeTelemetry(service="learner", instance_id="l", num_devices=2,
+                                                  device_seconds_total=2 * t, unix_s=t))
+        axis.mark_version(v, t)
+        rate = R0 if v == 0 else float(predict(3 * t, A, B, C_MID, R0))
+        results = _eval_round(v, rate)
+        expected_rates[v] = sum(r.num_correct for r in results) / 400
+        assert [collector.add_result(r) for r in results[:-1]] == [None] * 3
+        point = collector.add_result(results[-1])
+        assert point is not None and point.compute == pytest.approx(3 * t) and point.num_prompts == 4
+        assert collector.add_result(results[0]) is None  # a redelivered result after the round closed
+    live = await stub.GetProjection(services_pb2.GetProjectionRequest())
+    assert live.ok, live.reason
+    assert live.r0 == pytest.approx(expected_rates[0])
+    # Pass rates are rounded to 1/400: the fit lands close to the curve they came from.
+    assert live.a == pytest.approx(A, abs=0.03)
+    assert live.c_mid == pytest.approx(C_MID, rel=0.15)
+    assert live.a_interval.low <= live.a <= live.a_interval.high
+    (projected,) = live.projections
+    assert projected.compute == pytest.approx(2 * 3 * (10.0 * 300 + 1.0))
+    assert projected.interval.low <= projected.pass_rate <= projected.interval.high
+    rows = (tmp_path / "eval.jsonl").read_text().splitlines()
+    assert len(rows) == len(versions)
+    assert (tmp_path / "fit.json").exists()
+
+
+def _scrape(registry: CollectorRegistry) -> dict[str, float]:
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if "compute" not in sample.labels  # one value per name: leave out the projections
+    }
+
+
+def _run_points(num_points: int, a: float, b: float) -> list[Point]:
+    compute = np.linspace(C_MID / 10, 2 * C_MID, num_points - 1)
+    rates = [R0, *predict(compute, a, b, C_MID, R0)]
+    return [Point(step=v, policy_version=v, compute=float(c), pass_rate=float(r), num_prompts=4, num_samples=400,
+                  min_version=v, max_version=v, unix_s=0.0)
+            for v, (c, r) in enumerate(zip([0.0, *compute], rates))]
+
+
+FIT_GAUGES = ("a", "a_low", "a_high", "b", "b_low", "b_high", "c_mid", "c_mid_low", "c_mid_high", "points_used",
+              "rmse", "last_fit_unix_seconds")
+
+
+def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path) -> None:
+    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
+                          ComputeAxis(30.0), plot=False)
+    registry = registry_with(ProjectionCollector("live", collector.snapshot, lambda: {"generator": 1.0}))
+    datasets = [_run_points(20, 0.61, 1.9), _run_points(31, 0.75, 1.2)]
+    published: list[tuple[float, ...]] = []
+    done = threading.Event()
+
+    def refit_forever() -> None:
+        for i in range(30):
+            collector.points = datasets[i % 2]
+            proj = collector.refit()
+            assert proj.ok
+            published.append((proj.a, proj.a_interval.low, proj.a_interval.high, proj.b, proj.b_interval.low,
+                              proj.b_interval.high, proj.c_mid, proj.c_mid_interval.low, proj.c_mid_interval.high,
+                              proj.num_points_used, proj.rmse, proj.fitted_unix_s,
+                              len(datasets[i % 2]), datasets[i % 2][-1].compute, datasets[i % 2][-1].pass_rate))
+        done.set()
+
+    worker = threading.Thread(target=refit_forever)
+    worker.start()
+    scrapes = []
+    while not done.is_set():
+        scraped = _scrape(registry)
+        if "asymptote_fitter_a" in scraped:
+            scrapes.append(tuple(scraped[f"asymptote_fitter_{name}"] for name in FIT_GAUGES) + (
+                scraped["asymptote_fitter_points"], scraped["asymptote_fitter_last_compute"],
+                scraped["asymptote_fitter_last_pass_rate"]))
+        time.sleep(0.001)  # as a scraper would, leave the refitting thread the interpreter
+    worker.join()
+    assert len(published) == 30
+    assert len(scrapes) >= 20
+    # Every scrape equals one published fit, points and latest point included (the
+    # exposition prints floats with repr, so the values round-trip exactly).
+    assert set(scrapes) <= set(published)
+    assert {s[12] for s in scrapes} == {20.0, 31.0}  # both fits were seen
+
+
+def test_a_refused_refit_keeps_the_last_successful_fit_on_the_gauges(tmp_path: Path) -> None:
+    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
+                          ComputeAxis(30.0), plot=False)
+    registry = registry_with(ProjectionCollector("live", collector.snapshot, dict))
+    before = _scrape(registry)
+    assert before["asymptote_fitter_fit_ok"] == 0 and "asymptote_fitter_a" not in before
+    collector.points = _run_points(20, 0.61, 1.9)
+    good = collector.refit()
+    collector.points = _run_points(20, 0.61, 1.9)[:4]  # R0 and three points: too few
+    refused = collector.refit()
+    assert good.ok and not refused.ok and "too few points" in refused.reason
+    scraped = _scrape(registry)
+    assert scraped["asymptote_fitter_fit_ok"] == 0
+    assert scraped["asymptote_fitter_points"] == 4
+    assert scraped["asymptote_fitter_a"] == good.a
+    assert scraped["asymptote_fitter_points_used"] == good.num_points_used
+    assert scraped["asymptote_fitter_last_fit_unix_seconds"] == good.fitted_unix_s
+    assert collector.projection is refused and collector.snapshot().last_ok is good
+
+
+def test_a_restarted_collector_refits_from_eval_jsonl_and_skips_a_cut_line(tmp_path: Path) -> None:
+    run = _run_points(20, 0.61, 1.9)
+    lines = [json.dumps(asdict(point)) for point in reversed(run)]  # any order: taken by version
+    (tmp_path / "eval.jsonl").write_text("\n".join(lines) + '\n{"step": 40, "policy_ver')
+    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
+                          ComputeAxis(30.0), plot=False)
+    assert [p.policy_version for p in collector.points] == list(range(20))
+    snap = collector.snapshot()
+    assert snap.num_points == 20 and snap.projection.ok and snap.last_ok is snap.projection
+    assert snap.projection.a == pytest.approx(0.61, abs=1e-4)
+    assert snap.last_compute == run[-1].compute
+    assert collector.is_done(19) and not collector.is_done(40)
+    assert json.loads((tmp_path / "fit.json").read_text())["a"] == snap.projection.a

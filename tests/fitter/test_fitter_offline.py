@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +13,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from services.fitter.bench import bench_fit
+from services.fitter.bench import BENCH_FILE_NAME, bench_fit, bench_fitter
+from services.fitter.bench import main as bench_main
 from services.fitter.curve import CurveFitSettings, predict
-from services.fitter.offline import (
-    EXIT_BAD_INPUT,
-    EXIT_FIT_FAILED,
-    EXIT_OK,
-    EvalFileError,
-    load_run,
-    main,
-    main_fit,
-    plot_run,
-    read_eval_log,
-)
+from services.fitter.evals import EvalFileError, read_eval_log
+from services.fitter.offline import EXIT_BAD_INPUT, EXIT_OK, load_run, main, main_fit, plot_run
 
 A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +80,21 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
 
     text = output.getvalue()
     assert "run-a" in text and f"{run['a']:.3f}" in text
+
+    # The half-run check: fit on compute <= 1.5 C_mid (30 of the 60 points), project to 3 C_mid.
+    half = run["half_run_projection"]
+    assert half["reason"] == ""
+    assert half["final_compute"] == pytest.approx(3.0 * C_MID)
+    assert half["half_compute"] == pytest.approx(1.5 * C_MID)
+    assert half["points_in_first_half"] == 30
+    first = np.arange(1, 31) * 3.0 * C_MID / 60
+    assert half["points_used"] == int(np.sum(first >= 0.1 * first.max()))
+    records = [json.loads(line) for line in (tmp_path / "run-a" / "eval.jsonl").read_text().splitlines()]
+    assert half["measured"] == records[-1]["pass_rate"]
+    assert half["error"] == pytest.approx(half["projected"] - half["measured"])
+    assert abs(half["projected"] - float(predict(3.0 * C_MID, A, B, C_MID, R0))) < 0.02
+    assert half["interval"][0] <= half["projected"] <= half["interval"][1]
+    assert "Half-run check" in text and f"{half['error']:+.3f}" in text
 
     png = run_dir / "curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -184,11 +192,13 @@ def test_a_run_that_cannot_be_fitted_is_reported_and_others_still_written(tmp_pa
         '{"step": 1, "policy_version": 1, "compute": 100, "pass_rate": 0.3}\n'
     )
     console, output = _console()
-    assert main_fit([good, short], tmp_path / "out", SETTINGS, [], console=console) == EXIT_FIT_FAILED
+    assert main_fit([good, short], tmp_path / "out", SETTINGS, [], console=console) == EXIT_BAD_INPUT
     report = json.loads((tmp_path / "out" / "fit.json").read_text())
     assert "too few points" in report["runs"]["short"]["error"]
+    assert report["runs"]["short"]["half_run_projection"]["reason"] == "needs at least two curve points after R0, got 1"
     assert report["runs"]["good"]["a"] == pytest.approx(A, abs=0.02)
     assert "fit failed" in output.getvalue()
+    assert "fit: run 'short'" in output.getvalue() and "too few points after the early cutoff" in output.getvalue()
     assert (tmp_path / "out" / "curve.png").exists()
 
 
@@ -232,6 +242,7 @@ def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
     code = (
         "import sys\n"
         "import services.fitter.curve, services.fitter.plot, services.fitter.offline, services.fitter.bench\n"
+        "import services.fitter.holdout, services.fitter.evals\n"
         "print(sorted(m for m in ('torch', 'vllm', 'matplotlib') if m in sys.modules))\n"
     )
     result = subprocess.run(
@@ -240,6 +251,106 @@ def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
     )
     assert result.stdout.strip() == "[]"
     assert result.stderr == ""
+
+
+def _degenerate_log(path: Path, case: str) -> str:
+    """Write an eval log with one kind of bad data; return what the error must say."""
+    compute = [0.0] + [100.0 * i for i in range(1, 21)]
+    rates = [R0] + [float(predict(c, A, B, 800.0, R0)) for c in compute[1:]]
+    expected = {
+        "nan": "pass_rate: Input should be a finite number",
+        "inf": "compute: Input should be a finite number",
+        "negative_compute": "compute: Input should be greater than or equal to 0",
+        "decreasing_compute": "cumulative compute must not decrease",
+        "r0_above_one": "pass_rate: Input should be less than or equal to 1",
+        "constant": "all pass rates equal",
+        "too_few": "too few points after the early cutoff",
+        "no_gain": "no gain over R0",
+    }[case]
+    if case == "nan":
+        rates[7] = math.nan
+    elif case == "inf":
+        compute[7] = math.inf
+    elif case == "negative_compute":
+        compute[7] = -5.0
+    elif case == "decreasing_compute":
+        compute[7] = 150.0
+    elif case == "r0_above_one":
+        rates[0] = 1.5
+    elif case == "constant":
+        rates[1:] = [0.4] * 20
+    elif case == "too_few":
+        compute, rates = compute[:4], rates[:4]
+    elif case == "no_gain":
+        rates[1:] = [0.1] * 10 + [0.15] * 10
+    path.write_text("".join(
+        json.dumps({"step": i, "policy_version": i, "compute": c, "pass_rate": r}) + "\n"
+        for i, (c, r) in enumerate(zip(compute, rates))
+    ))
+    return expected
+
+
+@pytest.mark.parametrize(
+    "case", ["nan", "inf", "negative_compute", "decreasing_compute", "r0_above_one", "constant", "too_few", "no_gain"]
+)
+def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_path: Path, case: str) -> None:
+    path = tmp_path / case / "eval.jsonl"
+    path.parent.mkdir()
+    expected = _degenerate_log(path, case)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(tmp_path / "out")],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
+    )
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    message = " ".join(result.stderr.split())  # rich may wrap a long message
+    assert expected in message
+    if case in ("nan", "inf", "negative_compute", "decreasing_compute", "r0_above_one"):
+        # Unreadable input: named by file and line, nothing written.
+        line = 1 if case == "r0_above_one" else 8
+        assert f"eval.jsonl:{line}:" in message
+        assert not (tmp_path / "out").exists()
+    else:
+        assert f"run '{case}'" in message
+        assert json.loads((tmp_path / "out" / "fit.json").read_text())["runs"][case]["error"]
+
+
+def test_decreasing_compute_names_both_steps(tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+                    '{"step": 20, "policy_version": 20, "compute": 50, "pass_rate": 0.3}\n'
+                    '{"step": 10, "policy_version": 10, "compute": 80, "pass_rate": 0.25}\n')
+    with pytest.raises(EvalFileError, match=r"eval.jsonl:2: compute 50 at step 20 is below compute 80 at step 10 "
+                                            r"\(.*eval.jsonl:3\)"):
+        read_eval_log(path)
+
+
+def test_margin_and_targets_are_checked(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _write_run(run_dir)
+    console, output = _console()
+    assert main_fit([run_dir], tmp_path / "o", SETTINGS, [], console=console, margin=-0.1) == EXIT_BAD_INPUT
+    assert "margin must be a finite pass-rate difference >= 0, got -0.1" in output.getvalue()
+    assert main_fit([run_dir], tmp_path / "o", SETTINGS, [math.nan], console=console) == EXIT_BAD_INPUT
+    assert "target compute values must be finite and > 0" in output.getvalue()
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_fitter_reports_against_the_target(tmp_path: Path) -> None:
+    report = bench_fitter(quick=True)
+    assert report["name"] == "fitter_fit_and_bootstrap_1000_points"
+    assert report["target"] == 2.0
+    assert report["passed"] == (report["seconds"] < 2.0)
+    assert report["num_points"] == 1000 and report["num_bootstrap_resamples"] == 200
+    assert report["repeats"] == 3 and len(report["total_s_each"]) == 3
+    assert report["seconds"] == sorted(report["total_s_each"])[1]
+    assert report["scalar_grid_nodes"] == 160 * 100  # A in 0.205..1.000 by 0.005, 100 C_mid values
+    assert report["scalar_grid_over_vectorised_fit"] == pytest.approx(
+        report["scalar_grid_s_extrapolated"] / report["fit_s"])
+    assert bench_main(["--output", str(tmp_path), "--quick"]) == 0
+    written = json.loads((tmp_path / BENCH_FILE_NAME).read_text())
+    assert set(written) == set(report)
 
 
 def test_bench_reports_times_and_the_target() -> None:
