@@ -33,6 +33,8 @@ from services.broker.metrics import BrokerMetrics
 log = logging.getLogger(__name__)
 
 STATE_KEY = "state"
+TRAIN_TASK_PREFIX = "train-"
+"""Train task ids (and so rollout group ids) start with this; other message ids are no issued task's."""
 MAX_DELIVER = 5
 """Redeliveries of a rollout group before JetStream gives up on it."""
 
@@ -193,7 +195,7 @@ class BrokerPipeline:
     async def _publish_train_task(self, problem: Problem, epoch: int, position: int) -> None:
         s = self.config.sampling
         task = rollout_pb2.GenerationTask(
-            task_id=f"train-e{epoch}-p{position}-{problem.prompt_id}",
+            task_id=f"{TRAIN_TASK_PREFIX}e{epoch}-p{position}-{problem.prompt_id}",
             kind=rollout_pb2.TASK_KIND_TRAIN,
             task_name=self.config.task.name,
             prompt_id=problem.prompt_id,
@@ -392,4 +394,4 @@ def _stream_seq(msg: Msg) -> int | None:
 def _group_id_of(msg: Msg) -> str:
     """The task id a poison group was published under (its message id), if any."""
     msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
-    return msg_id if msg_id.startswith("train-") else ""
+    return msg_id if msg_id.startswith(TRAIN_TASK_PREFIX) else ""

@@ -15,17 +15,23 @@ def report(instance: str, service: str, started: float, now: float, devices: int
     )
 
 
+def observe_fleet(axis: ComputeAxis, t: int) -> None:
+    """The reports at time t of one generator and a 2-device learner from t=0, and two more
+    generators from t=50, one of which dies after its report at t=80."""
+    axis.observe(report("gen-a", "generator", 0, t))
+    axis.observe(report("learner-0", "learner", 0, t, devices=2))
+    if t >= 50:
+        axis.observe(report("gen-b", "generator", 50, t))
+    if 50 <= t <= 80:
+        axis.observe(report("gen-c", "generator", 50, t))
+
+
 def test_generators_joining_and_leaving_are_integrated_by_hand() -> None:
     axis = ComputeAxis(stale_s=5.0)
     # One generator and the learner (2 devices) from t=0; two more generators
     # join at t=50; one of them dies after its report at t=80. Reports every 10 s.
     for t in range(0, 101, 10):
-        axis.observe(report("gen-a", "generator", 0, t))
-        axis.observe(report("learner-0", "learner", 0, t, devices=2))
-        if t >= 50:
-            axis.observe(report("gen-b", "generator", 50, t))
-        if 50 <= t <= 80:
-            axis.observe(report("gen-c", "generator", 50, t))
+        observe_fleet(axis, t)
     # By hand at t=103: gen-a 103, learner 2 x 103, gen-b 53, gen-c 30 + 5 (stale allowance).
     assert axis.total(103.0) == pytest.approx(103 + 206 + 53 + 35)
     assert axis.by_service() == pytest.approx({"generator": 100 + 50 + 30, "learner": 200})
@@ -51,12 +57,7 @@ def test_version_marks_integrate_devices_over_time_and_never_decrease() -> None:
     axis = ComputeAxis(stale_s=15.0)
     marks = {1: 25.0, 2: 55.0, 3: 95.0, 5: 97.0}
     for t in range(0, 121, 10):
-        axis.observe(report("gen-a", "generator", 0, t))
-        axis.observe(report("learner-0", "learner", 0, t, devices=2))
-        if t >= 50:
-            axis.observe(report("gen-b", "generator", 50, t))
-        if 50 <= t <= 80:
-            axis.observe(report("gen-c", "generator", 50, t))
+        observe_fleet(axis, t)
         for version, published in marks.items():
             if t < published <= t + 10:
                 axis.mark_version(version, published)
