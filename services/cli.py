@@ -39,11 +39,15 @@ def _up(argv: list[str]) -> int:
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument("--generators", type=int, help="generator processes")
+    parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
     args = parser.parse_args(argv)
     config = load_config(StackConfig, args.config, "ASY_UP")
     overrides = {
         k: v for k, v in
-        {"run_dir": args.run_dir, "max_steps": args.max_steps, "num_generators": args.generators}.items()
+        {
+            "run_dir": args.run_dir, "max_steps": args.max_steps, "num_generators": args.generators,
+            "learner_ranks": args.learner_ranks,
+        }.items()
         if v is not None
     }
     if overrides:

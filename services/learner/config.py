@@ -105,5 +105,9 @@ class LearnerConfig(Frozen):
     """How often compute telemetry is published."""
     seed: int = 0
     """torch seed."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL on GPUs, else gloo)."""
+    dist_timeout_s: float = Field(default=86_400.0, gt=0.0)
+    """How long a rank waits in a collective: ranks > 0 wait there while rank 0 waits for data."""
     log_format: Literal["auto", "json", "text"] = "auto"
     """Log format: JSON in pods, text on a terminal."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from asymptote.runtime import Runtime, service_runtime, supervise
 from asymptote.streams import ensure_bucket
 from services.learner import checkpoint
 from services.learner.config import LearnerConfig
+from services.learner.distributed import DataParallel
 from services.learner.metrics import LearnerMetrics
 from services.learner.model import load_model, load_tokenizer
 from services.learner.server import LearnerServicer
@@ -108,13 +110,16 @@ class BrokerClient:
 
 
 class Learner:
-    def __init__(self, config: LearnerConfig, rt: Runtime, metrics: LearnerMetrics) -> None:
+    def __init__(
+        self, config: LearnerConfig, rt: Runtime, metrics: LearnerMetrics, dp: DataParallel | None = None
+    ) -> None:
         self.config = config
+        self.dp = dp or DataParallel()
         self.rt = rt
         self.metrics = metrics
         self.model = load_model(config.model_dir)
         self.pad_id = int(load_tokenizer(config.model_dir).pad_token_id or 0)
-        self.trainer = Trainer(self.model, config.loss, config.optimizer)
+        self.trainer = Trainer(self.model, config.loss, config.optimizer, self.dp)
         self.store = WeightStore(read_signature(config.model_dir))
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
@@ -241,6 +246,7 @@ class Learner:
                 await self.checkpoint_and_ack(broker)
         if self.step >= c.max_steps:
             log.info("reached max_steps=%d; serving the final weights until stopped", c.max_steps)
+            await asyncio.to_thread(self.trainer.release_followers)
             self.done.set()
             await stop.wait()
 
@@ -248,6 +254,7 @@ class Learner:
         c = self.config
         c.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        await asyncio.to_thread(self.trainer.sync_from_main)
         self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
         announced = await current_policy(self.kv, self.rt.names)
         if announced is not None and announced.version > self.version:
@@ -284,11 +291,39 @@ class Learner:
                     log.warning("final checkpoint/ack failed: %s", exc)
             await broker.close()
             await server.stop(grace=2.0)
+            await asyncio.to_thread(self.trainer.release_followers)
+            self.trainer.close()
 
 
-async def serve(config: LearnerConfig, stop: asyncio.Event) -> None:
+async def serve(config: LearnerConfig, stop: asyncio.Event, dp: DataParallel | None = None) -> None:
     torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     metrics = LearnerMetrics()
-    async with service_runtime("learner", config.nats, config.prefix, config.http, metrics.registry) as rt:
-        await Learner(config, rt, metrics).run(stop)
+    dp = dp or DataParallel()
+    try:
+        async with service_runtime("learner", config.nats, config.prefix, config.http, metrics.registry) as rt:
+            await Learner(config, rt, metrics, dp).run(stop)
+    finally:
+        dp.close()
+
+
+def follow(config: LearnerConfig, dp: DataParallel) -> int:
+    """Ranks > 0 of a torchrun launch: take rank 0's steps until it releases them.
+
+    SIGTERM and SIGINT are left to rank 0, which drains, checkpoints and
+    then releases the other ranks; a rank that dies takes the launch down
+    (torchrun), and the restarted launch resumes from rank 0's checkpoint.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    model = load_model(config.model_dir)
+    trainer = Trainer(model, config.loss, config.optimizer, dp)
+    trainer.sync_from_main()
+    log.info("rank %d of %d following rank 0", dp.rank, dp.world_size)
+    steps = trainer.follow()
+    log.info("rank %d released by rank 0 after %d steps", dp.rank, steps)
+    trainer.close()
+    dp.close()
+    return 0

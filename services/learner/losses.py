@@ -68,11 +68,42 @@ def group_advantages(
     return centred * keep[:, None], keep
 
 
+def aggregation_weights(
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    aggregation: Aggregation = "prompt",
+) -> torch.Tensor:
+    """[N, T] weight of each token's loss in the batch's scalar loss (RECIPE 2).
+
+    Every aggregation is a weighted sum ``sum_{n,t} w[n,t] * loss[n,t]`` whose
+    weights depend only on the mask and the prompt layout, never on the
+    parameters. "prompt": 1 / (the prompt's loss tokens * prompts with loss
+    tokens), ScaleRL's default. "sample": 1 / (the completion's loss tokens *
+    completions with loss tokens). "token": 1 / (all loss tokens). Computing
+    them once on the whole batch is what lets data-parallel ranks each sum
+    their own rows and still add up to the one-process loss.
+    """
+    mask = mask.to(torch.float64 if mask.dtype == torch.float64 else torch.float32)
+    if aggregation == "token":
+        return mask / mask.sum().clamp_min(1.0)
+    if aggregation == "sample":
+        counts = mask.sum(dim=1)
+        present = (counts > 0).sum().clamp_min(1)
+        return mask / (counts.clamp_min(1.0) * present)[:, None]
+    if aggregation == "prompt":
+        num_prompts = int(prompt_index.max().item()) + 1 if prompt_index.numel() else 0
+        counts = mask.new_zeros(num_prompts).index_add(0, prompt_index, mask.sum(dim=1))
+        present = (counts > 0).sum().clamp_min(1)
+        return mask / (counts.clamp_min(1.0)[prompt_index] * present)[:, None]
+    raise ValueError(f"aggregation must be 'prompt', 'sample' or 'token', got {aggregation!r}")
+
+
 def aggregate(
     token_loss: torch.Tensor,
     mask: torch.Tensor,
     prompt_index: torch.Tensor,
     aggregation: Aggregation = "prompt",
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce masked per-token losses [N, T] to a scalar (RECIPE 2).
 
@@ -81,26 +112,15 @@ def aggregate(
     default). "sample": mean over tokens of each completion, then mean over
     completions with loss tokens. "token": mean over all loss tokens of the
     batch. With no loss token at all the result is 0 (and so is its gradient).
+    ``weights``: this shard's rows of ``aggregation_weights`` of the whole
+    batch (data-parallel ranks); the result is then this shard's part of the
+    whole batch's loss.
     """
-    mask = mask.to(token_loss.dtype)
-    masked = token_loss * mask
-    if aggregation == "token":
-        return masked.sum() / mask.sum().clamp_min(1.0)
-    if aggregation == "sample":
-        token_counts = mask.sum(dim=1)
-        present = token_counts > 0
-        if not present.any():
-            return masked.sum()
-        return (masked.sum(dim=1)[present] / token_counts[present]).mean()
-    if aggregation == "prompt":
-        num_prompts = int(prompt_index.max().item()) + 1 if prompt_index.numel() else 0
-        loss_sums = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, masked.sum(dim=1))
-        token_counts = token_loss.new_zeros(num_prompts).index_add(0, prompt_index, mask.sum(dim=1))
-        present = token_counts > 0
-        if not present.any():
-            return masked.sum()
-        return (loss_sums[present] / token_counts[present]).mean()
-    raise ValueError(f"aggregation must be 'prompt', 'sample' or 'token', got {aggregation!r}")
+    if weights is None:
+        weights = aggregation_weights(mask.to(token_loss.dtype), prompt_index, aggregation)
+    elif weights.shape != token_loss.shape:
+        raise ValueError(f"weights must be {tuple(token_loss.shape)}, got {tuple(weights.shape)}")
+    return (token_loss * weights.to(token_loss.dtype)).sum()
 
 
 def log_ratio(logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
@@ -116,6 +136,7 @@ def cispo_loss(
     prompt_index: torch.Tensor,
     eps_max: float = 4.0,
     aggregation: Aggregation = "prompt",
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585; ScaleRL arXiv 2510.13786).
 
@@ -129,7 +150,7 @@ def cispo_loss(
     ratio = torch.exp(log_ratio(logp.detach(), logp_gen))
     weight = ratio.clamp(max=eps_max)
     token_loss = -weight * advantages[:, None] * logp
-    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
     return loss, ratio_stats(ratio, mask, capped=ratio > eps_max)
 
 
@@ -143,6 +164,7 @@ def ppo_clip_loss(
     eps_high: float = 0.2,
     aggregation: Aggregation = "sample",
     tis_cap: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clip: GRPO (arXiv 2402.03300; eps_low = eps_high = 0.2, sample average)
     and DAPO (arXiv 2503.14476; asymmetric eps 0.2 / 0.28, token average).
@@ -165,7 +187,7 @@ def ppo_clip_loss(
     token_loss = -torch.minimum(ratio * adv, clipped * adv)
     if weight is not None:
         token_loss = token_loss * weight
-    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
     r = ratio.detach()
     active = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
     stats = ratio_stats(r if weight is None else torch.exp(log_ratio(logp.detach(), logp_gen)), mask, capped=active)
@@ -181,6 +203,7 @@ def gspo_loss(
     eps_low: float = 3e-3,
     eps_high: float = 4e-3,
     aggregation: Aggregation = "sample",
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (arXiv 2507.18071): a sequence-level ratio.
 
@@ -197,7 +220,7 @@ def gspo_loss(
     clipped = s.clamp(1.0 - eps_low, 1.0 + eps_high)
     seq_loss = -torch.minimum(s * advantages, clipped * advantages)
     token_loss = seq_loss[:, None].expand_as(logp)
-    loss = aggregate(token_loss, mask, prompt_index, aggregation)
+    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
     sd = s.detach()[:, None].expand_as(logp)
     adv = advantages[:, None].expand_as(logp)
     active = ((adv > 0) & (sd > 1.0 + eps_high)) | ((adv < 0) & (sd < 1.0 - eps_low))
@@ -248,12 +271,15 @@ def policy_loss(
     eps_max: float = 4.0,
     clip: tuple[float, float] = (0.2, 0.2),
     tis_cap: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss named in the learner's config."""
+    """The loss named in the learner's config (``weights``: see ``aggregate``)."""
     if name == "cispo":
-        return cispo_loss(logp, logp_gen, advantages, mask, prompt_index, eps_max, aggregation)
+        return cispo_loss(logp, logp_gen, advantages, mask, prompt_index, eps_max, aggregation, weights)
     if name in ("grpo", "dapo"):
-        return ppo_clip_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, tis_cap)
+        return ppo_clip_loss(
+            logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, tis_cap, weights
+        )
     if name == "gspo":
-        return gspo_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation)
+        return gspo_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, weights)
     raise ValueError(f"unknown loss {name!r}; choose cispo, grpo, dapo or gspo")

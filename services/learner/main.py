@@ -3,7 +3,9 @@
 The training loop: ask the broker for a batch, step, bump the policy
 version, snapshot the weights for generators, announce the version in the
 KV bucket, write the step's metrics; checkpoint every N steps and only then
-ack the batches the checkpoint holds, so a crash replays them.
+ack the batches the checkpoint holds, so a crash replays them. Under
+torchrun with several ranks, rank 0 is the service and the others follow
+its steps (services/learner/distributed.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(LearnerConfig, args.config, "ASY_LEARNER")
     setup_logging("learner", config.log_format)
     log_resolved(config, "learner")
-    from services.learner.loop import serve  # imports torch: only after config is valid
+    # Imports torch: only after the config is valid.
+    from services.learner.distributed import DataParallel
+    from services.learner.loop import follow, serve
 
-    return run_until_stopped(lambda stop: serve(config, stop))
+    dp = DataParallel.from_env(config.dist_backend, config.dist_timeout_s)
+    if not dp.is_main:
+        return follow(config, dp)
+    return run_until_stopped(lambda stop: serve(config, stop, dp))

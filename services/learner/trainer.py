@@ -9,6 +9,7 @@ gRPC or NATS.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections import Counter
@@ -20,7 +21,8 @@ import torch
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from services.learner.config import LossSettings, OptimizerSettings
-from services.learner.losses import group_advantages, log_ratio, policy_loss
+from services.learner.distributed import DataParallel
+from services.learner.losses import aggregation_weights, group_advantages, log_ratio, policy_loss
 from services.learner.model import PackedBatch, pack
 
 
@@ -115,9 +117,43 @@ def forward(
     return logp, entropy
 
 
-class Trainer:
-    def __init__(self, model: torch.nn.Module, loss: LossSettings, opt: OptimizerSettings) -> None:
+class PolicyForward(torch.nn.Module):
+    """``forward`` as a module, so DistributedDataParallel sees the call it synchronises."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
         self.model = model
+
+    def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return forward(self.model, batch, temperature)
+
+
+def select_rows(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
+    """The completions ``rows`` of a packed batch, padding unchanged."""
+    return PackedBatch(
+        input_ids=batch.input_ids[rows],
+        attention_mask=batch.attention_mask[rows],
+        position_ids=batch.position_ids[rows],
+        prompt_len=batch.prompt_len,
+        completion_mask=batch.completion_mask[rows],
+    )
+
+
+class Trainer:
+    """Optimizer steps on whole batches, over one process or the ranks of ``dp``.
+
+    Every rank holds the whole batch; advantages, the keep mask and the
+    aggregation weights come from all of it, and each rank differentiates
+    only its share of the prompts (``DataParallel.prompt_range``).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, loss: LossSettings, opt: OptimizerSettings, dp: DataParallel | None = None
+    ) -> None:
+        self.model = model
+        self.dp = dp or DataParallel()
+        self.policy = self.dp.wrap(PolicyForward(model))
+        self._released = False
         self.loss_settings = loss
         self.opt_settings = opt
         self.optimizer = torch.optim.AdamW(
@@ -128,8 +164,49 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)) if warmup else 1.0
         )
 
+    # -- data parallelism: rank 0 leads, the other ranks follow ---------------
+
+    def sync_from_main(self) -> None:
+        """Every rank takes rank 0's weights, optimizer and scheduler state (after rank 0 resumed)."""
+        if not self.dp.distributed:
+            return
+        state = self.dp.broadcast(
+            (self.model.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict())
+            if self.dp.is_main else None
+        )
+        if not self.dp.is_main:
+            model_state, opt_state, sched_state = state
+            self.model.load_state_dict(model_state)
+            self.optimizer.load_state_dict(opt_state)
+            self.scheduler.load_state_dict(sched_state)
+
+    def follow(self) -> int:
+        """Ranks > 0: step on each batch rank 0 broadcasts until it releases them; returns steps taken."""
+        steps = 0
+        while (message := self.dp.broadcast(None)) is not None:
+            inputs, learner_version = message
+            self._step(inputs, learner_version)
+            steps += 1
+        return steps
+
+    def release_followers(self) -> None:
+        """Rank 0: tell the other ranks there are no more steps."""
+        if self.dp.distributed and self.dp.is_main and not self._released:
+            self.dp.broadcast(None)
+            self._released = True
+
+    def close(self) -> None:
+        """Drop the DDP wrapper: it must be gone before the process group is destroyed."""
+        self.policy = PolicyForward(self.model)
+        gc.collect()
+
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
-        """One optimizer step on ``inputs``; returns the step's metrics."""
+        """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics."""
+        if self.dp.distributed:
+            self.dp.broadcast((inputs, learner_version))
+        return self._step(inputs, learner_version)
+
+    def _step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         started = time.perf_counter()
         s = self.loss_settings
         self.model.train()
@@ -138,14 +215,32 @@ class Trainer:
         # Zero-variance prompts are dropped from the loss (RECIPE 1): masking
         # their tokens keeps them out of the aggregation's denominators too.
         loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
-        logp, entropy = forward(self.model, inputs.batch, inputs.temperature)
+        weights = aggregation_weights(loss_mask, inputs.prompt_index, s.aggregation)
+        score_mask = inputs.loss_mask
+        batch, temperature, logp_gen = inputs.batch, inputs.temperature, inputs.logp_gen
+        if self.dp.distributed:
+            first, last = self.dp.prompt_range(inputs.num_prompts)
+            rows = ((inputs.prompt_index >= first) & (inputs.prompt_index < last)).nonzero().squeeze(1)
+            live = 1.0
+            if rows.numel() == 0:
+                # More ranks than prompts: score one row with zero weight so that
+                # this rank still joins the gradient all-reduce.
+                rows, live = rows.new_zeros(1), 0.0
+            batch, temperature, logp_gen = select_rows(batch, rows), temperature[rows], logp_gen[rows]
+            per_completion_adv, weights = per_completion_adv[rows], weights[rows] * live
+            loss_mask, score_mask = loss_mask[rows] * live, score_mask[rows] * live
+            prompt_index = inputs.prompt_index[rows]
+        else:
+            prompt_index = inputs.prompt_index
+        logp, entropy = self.policy(batch, temperature)
         loss, stats = policy_loss(
-            s.name, logp, inputs.logp_gen, per_completion_adv, loss_mask, inputs.prompt_index,
-            s.aggregation, eps_max=s.eps_max, clip=s.clip, tis_cap=s.tis_cap,
+            s.name, logp, logp_gen, per_completion_adv, loss_mask, prompt_index,
+            s.aggregation, eps_max=s.eps_max, clip=s.clip, tis_cap=s.tis_cap, weights=weights,
         )
         self.optimizer.zero_grad(set_to_none=True)
         if keep.any():
-            loss.backward()
+            # DDP averages gradients over ranks; the batch's loss is the sum of the shards'.
+            (loss * self.dp.world_size).backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_settings.max_grad_norm))
             if math.isfinite(grad_norm):
                 self.optimizer.step()
@@ -154,16 +249,12 @@ class Trainer:
             grad_norm = 0.0
         compute_s = time.perf_counter() - started
 
+        scored = self._scored_stats(loss, logp, logp_gen, entropy, score_mask, loss_mask, stats)
         mask = inputs.loss_mask.bool()
         num_tokens = int(inputs.batch.completion_mask.sum())
-        with torch.no_grad():
-            diff = log_ratio(logp.detach(), inputs.logp_gen)[mask]
-            # k3 estimator of KL(gen || learner): E_gen[exp(d) - 1 - d], d = logp - logp_gen.
-            kl = (diff.exp() - 1 - diff).mean() if diff.numel() else torch.tensor(0.0)
         staleness = (learner_version - inputs.token_versions)[mask]
         hist = Counter(int(x) for x in staleness.tolist())
         metrics = {
-            "loss": float(loss.detach()),
             "reward/mean": float(inputs.rewards.mean()),
             "reward/pass_rate": float((inputs.rewards > 0).float().mean()),
             "batch/prompts": float(inputs.num_prompts),
@@ -171,10 +262,8 @@ class Trainer:
             "batch/samples": float(inputs.rewards.numel()),
             "batch/tokens": float(num_tokens),
             "batch/truncation_rate": float(inputs.truncated.float().mean()),
-            "policy/entropy": float(entropy[mask].mean()) if mask.any() else 0.0,
-            "is/mean_abs_logp_diff": float(diff.abs().mean()) if diff.numel() else 0.0,
-            "is/kl_gen_learner": float(kl),
             "optim/grad_norm": grad_norm,
+            "dist/ranks": float(self.dp.world_size),
             "optim/lr": float(self.scheduler.get_last_lr()[0]),
             "time/compute_s": compute_s,
             "perf/tokens_per_s": num_tokens / compute_s if compute_s > 0 else 0.0,
@@ -184,6 +273,43 @@ class Trainer:
             "staleness/mean": float(staleness.float().mean()) if staleness.numel() else 0.0,
             "staleness/max": float(staleness.max()) if staleness.numel() else 0.0,
             **{f"staleness/hist/{k}": float(v) for k, v in sorted(hist.items())},
-            **stats,
+            **scored,
         }
         return metrics
+
+    def _scored_stats(
+        self,
+        loss: torch.Tensor,
+        logp: torch.Tensor,
+        logp_gen: torch.Tensor,
+        entropy: torch.Tensor,
+        score_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        stats: dict[str, float],
+    ) -> dict[str, float]:
+        """Metrics of the learner's own scores, summed over ranks (one process: as they are)."""
+        mask = score_mask.bool()
+        with torch.no_grad():
+            diff = log_ratio(logp.detach(), logp_gen)[mask]
+            # k3 estimator of KL(gen || learner): E_gen[exp(d) - 1 - d], d = logp - logp_gen.
+            kl = diff.exp() - 1 - diff
+            in_loss = float(loss_mask.sum())
+            present = in_loss > 0
+            sums = self.dp.sum(torch.tensor([
+                float(loss.detach()), float(entropy[mask].sum()), float(mask.sum()), float(kl.sum()),
+                float(diff.abs().sum()), stats["is/capped_frac"] * in_loss, in_loss,
+            ], dtype=torch.float64))
+            extremes = self.dp.max(torch.tensor([
+                stats["is/rho_max"] if present else -math.inf, -stats["is/rho_min"] if present else -math.inf,
+            ], dtype=torch.float64))
+        loss_sum, entropy_sum, scored, kl_sum, abs_sum, capped, in_loss_total = sums.tolist()
+        some = in_loss_total > 0
+        return {
+            "loss": loss_sum,
+            "policy/entropy": entropy_sum / scored if scored else 0.0,
+            "is/mean_abs_logp_diff": abs_sum / scored if scored else 0.0,
+            "is/kl_gen_learner": kl_sum / scored if scored else 0.0,
+            "is/capped_frac": capped / in_loss_total if some else 0.0,
+            "is/rho_max": float(extremes[0]) if some else 1.0,
+            "is/rho_min": -float(extremes[1]) if some else 1.0,
+        }

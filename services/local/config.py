@@ -26,6 +26,8 @@ class StackConfig(Frozen):
     """Where the warm-started model is cached between runs."""
     num_generators: int = Field(default=1, ge=1, le=16)
     """Generator processes (each one vLLM engine)."""
+    learner_ranks: int = Field(default=1, ge=1, le=8)
+    """Data-parallel learner ranks (torchrun, gloo); rank 0 is the service, the others follow its steps."""
     max_steps: int = Field(default=600, ge=1)
     """Learner steps (policy versions) of the RL run."""
     batch_prompts: int = Field(default=32, ge=1)

@@ -239,9 +239,15 @@ class LocalStack:
     def start_services(self, paths: dict[str, Path]) -> None:
         for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):
             role = name.split("-")[0]
+            launcher = [sys.executable]
+            if role == "learner" and self.config.learner_ranks > 1:
+                launcher += [
+                    "-m", "torch.distributed.run", f"--nproc-per-node={self.config.learner_ranks}",
+                    "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                ]
             self._spawn(
                 name,
-                [sys.executable, "-m", "services.cli", role, "--config", str(path)],
+                [*launcher, "-m", "services.cli", role, "--config", str(path)],
                 cpus=self.cores_for(role),
                 http_port=self.ports[name][1],
             )

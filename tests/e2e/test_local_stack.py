@@ -48,7 +48,11 @@ def group_alive(pgid: int) -> bool:
 
 @pytest.mark.e2e
 def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> None:
-    with launch(max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5) as (stack, progress):
+    # The learner runs as two data-parallel ranks under torchrun (gloo): rank 0
+    # is the service, rank 1 follows its steps (parity: tests/learner/test_distributed.py).
+    with launch(
+        max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5, learner_ranks=2
+    ) as (stack, progress):
         config = stack.config
         assert progress.follow(stack, config) == 0, progress.outcome
 
@@ -56,6 +60,7 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
         assert all(s["batch/prompts"] == config.batch_prompts for s in steps)
         assert all(s["batch/samples"] == config.batch_prompts * config.group_size for s in steps)
+        assert all(s["dist/ranks"] == 2 for s in steps)
         # The generator loaded new weights: later batches hold tokens sampled
         # by versions > 0, and never by a version the learner had not made.
         assert max(s["batch/max_token_version"] for s in steps) >= 1

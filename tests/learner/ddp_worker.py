@@ -1,0 +1,112 @@
+"""Run under torchrun by test_distributed.py: the learner's Trainer on fixed batches.
+
+Rank 0 builds the batches and calls ``Trainer.step`` as the service does;
+the other ranks ``follow``. For every loss configuration a fresh tiny model
+(same seed) takes the same steps; each rank writes its final parameters
+and rank 0 its step metrics to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asymptote.contracts.v1 import rollout_pb2
+from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.distributed import DataParallel
+from services.learner.trainer import Trainer, collate
+
+CONFIGS = {
+    "cispo-prompt-batch": LossSettings(),
+    "grpo-tis-sample-group": LossSettings(name="grpo", tis_cap=2.0, aggregation="sample", normalization="group"),
+    "dapo-token-none": LossSettings(name="dapo", aggregation="token", normalization="none"),
+    "gspo-sample-batch": LossSettings(name="gspo", aggregation="sample"),
+}
+VOCAB = 24
+
+
+def tiny_model() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=True,
+    )
+    torch.manual_seed(1234)
+    return LlamaForCausalLM(config).float()
+
+
+def batch(rng: random.Random, step: int, num_prompts: int, group_size: int = 4) -> list[rollout_pb2.RolloutGroup]:
+    """Random groups with the edge cases: a zero-variance prompt, one-token completions,
+    injected (masked) tokens, truncation, rewards in {0, 1} and {-1, +1}, stale token versions."""
+    signed = step % 2 == 1
+    groups = []
+    for p in range(num_prompts):
+        prompt = [1] + [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 6))]
+        completions = []
+        for i in range(group_size):
+            n = 1 if i == 0 else rng.randrange(1, 9)
+            tokens = [rng.randrange(2, VOCAB) for _ in range(n)]
+            if p == 1:
+                reward = 1.0  # zero variance: out of the loss and its denominators
+            else:
+                reward = float(rng.random() < 0.5) * (2.0 if signed else 1.0) - (1.0 if signed else 0.0)
+            mask = [0 if (n > 3 and t in (1, 2)) else 1 for t in range(n)]
+            completions.append(rollout_pb2.Completion(
+                token_ids=tokens,
+                logprobs=[-rng.uniform(0.5, 4.0) for _ in range(n)],
+                version_spans=[rollout_pb2.VersionSpan(version=max(0, step - rng.randrange(0, 3)), start=0, end=n)],
+                reward=reward,
+                loss_mask=mask,
+                truncated=n == 8,
+            ))
+        if p != 1 and len({c.reward for c in completions}) == 1:
+            completions[-1].reward = -completions[-1].reward if signed else 1.0 - completions[-1].reward
+        task = rollout_pb2.GenerationTask(
+            task_id=f"s{step}p{p}", sampling=rollout_pb2.SamplingParams(temperature=rng.choice([1.0, 0.7]))
+        )
+        groups.append(rollout_pb2.RolloutGroup(
+            group_id=f"s{step}p{p}", task=task, prompt_token_ids=prompt, completions=completions
+        ))
+    return groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dp = DataParallel.from_env("gloo")
+    report: dict[str, object] = {"world_size": dp.world_size}
+    for name, loss in CONFIGS.items():
+        model = tiny_model()
+        trainer = Trainer(model, loss, OptimizerSettings(lr=1e-2, warmup_steps=1), dp)
+        trainer.sync_from_main()
+        if dp.is_main:
+            rng = random.Random(7)
+            metrics = []
+            # 5 prompts split 3 / 2 over two ranks; the last step has one prompt (one rank empty).
+            for step, num_prompts in enumerate([5] * (args.steps - 1) + [1]):
+                if num_prompts == 1:
+                    groups = batch(rng, step, 2)[:1]
+                else:
+                    groups = batch(rng, step, num_prompts)
+                metrics.append(trainer.step(collate(groups, pad_id=0), learner_version=step))
+            trainer.release_followers()
+            report[name] = metrics
+        else:
+            report[f"{name}/followed"] = trainer.follow()
+        trainer.close()
+        params = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(params, str(args.out / f"{name}.rank{dp.rank}.safetensors"))
+    (args.out / f"report.rank{dp.rank}.json").write_text(json.dumps(report))
+    dp.close()
+
+
+if __name__ == "__main__":
+    main()
