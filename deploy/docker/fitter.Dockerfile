@@ -1,0 +1,27 @@
+# Fitter: the compute-performance curve fit and its projections; no torch, no vLLM.
+# A slim image: the torch-free core only. Also runs the `helm test` health check.
+# Build from the repository root:
+#   docker build -f deploy/docker/fitter.Dockerfile -t asymptote-fitter .
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY asymptote ./asymptote
+COPY services ./services
+RUN /opt/venv/bin/pip install .
+
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH \
+    HOME=/tmp
+COPY --from=build /opt/venv /opt/venv
+RUN groupadd --gid 10001 asymptote \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin asymptote
+USER 10001:10001
+EXPOSE 50081 9104
+ENTRYPOINT ["asymptote"]
+CMD ["fitter"]

@@ -1,0 +1,26 @@
+# Generator: vLLM rollouts with in-flight weight swaps, on a GPU node.
+# The vLLM image brings CUDA, PyTorch and vLLM; the project installs on top.
+# Build from the repository root:
+#   docker build -f deploy/docker/generator.Dockerfile -t asymptote-generator .
+ARG VLLM_VERSION=0.32.0
+FROM vllm/vllm-openai:v${VLLM_VERSION}
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/asymptote
+COPY pyproject.toml README.md ./
+COPY asymptote ./asymptote
+COPY services ./services
+# vLLM is already in the base image; pip keeps it and adds the rest.
+RUN python3 -m pip install ".[generator]" \
+ && groupadd --gid 10001 asymptote \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin asymptote
+
+USER 10001:10001
+ENV HOME=/tmp
+EXPOSE 50061 9102
+ENTRYPOINT ["asymptote"]
+CMD ["generator"]

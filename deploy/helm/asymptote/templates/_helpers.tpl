@@ -1,0 +1,345 @@
+{{/*
+Names, labels and the pieces every service's pod shares. Each service's own
+template (broker.yaml, generator.yaml, learner.yaml, fitter.yaml) says what
+is particular to it; these helpers say what is common.
+*/}}
+
+{{- define "asymptote.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "asymptote.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "asymptote.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "broker") */}}
+{{- define "asymptote.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "asymptote.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Standard labels of one component: (dict "ctx" $ "component" "broker") */}}
+{{- define "asymptote.labels" -}}
+{{ include "asymptote.selectorLabels" . }}
+app.kubernetes.io/part-of: asymptote
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "asymptote.chart" .ctx }}
+{{- end }}
+
+{{- define "asymptote.componentName" -}}
+{{- printf "%s-%s" (include "asymptote.fullname" .ctx) .component }}
+{{- end }}
+
+{{- define "asymptote.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "asymptote.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* host:port of a component's gRPC service, fully qualified. */}}
+{{- define "asymptote.grpcEndpoint" -}}
+{{- $values := index .ctx.Values .component }}
+{{- printf "%s.%s.svc:%v" (include "asymptote.componentName" .) .ctx.Release.Namespace $values.ports.grpc }}
+{{- end }}
+
+{{/* image reference of a role: repository, then @digest or :tag */}}
+{{- define "asymptote.image" -}}
+{{- $image := index .ctx.Values.images .component }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .ctx.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "asymptote.natsSecretName" -}}
+{{- if .Values.nats.auth.existingSecret }}
+{{- .Values.nats.auth.existingSecret }}
+{{- else }}
+{{- printf "%s-nats" (include "asymptote.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "asymptote.natsPasswordAuth" -}}
+{{- if or .Values.nats.auth.existingSecret .Values.nats.auth.user }}true{{ end }}
+{{- end }}
+
+{{/*
+The settings the chart owns in every service's config: NATS, the run prefix,
+listeners on the pod's interfaces, JSON logs. (dict "ctx" $ "component" "broker")
+*/}}
+{{- define "asymptote.ownedConfig" -}}
+{{- $ctx := .ctx -}}
+{{- $values := index $ctx.Values .component }}
+{{- $nats := dict "url" (tpl $ctx.Values.nats.url $ctx) }}
+{{- if $ctx.Values.nats.auth.credsSecret }}
+{{- $_ := set $nats "creds_file" "/etc/asymptote/nats/creds/nats.creds" }}
+{{- end }}
+{{- if $ctx.Values.nats.tls.caSecret }}
+{{- $_ := set $nats "tls_ca_file" "/etc/asymptote/nats/tls/ca.crt" }}
+{{- end }}
+{{- toYaml (dict
+  "nats" $nats
+  "prefix" $ctx.Values.run.prefix
+  "grpc" (dict "host" "0.0.0.0" "port" $values.ports.grpc)
+  "http" (dict "host" "0.0.0.0" "port" $values.ports.http)
+  "log_format" "json") }}
+{{- end }}
+
+{{/*
+A service's ConfigMap: its typed values merged with what the chart owns.
+(dict "ctx" $ "component" "broker" "owned" (dict ...))
+*/}}
+{{- define "asymptote.configMap" -}}
+{{- $values := index .ctx.Values .component -}}
+{{- $config := mustMergeOverwrite (deepCopy $values.config) (fromYaml (include "asymptote.ownedConfig" .)) .owned -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "asymptote.componentName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "asymptote.labels" . | nindent 4 }}
+data:
+  config.yaml: |
+    {{- toYaml $config | nindent 4 }}
+{{- end }}
+
+{{/* The env every service gets: NATS credentials from the Secret, a writable HOME. */}}
+{{- define "asymptote.env" -}}
+{{- $ctx := .ctx -}}
+{{- $prefix := printf "ASY_%s" (upper .component) -}}
+- name: HOME
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+{{- if include "asymptote.natsPasswordAuth" $ctx }}
+- name: {{ $prefix }}__NATS__USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "asymptote.natsSecretName" $ctx }}
+      key: {{ $ctx.Values.nats.auth.userKey }}
+- name: {{ $prefix }}__NATS__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "asymptote.natsSecretName" $ctx }}
+      key: {{ $ctx.Values.nats.auth.passwordKey }}
+{{- end }}
+{{- with (index $ctx.Values .component).extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes every service mounts: config, /tmp, NATS creds and CA. */}}
+{{- define "asymptote.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "asymptote.componentName" . }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if .ctx.Values.nats.auth.credsSecret }}
+- name: nats-creds
+  secret:
+    secretName: {{ .ctx.Values.nats.auth.credsSecret }}
+    items:
+      - key: {{ .ctx.Values.nats.auth.credsKey }}
+        path: nats.creds
+{{- end }}
+{{- if .ctx.Values.nats.tls.caSecret }}
+- name: nats-ca
+  secret:
+    secretName: {{ .ctx.Values.nats.tls.caSecret }}
+    items:
+      - key: {{ .ctx.Values.nats.tls.caKey }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+
+{{- define "asymptote.volumeMounts" -}}
+- name: config
+  mountPath: /etc/asymptote/config
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .ctx.Values.nats.auth.credsSecret }}
+- name: nats-creds
+  mountPath: /etc/asymptote/nats/creds
+  readOnly: true
+{{- end }}
+{{- if .ctx.Values.nats.tls.caSecret }}
+- name: nats-ca
+  mountPath: /etc/asymptote/nats/tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The model cache volume generators and the learner read the initial weights from. */}}
+{{- define "asymptote.modelVolume" -}}
+- name: model-cache
+{{- if .Values.model.cache.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.cache.existingClaim }}
+    readOnly: true
+{{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.model.cache.sizeLimit }}
+{{- end }}
+{{- end }}
+
+{{- define "asymptote.modelVolumeMount" -}}
+- name: model-cache
+  mountPath: {{ .Values.model.cache.mountPath }}
+  readOnly: {{ not (empty .Values.model.cache.existingClaim) }}
+{{- end }}
+
+{{/* The model cache's init containers, with the chart's security context. */}}
+{{- define "asymptote.modelInitContainers" -}}
+{{- range .Values.model.cache.initContainers }}
+- {{- toYaml (mustMergeOverwrite (dict "securityContext" $.Values.containerSecurityContext "volumeMounts" (fromYamlArray (include "asymptote.modelVolumeMount" $))) .) | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Ports, probes and security of a service's main container. */}}
+{{- define "asymptote.containerCommon" -}}
+{{- $values := index .ctx.Values .component -}}
+image: {{ include "asymptote.image" . }}
+imagePullPolicy: {{ .ctx.Values.images.pullPolicy }}
+args: [{{ .component | quote }}, "--config", "/etc/asymptote/config/config.yaml"]
+ports:
+  - name: grpc
+    containerPort: {{ $values.ports.grpc }}
+    protocol: TCP
+  - name: http
+    containerPort: {{ $values.ports.http }}
+    protocol: TCP
+livenessProbe:
+  httpGet: {path: /healthz, port: http}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+readinessProbe:
+  httpGet: {path: /readyz, port: http}
+  periodSeconds: 5
+  timeoutSeconds: 5
+  failureThreshold: 3
+{{- with $values.startupProbe }}
+startupProbe:
+  httpGet: {path: /readyz, port: http}
+  periodSeconds: {{ .periodSeconds }}
+  failureThreshold: {{ .failureThreshold }}
+  timeoutSeconds: 5
+{{- end }}
+securityContext:
+  {{- toYaml .ctx.Values.containerSecurityContext | nindent 2 }}
+{{- end }}
+
+{{/* Pod-level settings every service shares. */}}
+{{- define "asymptote.podCommon" -}}
+{{- $values := index .ctx.Values .component -}}
+serviceAccountName: {{ include "asymptote.serviceAccountName" .ctx }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds }}
+{{- with .ctx.Values.images.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Pod template metadata: labels and a checksum of the config, so a change rolls the pods. */}}
+{{- define "asymptote.podMetadata" -}}
+{{- $values := index .ctx.Values .component -}}
+labels:
+  {{- include "asymptote.labels" . | nindent 2 }}
+annotations:
+  checksum/config: {{ include "asymptote.configMap" . | sha256sum }}
+  {{- with $values.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+
+{{/* A component's Service (headless with "headless" true): gRPC and HTTP (/metrics, /healthz, /readyz). */}}
+{{- define "asymptote.service" -}}
+{{- $values := index .ctx.Values .component -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "asymptote.componentName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "asymptote.labels" . | nindent 4 }}
+spec:
+  {{- if .headless }}
+  clusterIP: None
+  {{- else }}
+  type: ClusterIP
+  {{- end }}
+  selector:
+    {{- include "asymptote.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ $values.ports.grpc }}
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    - name: http
+      port: {{ $values.ports.http }}
+      targetPort: http
+      protocol: TCP
+      appProtocol: http
+{{- end }}
+
+{{/*
+checkov.io/skipN annotations of a workload: each check the chart cannot pass
+as configured, with its reason. (dict "ctx" $ "image" "broker" "env" true "extra" (list ...))
+*/}}
+{{- define "asymptote.checkovSkips" -}}
+{{- $skips := .extra | default list -}}
+{{- if not (index .ctx.Values.images .image).digest -}}
+{{- $skips = append $skips (printf "CKV_K8S_43=Images are pinned by tag unless images.%s.digest is set" .image) -}}
+{{- end -}}
+{{- if and .env (include "asymptote.natsPasswordAuth" .ctx) -}}
+{{- $skips = append $skips "CKV_K8S_35=The services take the NATS password only as an ASY_<SERVICE>__NATS__PASSWORD override; nats.auth.credsSecret mounts a credentials file instead" -}}
+{{- end -}}
+{{- if $skips }}
+annotations:
+  {{- range $i, $skip := $skips }}
+  checkov.io/skip{{ add1 $i }}: {{ $skip | quote }}
+  {{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,349 @@
+"""Write deploy/helm/asymptote/values.schema.json.
+
+The chart's own values are typed here; each service's ``<service>.config``
+is typed by that service's pydantic config model (services/<service>/config.py),
+less the fields the chart owns (NATS, listeners, the shared run settings and
+paths it mounts), so `helm install` rejects a value the service would refuse.
+A test regenerates the schema and fails if the committed file differs:
+run ``python deploy/helm/values_schema.py`` after changing a config model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO / "deploy" / "helm" / "asymptote" / "values.schema.json"
+
+# Config fields the chart renders itself (templates/_helpers.tpl and each
+# service's template); a value for one of them would be overwritten, so the
+# schema refuses it. Dotted paths are fields of a nested section.
+OWNED_FIELDS: dict[str, tuple[str, ...]] = {
+    "broker": ("nats", "prefix", "grpc", "http", "log_format", "batch_prompts"),
+    "generator": (
+        "nats", "prefix", "grpc", "http", "log_format", "weights_dir", "num_devices", "engine.model_dir",
+    ),
+    "learner": (
+        "nats", "prefix", "grpc", "http", "log_format", "model_dir", "run_dir", "batch_prompts",
+        "broker_endpoint", "advertise_host", "num_devices",
+    ),
+    "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
+}
+
+
+def config_models() -> dict[str, type[BaseModel]]:
+    sys.path.insert(0, str(REPO))
+    from services.broker.config import BrokerConfig
+    from services.fitter.config import FitterConfig
+    from services.generator.config import GeneratorConfig
+    from services.learner.config import LearnerConfig
+
+    return {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
+
+
+def _rename_refs(node: Any, service: str) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: (v.replace("#/$defs/", f"#/$defs/{service}.") if k == "$ref" else _rename_refs(v, service))
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_rename_refs(v, service) for v in node]
+    return node
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    return defs[ref.rsplit("/", 1)[1]] if ref else schema
+
+
+def service_config_schema(service: str, model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(schema of ``<service>.config``, its $defs keyed ``<service>.<Model>``)."""
+    schema = copy.deepcopy(model.model_json_schema(mode="validation"))
+    defs = schema.pop("$defs", {})
+    for path in OWNED_FIELDS[service]:
+        *parents, leaf = path.split(".")
+        node = schema
+        for parent in parents:
+            node = _resolve(node["properties"][parent], defs)
+        del node["properties"][leaf]
+        if leaf in node.get("required", []):
+            node["required"].remove(leaf)
+            if not node["required"]:
+                del node["required"]
+        if parents and parents[0] in schema.get("required", []):
+            schema["required"].remove(parents[0])  # the chart fills in what was required
+            if not schema["required"]:
+                del schema["required"]
+    schema.pop("title", None)
+    schema["description"] = (
+        f"{model.__name__} fields (services/{service}/config.py) except those the chart owns: "
+        + ", ".join(OWNED_FIELDS[service])
+    )
+    return _rename_refs(schema, service), {f"{service}.{k}": _rename_refs(v, service) for k, v in defs.items()}
+
+
+def obj(properties: dict[str, Any], required: tuple[str, ...] = (), description: str = "", **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": properties}
+    if required:
+        out["required"] = list(required)
+    if description:
+        out["description"] = description
+    out.update(extra)
+    return out
+
+
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+OBJECT = {"type": "object"}
+ARRAY = {"type": "array"}
+PEERS = {"type": "array", "items": {"type": "object"}, "description": "NetworkPolicy peers (podSelector, namespaceSelector, ipBlock)"}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"}
+RESOURCES = obj(
+    {"requests": {"type": "object", "required": ["cpu", "memory"]}, "limits": {"type": "object", "required": ["cpu", "memory"]}},
+    required=("requests", "limits"),
+    description="Kubernetes requests and limits (cpu, memory); every container has both",
+)
+
+
+def image() -> dict[str, Any]:
+    return obj(
+        {
+            "repository": {"type": "string", "minLength": 1},
+            "tag": STR,
+            "digest": {"type": "string", "pattern": r"^(sha256:[a-f0-9]{64})?$"},
+        },
+        required=("repository",),
+    )
+
+
+def persistence() -> dict[str, Any]:
+    return obj(
+        {
+            "enabled": BOOL,
+            "size": QUANTITY,
+            "storageClassName": STR,
+            "accessModes": {"type": "array", "minItems": 1, "items": {"enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]}},
+        },
+        required=("enabled", "size"),
+    )
+
+
+def service_values(service: str, config: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "ports": obj({"grpc": PORT, "http": PORT}, required=("grpc", "http")),
+        "resources": RESOURCES,
+        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+        "tolerations": {"type": "array", "items": {"type": "object"}},
+        "affinity": OBJECT,
+        "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+        "priorityClassName": STR,
+        "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "extraEnv": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "config": config,
+    }
+    props.update(extra)
+    return obj(props, required=("ports", "resources", "config"), description=f"The {service}")
+
+
+def startup_probe() -> dict[str, Any]:
+    return obj(
+        {"periodSeconds": {"type": "integer", "minimum": 1}, "failureThreshold": {"type": "integer", "minimum": 1}},
+        required=("periodSeconds", "failureThreshold"),
+    )
+
+
+def values_schema() -> dict[str, Any]:
+    configs: dict[str, dict[str, Any]] = {}
+    defs: dict[str, Any] = {}
+    for service, model in config_models().items():
+        configs[service], service_defs = service_config_schema(service, model)
+        defs.update(service_defs)
+    pattern_prefix = config_models()["broker"].model_fields["prefix"].metadata
+    prefix_pattern = next(m.pattern for m in pattern_prefix if hasattr(m, "pattern"))
+    autoscaling = obj(
+        {
+            "minReplicas": {"type": "integer", "minimum": 0},
+            "maxReplicas": {"type": "integer", "minimum": 1},
+            "scaleDownStabilizationSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+            "keda": obj(
+                {
+                    "enabled": BOOL,
+                    "pollingIntervalSeconds": {"type": "integer", "minimum": 1},
+                    "cooldownPeriodSeconds": {"type": "integer", "minimum": 0},
+                    "serverAddress": {"type": "string", "pattern": r"^(https?://\S+)?$"},
+                    "query": STR,
+                },
+                required=("enabled",),
+            ),
+            "hpa": obj(
+                {"enabled": BOOL, "metricName": {"type": "string", "minLength": 1}, "metricSelector": {"type": "object", "additionalProperties": {"type": "string"}}},
+                required=("enabled",),
+            ),
+        },
+        required=("minReplicas", "maxReplicas", "keda", "hpa"),
+        description="Generators follow the broker's asymptote_broker_desired_generators gauge (KEDA or an HPA, not both)",
+        allOf=[
+            {
+                "if": {"properties": {"keda": {"properties": {"enabled": {"const": True}}}}},
+                "then": {
+                    "properties": {
+                        "hpa": {"properties": {"enabled": {"const": False}}},
+                        "keda": {"properties": {"serverAddress": {"minLength": 1}}},
+                    }
+                },
+            }
+        ],
+    )
+    generator = service_values(
+        "generators (vLLM on GPU node pools)",
+        configs["generator"],
+        {
+            "replicas": {"type": "integer", "minimum": 0},
+            "gpus": {"type": "integer", "minimum": 1},
+            "shmSizeLimit": QUANTITY,
+            "maxUnavailable": {"type": "integer", "minimum": 1},
+            "startupProbe": startup_probe(),
+            "pdb": obj({"enabled": BOOL, "maxUnavailable": {"type": "integer", "minimum": 1}}, required=("enabled",)),
+            "autoscaling": autoscaling,
+        },
+    )
+    learner = service_values(
+        "learner (one replica, on its own GPU pool)",
+        configs["learner"],
+        {"gpus": {"type": "integer", "minimum": 1}, "persistence": persistence(), "startupProbe": startup_probe()},
+    )
+    broker = service_values("broker (CPU nodes)", configs["broker"], {})
+    fitter = service_values("fitter (CPU nodes)", configs["fitter"], {"persistence": persistence()})
+    nats = obj(
+        {
+            "url": {
+                "type": "string",
+                "pattern": r"^(((nats|tls|ws|wss)://[^,\s]+)(,(nats|tls|ws|wss)://[^,\s]+)*|.*\{\{.*\}\}.*)$",
+                "description": "NATS URL(s), comma separated; templates allowed",
+            },
+            "auth": obj(
+                {
+                    "user": STR,
+                    "password": STR,
+                    "existingSecret": STR,
+                    "userKey": {"type": "string", "minLength": 1},
+                    "passwordKey": {"type": "string", "minLength": 1},
+                    "credsSecret": STR,
+                    "credsKey": {"type": "string", "minLength": 1},
+                },
+                allOf=[
+                    {
+                        "if": {"properties": {"user": {"minLength": 1}}, "required": ["user"]},
+                        "then": {"properties": {"password": {"minLength": 1}}, "required": ["password"]},
+                    }
+                ],
+            ),
+            "tls": obj({"caSecret": STR, "caKey": {"type": "string", "minLength": 1}}),
+        },
+        required=("url",),
+        description="An existing NATS with JetStream",
+    )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Asymptote chart values",
+        "description": "Generated by deploy/helm/values_schema.py from the chart's values and the services' config models.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["run", "nats", "model", "images", "generator", "learner", "broker", "fitter"],
+        "properties": {
+            "global": OBJECT,
+            "nameOverride": STR,
+            "fullnameOverride": {"type": "string", "maxLength": 40},
+            "run": obj(
+                {
+                    "prefix": {"type": "string", "pattern": prefix_pattern},
+                    "name": STR,
+                    "batchPrompts": {"type": "integer", "minimum": 1},
+                },
+                required=("prefix", "batchPrompts"),
+            ),
+            "nats": nats,
+            "model": obj(
+                {
+                    "path": {"type": "string", "pattern": "^/"},
+                    "cache": obj(
+                        {
+                            "mountPath": {"type": "string", "pattern": "^/"},
+                            "existingClaim": STR,
+                            "sizeLimit": QUANTITY,
+                            "initContainers": {"type": "array", "items": {"type": "object", "required": ["name", "image"]}},
+                        },
+                        required=("mountPath",),
+                    ),
+                },
+                required=("path", "cache"),
+            ),
+            "images": obj(
+                {
+                    "generator": image(),
+                    "learner": image(),
+                    "broker": image(),
+                    "fitter": image(),
+                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                    "pullSecrets": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+                },
+                required=("generator", "learner", "broker", "fitter"),
+            ),
+            "serviceAccount": obj({"create": BOOL, "name": STR, "annotations": OBJECT}),
+            "podSecurityContext": OBJECT,
+            "containerSecurityContext": OBJECT,
+            "generator": generator,
+            "learner": learner,
+            "broker": broker,
+            "fitter": fitter,
+            "networkPolicy": obj(
+                {
+                    "enabled": BOOL,
+                    "metricsFrom": PEERS,
+                    "natsTo": PEERS,
+                    "natsPorts": {"type": "array", "minItems": 1, "items": PORT},
+                    "generatorClientsFrom": PEERS,
+                    "fitterClientsFrom": PEERS,
+                    "extraEgress": {"type": "array", "items": {"type": "object"}},
+                },
+                required=("enabled",),
+            ),
+            "monitoring": obj(
+                {
+                    "serviceMonitors": obj(
+                        {
+                            "enabled": BOOL,
+                            "interval": {"type": "string", "pattern": r"^[0-9]+(ms|s|m|h)$"},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        }
+                    ),
+                    "dashboard": obj(
+                        {
+                            "enabled": BOOL,
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        }
+                    ),
+                }
+            ),
+            "tests": obj({"timeoutSeconds": {"type": "number", "exclusiveMinimum": 0}}),
+        },
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def render() -> str:
+    return json.dumps(values_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    SCHEMA_PATH.write_text(render())
+    print(f"wrote {SCHEMA_PATH.relative_to(REPO)}")
