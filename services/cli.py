@@ -26,6 +26,7 @@ local and offline:
   up           run nats-server and the four services on this machine
   fit          fit eval.jsonl files offline, print a table, write a plot
   prepare-model  build and warm-start the tiny local model (cached)
+  kube         a deployed run: status, scale generators, gRPC health
 """
 
 
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             run = _up
         elif command == "fit":
             run = _fit
+        elif command == "kube":
+            from services.kube import main as run
         elif command == "prepare-model":
             run = _prepare_model
         else:

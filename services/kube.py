@@ -1,0 +1,362 @@
+"""``asymptote kube``: operate a run deployed with the Helm chart.
+
+- ``status``: the release's pods by component (readiness, restarts), each
+  generator's loaded policy version and the learner's, and the latest
+  projection (A, B, C_mid with their intervals);
+- ``scale generators N``: sets the generator Deployment's replicas through
+  its scale subresource (refused while an autoscaler owns the count, unless
+  ``--force``);
+- ``health HOST:PORT ...``: the standard gRPC health check of each endpoint
+  (what the chart's ``helm test`` pod runs).
+
+``status`` and ``scale`` talk to the Kubernetes API with the official client
+(a kubeconfig, or the pod's service account in a cluster) and read the
+services' ``/metrics`` through the API server's proxy, so no port-forward is
+needed. ``health`` needs only gRPC, so it runs from the slim images. This
+module knows the chart's labels, not the services' internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+COMPONENTS = ("broker", "generator", "learner", "fitter")
+
+
+@dataclass
+class PodStatus:
+    component: str
+    name: str
+    phase: str
+    ready: bool
+    containers_ready: str
+    """Ready containers over all containers, e.g. "1/1"."""
+    restarts: int
+    node: str
+    policy_version: int | None = None
+    """The policy version a generator has loaded (or the learner's own); None if unknown."""
+    metrics_error: str | None = None
+
+
+@dataclass
+class Projection:
+    run: str
+    fit_ok: bool
+    num_points: int
+    last_pass_rate: float
+    params: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    """name -> (value, low, high) for a, b, c_mid; empty until a fit succeeds."""
+    projected: list[tuple[float, float, float, float]] = field(default_factory=list)
+    """(target compute, pass rate, low, high), by target compute."""
+
+
+@dataclass
+class ReleaseStatus:
+    release: str
+    namespace: str
+    pods: list[PodStatus]
+    projection: Projection | None
+    projection_error: str | None = None
+
+
+# -- reading the cluster --------------------------------------------------
+
+
+def release_selector(release: str, component: str | None = None) -> str:
+    """Label selector of the chart's objects of ``release`` (optionally one component)."""
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/part-of=asymptote"
+    return selector + (f",app.kubernetes.io/component={component}" if component else "")
+
+
+def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> sample name -> [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return samples
+
+
+def _one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+    values = samples.get(name)
+    return values[0][1] if values else None
+
+
+def projection_from_metrics(text: str) -> Projection | None:
+    """The fitter's projection gauges (services/fitter/metrics.py); None if it exports none yet."""
+    samples = metric_samples(text)
+    ok = samples.get("asymptote_fitter_fit_ok")
+    if not ok:
+        return None
+    labels, value = ok[0]
+    projection = Projection(
+        run=labels.get("run", ""),
+        fit_ok=value == 1.0,
+        num_points=int(_one(samples, "asymptote_fitter_points") or 0),
+        last_pass_rate=_one(samples, "asymptote_fitter_last_pass_rate") or 0.0,
+    )
+    for name in ("a", "b", "c_mid"):
+        mid, low, high = (_one(samples, f"asymptote_fitter_{name}{suffix}") for suffix in ("", "_low", "_high"))
+        if mid is not None and low is not None and high is not None:
+            projection.params[name] = (mid, low, high)
+    by_compute: dict[float, dict[str, float]] = {}
+    for labels, value in samples.get("asymptote_fitter_projected_pass_rate", []):
+        by_compute.setdefault(float(labels["compute"]), {})[labels["bound"]] = value
+    projection.projected = [
+        (compute, b["mid"], b["low"], b["high"])
+        for compute, b in sorted(by_compute.items())
+        if {"mid", "low", "high"} <= b.keys()
+    ]
+    return projection
+
+
+def _http_port(pod: Any) -> int | None:
+    for container in pod.spec.containers or []:
+        for port in container.ports or []:
+            if port.name == "http":
+                return int(port.container_port)
+    return None
+
+
+def _pod_status(pod: Any) -> PodStatus:
+    labels = pod.metadata.labels or {}
+    statuses = pod.status.container_statuses or []
+    ready_conditions = [c for c in (pod.status.conditions or []) if c.type == "Ready"]
+    return PodStatus(
+        component=labels.get("app.kubernetes.io/component", "?"),
+        name=pod.metadata.name,
+        phase=pod.status.phase or "Unknown",
+        ready=bool(ready_conditions and ready_conditions[0].status == "True"),
+        containers_ready=f"{sum(1 for s in statuses if s.ready)}/{len(pod.spec.containers or [])}",
+        restarts=sum(int(s.restart_count or 0) for s in statuses),
+        node=pod.spec.node_name or "",
+    )
+
+
+def collect_status(core: Any, namespace: str, release: str) -> ReleaseStatus:
+    """Pods, policy versions and the projection of ``release`` (a CoreV1Api client)."""
+    from kubernetes.client.exceptions import ApiException
+
+    pods = core.list_namespaced_pod(namespace, label_selector=release_selector(release)).items
+    order = {c: i for i, c in enumerate(COMPONENTS)}
+    out: list[PodStatus] = []
+    for pod in pods:
+        status = _pod_status(pod)
+        if status.component not in order:
+            continue  # e.g. the helm test pod
+        gauge = {"generator": "asymptote_generator_policy_version", "learner": "asymptote_learner_policy_version"}
+        port = _http_port(pod)
+        if status.component in gauge and status.phase == "Running" and port is not None:
+            # A monitoring read: a pod that cannot answer is shown as such, never fails the report.
+            try:
+                text = core.connect_get_namespaced_pod_proxy_with_path(f"{pod.metadata.name}:{port}", namespace, "metrics")
+                version = _one(metric_samples(text), gauge[status.component])
+                status.policy_version = None if version is None else int(version)
+            except (ApiException, ValueError) as exc:
+                status.metrics_error = _reason(exc)
+        out.append(status)
+    out.sort(key=lambda p: (order[p.component], p.name))
+
+    projection, error = None, None
+    services = core.list_namespaced_service(namespace, label_selector=release_selector(release, "fitter")).items
+    if not services:
+        error = "no fitter Service in this release"
+    else:
+        try:
+            text = core.connect_get_namespaced_service_proxy_with_path(
+                f"{services[0].metadata.name}:http", namespace, "metrics"
+            )
+            projection = projection_from_metrics(text)
+            error = None if projection else "the fitter exports no projection yet"
+        except (ApiException, ValueError) as exc:
+            error = _reason(exc)
+    return ReleaseStatus(release, namespace, out, projection, error)
+
+
+def _reason(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None) or str(exc)
+    return f"{status} {reason}" if status else str(reason)
+
+
+def generator_deployment(apps: Any, namespace: str, release: str) -> Any:
+    deployments = apps.list_namespaced_deployment(
+        namespace, label_selector=release_selector(release, "generator")
+    ).items
+    if len(deployments) != 1:
+        raise LookupError(
+            f"expected one generator Deployment of release {release!r} in namespace {namespace!r}, "
+            f"found {len(deployments)}"
+        )
+    return deployments[0]
+
+
+def autoscalers_of(autoscaling: Any, namespace: str, deployment: str) -> list[str]:
+    """HPAs (KEDA's included) whose target is ``deployment``."""
+    hpas = autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
+    return sorted(
+        h.metadata.name for h in hpas
+        if h.spec.scale_target_ref.kind == "Deployment" and h.spec.scale_target_ref.name == deployment
+    )
+
+
+def scale_generators(apps: Any, autoscaling: Any, namespace: str, release: str, replicas: int, force: bool) -> str:
+    """Set the generator Deployment's replicas (scale subresource); returns what was done."""
+    deployment = generator_deployment(apps, namespace, release)
+    name = deployment.metadata.name
+    owners = autoscalers_of(autoscaling, namespace, name)
+    if owners and not force:
+        raise PermissionError(
+            f"{name} is scaled by {', '.join(owners)}: it would undo this. Change the chart's "
+            "generator.autoscaling.minReplicas/maxReplicas, or pass --force"
+        )
+    before = apps.read_namespaced_deployment_scale(name, namespace).spec.replicas
+    scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+    return f"{name}: replicas {before} -> {scale.spec.replicas}"
+
+
+# -- output ----------------------------------------------------------------
+
+
+def format_status(status: ReleaseStatus) -> str:
+    lines = [f"release {status.release} in namespace {status.namespace}", ""]
+    header = ("COMPONENT", "POD", "READY", "STATUS", "RESTARTS", "POLICY VERSION", "NODE")
+    rows = [header]
+    for p in status.pods:
+        version = "" if p.component not in ("generator", "learner") else (
+            str(p.policy_version) if p.policy_version is not None else f"? ({p.metrics_error or 'not exported'})"
+        )
+        rows.append((p.component, p.name, p.containers_ready, p.phase, str(p.restarts), version, p.node))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if not status.pods:
+        lines.append("(no pods)")
+    lines.append("")
+    pr = status.projection
+    if pr is None:
+        lines.append(f"projection: unavailable ({status.projection_error})")
+        return "\n".join(lines)
+    lines.append(
+        f"projection (run {pr.run}): latest fit {'ok' if pr.fit_ok else 'refused'}, {pr.num_points} points, "
+        f"last held-out pass rate {pr.last_pass_rate:.3f}"
+    )
+    units = {"a": "", "b": "", "c_mid": " accelerator-s"}
+    for name, (mid, low, high) in pr.params.items():
+        lines.append(f"  {name:<6}{mid:.4g} [{low:.4g}, {high:.4g}]{units[name]}")
+    for compute, mid, low, high in pr.projected:
+        lines.append(f"  at {compute:.4g} accelerator-s: pass rate {mid:.3f} [{low:.3f}, {high:.3f}]")
+    return "\n".join(lines)
+
+
+# -- gRPC health -------------------------------------------------------------
+
+
+def check_health(targets: list[str], timeout_s: float) -> dict[str, str]:
+    """The gRPC health status of each ``host:port`` ("SERVING", or what went wrong)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    results: dict[str, str] = {}
+    for target in targets:
+        with grpc.insecure_channel(target) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+                )
+                results[target] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as exc:
+                results[target] = f"{exc.code().name}: {exc.details()}"
+    return results
+
+
+# -- command line ----------------------------------------------------------
+
+
+def _clients(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from kubernetes import client, config
+
+    if args.kubeconfig is None and args.context is None and _in_cluster():
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+    return client.CoreV1Api(), client.AppsV1Api(), client.AutoscalingV2Api()
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+def _current_namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    from kubernetes import config
+
+    try:
+        _, context = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        return str(context["context"].get("namespace") or "default")
+    except config.ConfigException:
+        return "default"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asymptote kube", description="Operate a run deployed with the Helm chart.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def cluster_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--release", default="asymptote", help="Helm release name (default: asymptote)")
+        p.add_argument("--namespace", "-n", help="namespace (default: the kubeconfig context's)")
+        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+        p.add_argument("--context", help="kubeconfig context")
+
+    status = sub.add_parser("status", help="pods by component, policy versions, the latest projection")
+    cluster_args(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    scale = sub.add_parser("scale", help="set the number of generators")
+    scale.add_argument("target", choices=["generators"])
+    scale.add_argument("replicas", type=int)
+    scale.add_argument("--force", action="store_true", help="scale even while an autoscaler owns the count")
+    cluster_args(scale)
+    health = sub.add_parser("health", help="gRPC health check of each HOST:PORT (the helm test)")
+    health.add_argument("targets", nargs="+", metavar="HOST:PORT")
+    health.add_argument("--timeout-s", type=float, default=10.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "health":
+        results = check_health(args.targets, args.timeout_s)
+        for target, result in results.items():
+            print(f"{target}: {result}")
+        return 0 if all(r == "SERVING" for r in results.values()) else 1
+    if args.command == "scale" and args.replicas < 0:
+        print("asymptote kube scale: replicas must be >= 0", file=sys.stderr)
+        return 2
+
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        core, apps, autoscaling = _clients(args)
+        namespace = _current_namespace(args)
+        if args.command == "status":
+            status = collect_status(core, namespace, args.release)
+            print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
+        else:
+            print(scale_generators(apps, autoscaling, namespace, args.release, args.replicas, args.force))
+    except (LookupError, PermissionError) as exc:
+        print(f"asymptote kube {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except (ApiException, ConfigException, HTTPError) as exc:
+        print(f"asymptote kube {args.command}: cannot reach the Kubernetes API: {_reason(exc)}", file=sys.stderr)
+        return 2
+    return 0
