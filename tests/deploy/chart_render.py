@@ -1,0 +1,114 @@
+"""The Helm chart rendered with the real Helm SDK (helm-python-sdk binds
+Helm v4's Go library), once per value set per process, and the value sets
+the tests prove it with.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "asymptote"
+STACK_CHART = REPO / "deploy" / "helm" / "asymptote-stack"
+RELEASE = "lab"
+NAMESPACE = "rl"
+DIGEST = "sha256:" + "ab" * 32
+
+# The value sets the chart is proven with; every test that renders uses these.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "many-generators-keda": {
+        "generator": {
+            "gpus": 2,
+            "autoscaling": {
+                "minReplicas": 4,
+                "maxReplicas": 64,
+                "keda": {"enabled": True, "serverAddress": "http://prometheus-operated.monitoring.svc:9090"},
+            },
+            "config": {"engine": {"dtype": "bfloat16", "max_num_seqs": 512}, "max_inflight_groups": 64},
+        },
+        "images": {role: {"repository": f"registry.example/asymptote-{role}", "digest": DIGEST}
+                   for role in ("generator", "learner", "broker", "fitter")},
+    },
+    "external-nats-credentials": {
+        "nats": {
+            "url": "tls://nats-0.example.internal:4222,tls://nats-1.example.internal:4222",
+            "auth": {"user": "asymptote", "password": "s3cret-but-rendered"},
+            "tls": {"caSecret": "nats-ca"},
+        },
+        "model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"},
+        "networkPolicy": {"natsTo": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "natsPorts": [4222]},
+        "run": {"prefix": "ablation_b", "name": "cispo-8b", "batchPrompts": 48},
+        "learner": {"config": {"loss": {"name": "dapo", "tis_cap": 2.0}, "max_steps": 500}},
+    },
+    "nats-creds-file": {
+        "nats": {"url": "nats://nats.shared.svc:4222", "auth": {"credsSecret": "asymptote-nats-creds"}},
+        "learner": {"persistence": {"enabled": False}},
+        "fitter": {"persistence": {"enabled": False}},
+    },
+    "monitoring-hpa": {
+        "monitoring": {
+            "serviceMonitors": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "dashboard": {"enabled": True, "annotations": {"grafana_folder": "RL"}},
+        },
+        "generator": {"autoscaling": {"hpa": {"enabled": True}}},
+        "nats": {"auth": {"existingSecret": "nats-users", "userKey": "username", "passwordKey": "password"}},
+    },
+}
+
+
+@dataclass
+class Rendered:
+    """One rendering: the template outputs and the Kubernetes objects in them."""
+
+    files: dict[str, str]
+    objects: list[dict[str, Any]]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        found = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: found {len(found)} of {[o['metadata']['name'] for o in self.of_kind(kind)]}"
+        return found[0]
+
+    def component(self, kind: str, component: str) -> dict[str, Any]:
+        return self.get(kind, f"{RELEASE}-asymptote-{component}")
+
+
+def parse_manifests(files: dict[str, str]) -> list[dict[str, Any]]:
+    objects = []
+    for path, text in sorted(files.items()):
+        if not path.endswith(".yaml"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+@cache
+def render(value_set: str) -> Rendered:
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(VALUE_SETS[value_set], name=RELEASE, namespace=NAMESPACE)
+    return Rendered(files, parse_manifests(files))
+
+
+def render_stack(workdir: Path) -> Rendered:
+    """The umbrella chart with the asymptote chart vendored as `helm dependency build` would."""
+    stack = workdir / "asymptote-stack"
+    shutil.copytree(STACK_CHART, stack)
+    shutil.copytree(CHART, stack / "charts" / "asymptote")
+    with helm.Chart.load(stack) as chart:
+        files = chart.render(name=RELEASE, namespace=NAMESPACE)
+    return Rendered(files, parse_manifests(files))
+
+
+def dashboard() -> dict[str, Any]:
+    return dict(json.loads((CHART / "files" / "asymptote-dashboard.json").read_text()))

@@ -1,0 +1,443 @@
+"""What the chart deploys: each service's config loads with the service's own
+config model, the workloads sit on the right node pools with the probes,
+volumes and security they need, generators scale on the broker's gauge, the
+network policies let exactly the intended services talk, and the umbrella
+chart wires the services to the NATS it installs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from chart_render import CHART, NAMESPACE, RELEASE, REPO, STACK_CHART, VALUE_SETS, Rendered, dashboard, render
+
+from asymptote.config import load_config
+from services.broker.config import BrokerConfig
+from services.fitter.config import FitterConfig
+from services.generator.config import GeneratorConfig
+from services.learner.config import LearnerConfig
+
+MODELS = {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
+WORKLOAD_KIND = {"broker": "Deployment", "generator": "Deployment", "learner": "StatefulSet", "fitter": "Deployment"}
+FULLNAME = f"{RELEASE}-asymptote"
+
+
+def pod_spec(rendered: Rendered, component: str) -> dict[str, Any]:
+    return dict(rendered.component(WORKLOAD_KIND[component], component)["spec"]["template"]["spec"])
+
+
+def container(rendered: Rendered, component: str) -> dict[str, Any]:
+    containers = pod_spec(rendered, component)["containers"]
+    assert [c["name"] for c in containers] == [component]
+    return dict(containers[0])
+
+
+def secret_value(rendered: Rendered, ref: dict[str, str]) -> str:
+    """A secretKeyRef's value: from the rendered Secret, or a stand-in for an existing one."""
+    secrets = [s for s in rendered.of_kind("Secret") if s["metadata"]["name"] == ref["name"]]
+    return str(secrets[0]["stringData"][ref["key"]]) if secrets else f"<{ref['name']}/{ref['key']}>"
+
+
+def load_service_config(rendered: Rendered, component: str, tmp_path: Path) -> Any:
+    """The service's config as the service itself loads it: the ConfigMap's file plus the pod's env."""
+    config_map = rendered.component("ConfigMap", component)
+    path = tmp_path / f"{component}.yaml"
+    path.write_text(config_map["data"]["config.yaml"])
+    env = {}
+    for var in container(rendered, component)["env"]:
+        env[var["name"]] = var["value"] if "value" in var else secret_value(rendered, var["valueFrom"]["secretKeyRef"])
+    return load_config(MODELS[component], path, f"ASY_{component.upper()}", env)
+
+
+@pytest.mark.parametrize("component", sorted(MODELS))
+def test_service_configs_load_with_the_services_models(
+    rendered: Rendered, value_set: str, component: str, tmp_path: Path
+) -> None:
+    config = load_service_config(rendered, component, tmp_path)
+    values = render_values(value_set)
+    spec = pod_spec(rendered, component)
+    ports = {p["name"]: p["containerPort"] for p in container(rendered, component)["ports"]}
+    assert (config.grpc.host, config.grpc.port, config.http.host, config.http.port) == (
+        "0.0.0.0", ports["grpc"], "0.0.0.0", ports["http"])
+    assert config.prefix == values["run"]["prefix"]
+    assert config.log_format == "json"
+    assert config.nats.url == values["nats"]["url"]
+    auth = values["nats"]["auth"]
+    if auth.get("user") or auth.get("existingSecret"):
+        assert config.nats.user and config.nats.password is not None
+        if auth.get("user"):
+            assert (config.nats.user, config.nats.password.get_secret_value()) == (auth["user"], auth["password"])
+        # The password reaches the pod only through the Secret, never the ConfigMap.
+        assert "password" not in rendered.component("ConfigMap", component)["data"]["config.yaml"]
+    else:
+        assert config.nats.user is None and config.nats.password is None
+    mounts = {m["mountPath"] for m in container(rendered, component)["volumeMounts"]}
+    if auth.get("credsSecret"):
+        assert config.nats.creds_file is not None and config.nats.creds_file.parent.as_posix() in mounts
+    if values["nats"]["tls"].get("caSecret"):
+        assert config.nats.tls_ca_file is not None and config.nats.tls_ca_file.parent.as_posix() in mounts
+    # The user's typed values arrive unchanged.
+    for key, value in values[component]["config"].items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                assert getattr(getattr(config, key), sub) == v, f"{key}.{sub}"
+        elif isinstance(value, list):
+            assert list(getattr(config, key)) == value
+        else:
+            assert getattr(config, key) == value, key
+    if component == "learner":
+        broker_service = rendered.component("Service", "broker")
+        host, port = config.broker_endpoint.rsplit(":", 1)
+        assert host == f"{FULLNAME}-broker.{NAMESPACE}.svc"
+        assert int(port) == next(p["port"] for p in broker_service["spec"]["ports"] if p["name"] == "grpc")
+        assert config.advertise_host == f"{FULLNAME}-learner.{NAMESPACE}.svc"
+        assert rendered.component("StatefulSet", "learner")["spec"]["serviceName"] == f"{FULLNAME}-learner"
+        assert config.batch_prompts == load_service_config(rendered, "broker", tmp_path).batch_prompts
+        assert config.run_dir.as_posix() in mounts and config.model_dir.as_posix() == values["model"]["path"]
+        assert config.num_devices == values["learner"]["gpus"]
+    if component == "generator":
+        assert config.engine.model_dir.as_posix() == values["model"]["path"]
+        assert config.engine.model_dir.as_posix().startswith(values["model"]["cache"]["mountPath"] + "/")
+        assert config.weights_dir.as_posix().startswith("/dev/shm")  # a memory-backed volume, below
+        assert config.num_devices == values["generator"]["gpus"]
+    if component == "fitter":
+        assert config.run_dir.as_posix() in mounts
+        assert config.run_name == (values["run"]["name"] or RELEASE)
+    assert spec["automountServiceAccountToken"] is False
+
+
+def render_values(value_set: str) -> dict[str, Any]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.merge_values(VALUE_SETS[value_set])
+
+
+def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str) -> None:
+    values = render_values(value_set)["generator"]
+    deployment = rendered.component("Deployment", "generator")
+    spec = pod_spec(rendered, "generator")
+    main = container(rendered, "generator")
+    gpus = values["gpus"]
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == gpus == main["resources"]["requests"]["nvidia.com/gpu"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0]["matchExpressions"]
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    # A vLLM engine takes minutes to load: the startup probe waits up to 15 of them.
+    startup = main["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in main["volumeMounts"]}
+    model_cache = volumes["model-cache"]
+    if render_values(value_set)["model"]["cache"]["existingClaim"]:
+        assert model_cache["persistentVolumeClaim"] == {"claimName": "qwen3-8b", "readOnly": True}
+        assert mounts["model-cache"]["readOnly"] is True
+    else:
+        assert "emptyDir" in model_cache
+    assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and mounts["shm"]["mountPath"] == "/dev/shm"
+    autoscaled = values["autoscaling"]["keda"]["enabled"] or values["autoscaling"]["hpa"]["enabled"]
+    assert ("replicas" in deployment["spec"]) is not autoscaled
+    if not autoscaled:
+        assert deployment["spec"]["replicas"] == values["replicas"]
+    pdb = rendered.component("PodDisruptionBudget", "generator")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> None:
+    learner = rendered.component("StatefulSet", "learner")
+    assert learner["spec"]["replicas"] == 1
+    assert not [d for d in rendered.of_kind("Deployment") if "learner" in d["metadata"]["name"]]
+    mounts = {m["name"]: m["mountPath"] for m in container(rendered, "learner")["volumeMounts"]}
+    assert mounts["run"] == "/var/lib/asymptote/run"
+    if render_values(value_set)["learner"]["persistence"]["enabled"]:
+        (claim,) = learner["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "run"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
+        assert learner["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    assert container(rendered, "learner")["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+@pytest.mark.parametrize("component", ["broker", "fitter"])
+def test_broker_and_fitter_are_single_cpu_pods(rendered: Rendered, component: str) -> None:
+    deployment = rendered.component("Deployment", component)
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    spec = pod_spec(rendered, component)
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
+    assert "nvidia.com/gpu" not in container(rendered, component)["resources"]["limits"]
+    assert "tolerations" not in spec
+
+
+@pytest.mark.parametrize("component", sorted(MODELS))
+def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> None:
+    workload = rendered.component(WORKLOAD_KIND[component], component)
+    spec = pod_spec(rendered, component)
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert labels == {
+        "app.kubernetes.io/name": "asymptote", "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "asymptote",
+        "app.kubernetes.io/version": "0.1.0", "app.kubernetes.io/managed-by": "Helm",
+        "helm.sh/chart": "asymptote-0.1.0",
+    }
+    assert workload["metadata"]["labels"] == labels
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] >= 10000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["containers"] + spec.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert {"cpu", "memory"} <= c["resources"]["requests"].keys() and {"cpu", "memory"} <= c["resources"]["limits"].keys()
+    main = container(rendered, component)
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # Writable places on the read-only root: /tmp (HOME) and, per service, its run or shm volume.
+    assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
+    assert {"name": "HOME", "value": "/tmp"} in main["env"]
+    assert main["args"] == [component, "--config", "/etc/asymptote/config/config.yaml"]
+    # A config change rolls the pods.
+    assert len(workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"]) == 64
+
+
+def test_config_checksum_follows_the_config() -> None:
+    a = render("defaults").component("Deployment", "broker")["spec"]["template"]["metadata"]["annotations"]
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render({"broker": {"config": {"max_staleness_versions": 4}}}, name=RELEASE, namespace=NAMESPACE)
+    broker = next(d for d in yaml.safe_load_all(files["asymptote/templates/broker.yaml"]) if d and d["kind"] == "Deployment")
+    assert broker["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != a["checksum/config"]
+
+
+def test_generators_scale_on_the_brokers_gauge() -> None:
+    keda = render("many-generators-keda").component("ScaledObject", "generator")["spec"]
+    assert keda["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-generator"}
+    assert (keda["minReplicaCount"], keda["maxReplicaCount"]) == (4, 64)
+    (trigger,) = keda["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["query"] == (
+        f'max(asymptote_broker_desired_generators{{namespace="{NAMESPACE}", service="{FULLNAME}-broker"}})')
+    assert trigger["metadata"]["threshold"] == "1"  # one generator per unit of the gauge
+    assert keda["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+    hpa = render("monitoring-hpa").component("HorizontalPodAutoscaler", "generator")["spec"]
+    assert hpa["scaleTargetRef"]["name"] == f"{FULLNAME}-generator"
+    (metric,) = hpa["metrics"]
+    assert metric["external"]["metric"] == {
+        "name": "asymptote_broker_desired_generators",
+        "selector": {"matchLabels": {"namespace": NAMESPACE, "service": f"{FULLNAME}-broker"}}}
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+
+    defaults = render("defaults")
+    assert not defaults.of_kind("ScaledObject") and not defaults.of_kind("HorizontalPodAutoscaler")
+
+
+def test_the_brokers_gauge_is_the_one_it_exports() -> None:
+    from services.broker.metrics import BrokerMetrics
+
+    names = {m.name for m in BrokerMetrics().registry.collect()}
+    assert "asymptote_broker_desired_generators" in names
+
+
+# -- network policies ----------------------------------------------------------
+
+PODS = ("broker", "generator", "learner", "fitter", "health-test")
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _port_matches(rule_ports: list[dict[str, Any]] | None, port: int, port_name: str) -> bool:
+    return not rule_ports or any(p["port"] in (port, port_name) for p in rule_ports)
+
+
+def _peer_allows(peers: list[dict[str, Any]] | None, labels: dict[str, str]) -> bool:
+    """A peer list admits a pod of this release (same namespace) when a podSelector-only peer selects it."""
+    return peers is None or any(
+        "podSelector" in p and "namespaceSelector" not in p and _selects(p["podSelector"], labels) for p in peers
+    )
+
+
+def allowed(rendered: Rendered, src: str, dst: str, port: int, port_name: str) -> bool:
+    """Whether the release's NetworkPolicies let a ``src`` pod open ``port`` on a ``dst`` pod."""
+    def labels(component: str) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "asymptote", "app.kubernetes.io/instance": RELEASE,
+                "app.kubernetes.io/component": component}
+
+    def policies_for(component: str, kind: str) -> list[dict[str, Any]]:
+        return [p["spec"] for p in rendered.of_kind("NetworkPolicy")
+                if _selects(p["spec"]["podSelector"], labels(component)) and kind in p["spec"]["policyTypes"]]
+
+    egress = policies_for(src, "Egress")
+    ingress = policies_for(dst, "Ingress")
+    assert egress and ingress, f"{src} or {dst} has no policy"
+    out_ok = any(_port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("to"), labels(dst))
+                 for p in egress for r in p.get("egress", []))
+    in_ok = any(_port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("from"), labels(src))
+                for p in ingress for r in p.get("ingress", []))
+    return out_ok and in_ok
+
+
+def test_only_the_intended_services_talk(rendered: Rendered) -> None:
+    values = {c: render("defaults").component("Service", c)["spec"]["ports"] for c in MODELS}
+    grpc = {c: next(p["port"] for p in ports if p["name"] == "grpc") for c, ports in values.items()}
+    http = {c: next(p["port"] for p in ports if p["name"] == "http") for c, ports in values.items()}
+    talks = {(src, dst) for src in PODS for dst in MODELS if src != dst
+             and allowed(rendered, src, dst, grpc[dst], "grpc")}
+    assert talks == {("learner", "broker"), ("generator", "learner"), ("health-test", "broker"),
+                     ("health-test", "generator"), ("health-test", "learner"), ("health-test", "fitter")}
+    # Nobody in the release scrapes or probes another's http port: that is for the monitoring namespace.
+    assert not [(s, d) for s in PODS for d in MODELS if s != d and allowed(rendered, s, d, http[d], "http")]
+    every_pod = {tuple(sorted(p["spec"]["podSelector"]["matchLabels"].items())) for p in rendered.of_kind("NetworkPolicy")}
+    assert len(every_pod) == len(PODS)
+
+
+def test_nats_and_metrics_peers_follow_the_values() -> None:
+    policy = render("external-nats-credentials").component("NetworkPolicy", "broker")["spec"]
+    nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
+    assert nats_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    metrics_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "http", "protocol": "TCP"}])
+    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    dns = policy["egress"][0]
+    assert {"port": 53, "protocol": "UDP"} in dns["ports"]
+
+
+# -- helm test, monitoring, secrets ----------------------------------------------
+
+
+def test_helm_test_checks_every_services_grpc_health(rendered: Rendered) -> None:
+    pod = rendered.get("Pod", f"{FULLNAME}-health-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (check,) = pod["spec"]["containers"]
+    assert check["args"][:2] == ["kube", "health"]
+    targets = [a for a in check["args"] if not a.startswith("-") and ":" in a]
+    expected = []
+    for component in MODELS:
+        service = rendered.component("Service", component)
+        port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+        expected.append(f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}")
+    assert sorted(targets) == sorted(expected)
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_service_monitors_scrape_every_service() -> None:
+    rendered = render("monitoring-hpa")
+    monitors = rendered.of_kind("ServiceMonitor")
+    assert sorted(m["metadata"]["name"] for m in monitors) == sorted(f"{FULLNAME}-{c}" for c in MODELS)
+    for monitor in monitors:
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s"}
+        services = [s for s in rendered.of_kind("Service") if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+        assert len(services) == 1 and "http" in [p["name"] for p in services[0]["spec"]["ports"]]
+    assert not render("defaults").of_kind("ServiceMonitor")
+
+
+def test_dashboard_ships_in_a_configmap(rendered: Rendered) -> None:
+    config_map = rendered.get("ConfigMap", f"{FULLNAME}-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(config_map["data"]["asymptote.json"])
+    assert shipped == dashboard()
+    assert shipped["uid"] == "asymptote-scalerl"
+    variables = {v["name"]: v for v in shipped["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    panels = [p for p in shipped["panels"] if p["type"] != "row"]
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    for needed in ("asymptote_fitter_projected_pass_rate", "asymptote_fitter_a_low", "asymptote_fitter_b",
+                   "asymptote_fitter_c_mid", "asymptote_generator_tokens_total", "asymptote_learner_samples_trained_total",
+                   "asymptote_learner_staleness_tokens", "asymptote_broker_pending_tasks",
+                   "asymptote_generator_swap_pause_seconds_bucket", "asymptote_learner_is_capped_frac",
+                   "asymptote_learner_is_kl_gen_learner", "asymptote_learner_batch_truncation_rate",
+                   "asymptote_learner_policy_entropy"):
+        assert needed in exprs, needed
+    ids = [p["id"] for p in shipped["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_secret_holds_the_nats_credentials_given_as_values() -> None:
+    (secret,) = render("external-nats-credentials").of_kind("Secret")
+    assert secret["metadata"]["name"] == f"{FULLNAME}-nats"
+    assert secret["stringData"] == {"user": "asymptote", "password": "s3cret-but-rendered"}
+    assert not render("monitoring-hpa").of_kind("Secret")  # an existing Secret is used as it is
+    env = container(render("monitoring-hpa"), "broker")["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+    assert refs == {"ASY_BROKER__NATS__USER": {"name": "nats-users", "key": "username"},
+                    "ASY_BROKER__NATS__PASSWORD": {"name": "nats-users", "key": "password"}}
+
+
+# -- the umbrella chart ------------------------------------------------------------
+
+
+def test_umbrella_chart_installs_nats_for_the_services(stack_rendered: Rendered) -> None:
+    chart = yaml.safe_load((STACK_CHART / "Chart.yaml").read_text())
+    deps = {d["name"]: d for d in chart["dependencies"]}
+    assert deps["nats"]["repository"] == "https://nats-io.github.io/k8s/helm/charts/"
+    assert deps["nats"]["condition"] == "nats.enabled"
+    assert deps["asymptote"]["repository"] == "file://../asymptote"
+    # The asymptote chart itself depends on nothing, so users with a NATS vendor nothing.
+    assert "dependencies" not in yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+    objects = stack_rendered.objects
+    assert len(objects) == len(render("defaults").objects)
+    for component in MODELS:
+        config = yaml.safe_load(stack_rendered.component("ConfigMap", component)["data"]["config.yaml"])
+        assert config["nats"]["url"] == f"nats://{RELEASE}-nats.{NAMESPACE}.svc:4222"
+        refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in container(stack_rendered, component)["env"]
+                if "valueFrom" in e]
+        assert refs == ["asymptote-nats-auth", "asymptote-nats-auth"]
+        policy = stack_rendered.component("NetworkPolicy", component)["spec"]
+        nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
+        assert nats_rule["to"] == [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": RELEASE}}}]
+    # The NATS server reads the same Secret.
+    nats = yaml.safe_load((STACK_CHART / "values.yaml").read_text())["nats"]
+    assert nats["config"]["jetstream"]["enabled"] is True
+    secret_names = {v["valueFrom"]["secretKeyRef"]["name"] for v in nats["container"]["env"].values()}
+    assert secret_names == {"asymptote-nats-auth"}
+
+
+def test_umbrella_chart_lints_but_for_the_nats_chart_it_fetches(tmp_path: Path) -> None:
+    """Only `helm dependency build` (the official NATS chart, from its repository) is missing here."""
+    import shutil
+
+    stack = tmp_path / "asymptote-stack"
+    shutil.copytree(STACK_CHART, stack)
+    shutil.copytree(CHART, stack / "charts" / "asymptote")
+    report = helm.lint(stack, strict=True)
+    assert report["errors"] == ["chart directory is missing these dependencies: nats"], report
+    statuses = {d["name"]: d["status"] for d in helm.dependency_list(stack)}
+    assert statuses == {"asymptote": "unpacked", "nats": "missing"}
+
+
+# -- images ------------------------------------------------------------------------
+
+DOCKERFILES = REPO / "deploy" / "docker"
+
+
+@pytest.mark.parametrize(("role", "base"), [("generator", "vllm/vllm-openai"), ("learner", "pytorch/pytorch"),
+                                            ("broker", "python:3.11-slim"), ("fitter", "python:3.11-slim")])
+def test_dockerfiles_run_each_role_as_the_charts_user(role: str, base: str) -> None:
+    text = (DOCKERFILES / f"{role}.Dockerfile").read_text()
+    assert base in text
+    stages = re.split(r"^FROM ", text, flags=re.M)
+    final = stages[-1]
+    user = re.findall(r"^USER (\S+)", final, flags=re.M)
+    values = render_values("defaults")
+    uid = values["containerSecurityContext"]["runAsUser"]
+    assert user == [f"{uid}:{values['containerSecurityContext']['runAsGroup']}"]
+    assert f"--uid {uid}" in text
+    assert re.search(r'^ENTRYPOINT \["asymptote"\]$', final, flags=re.M)
+    assert re.search(rf'^CMD \["{role}"\]$', final, flags=re.M)
+    exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", final, flags=re.M)[0].split()}
+    defaults = MODELS[role].model_fields
+    assert exposed == {defaults["grpc"].default.port, defaults["http"].default.port}
+    assert exposed == set(values[role]["ports"].values())
