@@ -25,6 +25,7 @@ services:
 local and offline:
   up           run nats-server and the four services on this machine
   fit          fit eval.jsonl files offline, print a table, write a plot
+  bench        every performance figure as a ratio, side by side (bench.json, bench.md)
   prepare-model  build and warm-start the tiny local model (cached)
   kube         a deployed run: status, scale generators, gRPC health
 """
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             run = _up
         elif command == "fit":
             run = _fit
+        elif command == "bench":
+            from services.bench import main as run
         elif command == "kube":
             from services.kube import main as run
         elif command == "prepare-model":

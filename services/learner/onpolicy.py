@@ -52,6 +52,8 @@ class OnPolicySettings(Frozen):
     """Optimizer steps (one batch each)."""
     max_wall_s: float | None = Field(default=None, gt=0)
     """Stop after this much wall time (evaluation included), if set."""
+    target_gain: float | None = Field(default=None, gt=0)
+    """Stop at the first evaluation whose held-out pass rate exceeds step 0's by this much, if set."""
     num_prompts_per_step: int = Field(default=32, ge=1)
     """B: prompts per batch."""
     group_size: int = Field(default=8, ge=2)
@@ -158,7 +160,8 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
 
     Returns one record per step (step 0 is the evaluation before training):
     batch pass rate, loss metrics, and the wall time split into generation
-    and update; steps with an evaluation also carry ``eval/pass_rate``.
+    and update; steps with an evaluation also carry ``eval/pass_rate``;
+    ``time/eval_total_s`` is the wall time spent evaluating so far.
     """
     s = settings or OnPolicySettings()
     task = get_task(s.task.name, s.task)
@@ -177,6 +180,9 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
 
     started = time.perf_counter()
     records: list[dict[str, Any]] = [{"step": 0, "wall_s": 0.0, **_evaluate(model, tokenizer, task, s, 0)}]
+    r0 = records[0]["eval/pass_rate"]
+    eval_s = time.perf_counter() - started
+    records[0]["time/eval_total_s"] = eval_s
     log.info("step 0: held-out pass rate %.3f", records[0]["eval/pass_rate"])
     for step in range(1, s.num_steps + 1):
         if len(order) < s.num_prompts_per_step:
@@ -209,8 +215,12 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
         record["time/update_s"] = time.perf_counter() - t1
         done = step == s.num_steps or (s.max_wall_s is not None and time.perf_counter() - started >= s.max_wall_s)
         if step % s.eval_every_steps == 0 or done:
+            t2 = time.perf_counter()
             model.eval()
             record.update(_evaluate(model, tokenizer, task, s, step))
+            eval_s += time.perf_counter() - t2
+            if s.target_gain is not None and record["eval/pass_rate"] - r0 >= s.target_gain:
+                done = True
             log.info(
                 "step %d: held-out pass rate %.3f, batch pass rate %.3f, gen %.3fs update %.3fs (%.0fs)",
                 step,
@@ -221,6 +231,7 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
                 time.perf_counter() - started,
             )
         record["wall_s"] = time.perf_counter() - started
+        record["time/eval_total_s"] = eval_s
         records.append(record)
         if done:
             break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,10 @@ class Progress:
             e["policy_version"] >= snap["policy_version"] for e in snap["evals"]
         )
 
-    def follow(self, stack: "LocalStack", config: "StackConfig") -> int:
+    def follow(
+        self, stack: "LocalStack", config: "StackConfig", until: Callable[[dict[str, Any]], bool] | None = None
+    ) -> int:
+        """Watch the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0)."""
         deadline_ready = time.monotonic() + config.startup_timeout_s
         final_deadline: float | None = None
         last_print = 0.0
@@ -150,9 +154,9 @@ class Progress:
                     return 1
                 if snap["step"] >= self.max_steps and final_deadline is None:
                     final_deadline = time.monotonic() + config.final_eval_timeout_s
-                if self.finished(snap):
+                if self.finished(snap) or (until is not None and until(snap)):
                     self.rl_finished = time.monotonic()
-                    self.outcome = "completed"
+                    self.outcome = "completed" if self.finished(snap) else "stopped: target reached"
                     if live:
                         live.update(self.render(stack, snap))
                     return 0

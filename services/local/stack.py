@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,7 +356,8 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 pass
 
-    def run(self) -> int:
+    def run(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
+        """Run to max_steps and the final eval (or until ``until(progress snapshot)``); the exit code."""
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         model_dir = self.prepare_model()
@@ -365,7 +367,7 @@ class LocalStack:
             self.start_nats()
             self.start_services(self.write_configs(model_dir))
             print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
-            return progress.follow(self, c)
+            return progress.follow(self, c, until)
         except KeyboardInterrupt:
             print("\ninterrupted: stopping every service...", flush=True)
             return 130
