@@ -1,0 +1,172 @@
+"""Every query of the shipped Grafana dashboard returns data from a real
+Prometheus (Debian's package) scraping a briefly running local stack.
+
+Grafana is not packaged here, so the dashboard's PromQL is run against
+Prometheus's HTTP API with the template variables replaced: the scrape
+targets carry the labels the Prometheus Operator's ServiceMonitors give
+them in a cluster (namespace, service, pod), ``$__rate_interval`` becomes
+a window over the run, ``$run`` the run's name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_render import REPO, dashboard
+
+from services.local.progress import read_jsonl
+
+# The e2e tests' stack launcher (tests/e2e/conftest.py), reused as a fixture here.
+_spec = importlib.util.spec_from_file_location("e2e_stack_launcher", REPO / "tests" / "e2e" / "conftest.py")
+assert _spec and _spec.loader
+_launcher = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launcher)
+launch = _launcher.launch
+
+NAMESPACE = "asymptote-e2e"
+SCRAPE_INTERVAL_S = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def query(base: str, path: str, params: dict[str, str]) -> Any:
+    url = f"{base}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+@pytest.fixture
+def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Prometheus on a loopback port; write its scrape config to the returned path, then reload."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s"}, "scrape_configs": []}))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--storage.tsdb.retention.time=1h"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "prometheus did not become ready"
+            time.sleep(0.3)
+        yield base, config
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def scrape_config(stack: Any) -> dict[str, Any]:
+    """One job per service, labelled as the chart's ServiceMonitors would label the targets."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for p in stack.procs:
+        if p.http_port is None:
+            continue
+        component = p.name.split("-")[0]
+        jobs.setdefault(component, []).append({
+            "targets": [f"127.0.0.1:{p.http_port}"],
+            "labels": {"namespace": NAMESPACE, "service": f"asymptote-{component}", "pod": p.name},
+        })
+    return {
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
+        "scrape_configs": [{"job_name": f"asymptote-{c}", "static_configs": t} for c, t in sorted(jobs.items())],
+    }
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in dashboard()["panels"] if p["type"] != "row" for t in p["targets"]]
+
+
+def substitute(expr: str, run: str, rate_window_s: int) -> str:
+    out = expr.replace("$__rate_interval", f"{rate_window_s}s").replace("$namespace", NAMESPACE).replace("$run", re.escape(run))
+    assert "$" not in out, f"unreplaced variable in {out}"
+    return out
+
+
+@pytest.mark.e2e
+def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, Path]) -> None:
+    base, config_path = prometheus
+    started = time.time()
+    # Eval every 2 versions: 5 points (R0 and 4 more), what the fit needs.
+    with launch(max_steps=8, eval_every_versions=2, batch_prompts=8, checkpoint_every_steps=4,
+                final_eval_timeout_s=180) as (stack, progress):
+        config_path.write_text(yaml.safe_dump(scrape_config(stack)))
+        urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=10).close()
+        assert progress.follow(stack, stack.config) == 0, progress.outcome
+        fit = json.loads((stack.run_dir / "fit.json").read_text())
+        assert fit["ok"], f"the run's curve did not fit ({fit.get('reason')}): the fit gauges need one"
+        # A few scrapes after the final eval round, while every service still runs.
+        time.sleep(4 * SCRAPE_INTERVAL_S)
+        targets = query(base, "/api/v1/targets", {})["activeTargets"]
+        assert len(targets) == 4 and all(t["health"] == "up" for t in targets), targets
+        at = time.time()
+        window = int(at - started)
+        run = stack.run_dir.name
+        results: dict[str, list[dict[str, Any]]] = {}
+        for title, expr in panel_queries():
+            data = query(base, "/api/v1/query", {"query": substitute(expr, run, window), "time": f"{at:.3f}"})
+            results[f"{title}: {expr}"] = data["result"]
+        variables = {}
+        for variable in dashboard()["templating"]["list"]:
+            match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable.get("definition", ""))
+            if match:
+                selector = substitute(match.group(1), run, window)
+                variables[variable["name"]] = query(base, f"/api/v1/label/{match.group(2)}/values",
+                                                    {"match[]": selector, "start": f"{started:.0f}"})
+        steps = read_jsonl(stack.run_dir / "metrics.jsonl")
+
+    empty = [name for name, series in results.items() if not series]
+    assert not empty, f"{len(empty)} of {len(results)} dashboard queries returned nothing:\n" + "\n".join(empty)
+    numbers = {name: [float(s["value"][1]) for s in series] for name, series in results.items()}
+    finite = sum(1 for values in numbers.values() if any(math.isfinite(v) for v in values))
+    print(f"{len(results)} dashboard queries returned data ({finite} with a finite value) "
+          f"over a {window}s run of {len(steps)} steps")
+    assert finite == len(results), [n for n, v in numbers.items() if not any(math.isfinite(x) for x in v)]
+    assert variables == {"namespace": [NAMESPACE], "run": [run]}
+
+    def value(title_prefix: str, expr_part: str) -> float:
+        (name,) = [n for n in numbers if n.startswith(title_prefix) and expr_part in n]
+        return numbers[name][0]
+
+    # The numbers are the run's, not just present.
+    assert value("Policy versions", "max(asymptote_learner_policy_version") == 8
+    assert value("Generators: desired vs running", "count(") == 1
+    assert value("Fit", "asymptote_fitter_fit_ok") == 1
+    assert value("A: asymptotic pass rate", "asymptote_fitter_a{") == pytest.approx(fit["a"])
+    assert value("Entropy", "policy_entropy") == pytest.approx(steps[-1]["policy/entropy"], rel=1e-6)
+    assert value("Samples/s trained", "rate(asymptote_learner_samples_trained_total") > 0
+    assert value("Tokens/s per generator", "asymptote_generator_tokens_total") >= 0
