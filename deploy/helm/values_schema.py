@@ -147,6 +147,7 @@ def service_values(service: str, config: dict[str, Any], extra: dict[str, Any]) 
         "priorityClassName": STR,
         "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
         "extraEnv": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "tmpSizeLimit": QUANTITY,
         "config": config,
     }
     props.update(extra)

@@ -141,6 +141,7 @@ def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str) -> None
     else:
         assert "emptyDir" in model_cache
     assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and mounts["shm"]["mountPath"] == "/dev/shm"
+    assert volumes["tmp"]["emptyDir"]["sizeLimit"] == values["tmpSizeLimit"] == "8Gi"  # vLLM caches
     autoscaled = values["autoscaling"]["keda"]["enabled"] or values["autoscaling"]["hpa"]["enabled"]
     assert ("replicas" in deployment["spec"]) is not autoscaled
     if not autoscaled:

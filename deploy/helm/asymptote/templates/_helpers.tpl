@@ -154,7 +154,7 @@ data:
     name: {{ include "asymptote.componentName" . }}
 - name: tmp
   emptyDir:
-    sizeLimit: 1Gi
+    sizeLimit: {{ (index .ctx.Values .component).tmpSizeLimit | default "1Gi" }}
 {{- if .ctx.Values.nats.auth.credsSecret }}
 - name: nats-creds
   secret:
