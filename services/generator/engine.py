@@ -13,11 +13,13 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Literal
 
+from asymptote.codec import safetensors_files
+from asymptote.faults import failpoint
 from services.generator.config import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -61,13 +63,18 @@ class Engine:
         self.num_running = 0
 
     async def start(self) -> None:
+        """Start vLLM on ``model_dir``'s safetensors weights; WeightsError if it has none."""
+        s = self.settings
+        safetensors_files(s.model_dir)  # refused before vLLM is even imported
+
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        s = self.settings
         args = AsyncEngineArgs(
             model=str(s.model_dir),
             tokenizer=str(s.model_dir),
+            # Never vLLM's "auto", which falls back to pickle-based *.bin / *.pt files.
+            load_format="safetensors",
             dtype=s.dtype,
             max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
@@ -170,6 +177,7 @@ class Engine:
                 mode="keep" if mode == "inflight" else "wait", clear_cache=False
             )
             paused = time.monotonic()
+            failpoint("generator.swap.paused", version)
             running = self.num_running
             # Load, relabel and resume are sent back to back: the engine core
             # runs its utility calls one at a time in arrival order, so the

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from asymptote.faults import failpoint
+
 
 @dataclass(frozen=True)
 class Restored:
@@ -84,6 +86,7 @@ def save(
         "trained_group_ids": list(trained_group_ids),
     }
     (tmp / "meta.json").write_text(json.dumps(meta))
+    failpoint("learner.checkpoint.written", meta["step"])
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())

@@ -25,8 +25,10 @@ import torch
 
 from asymptote.codec import read_signature
 from asymptote.compute import ComputeMeter
+from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.errors import PayloadError
+from asymptote.faults import failpoint
 from asymptote.health import Health
 from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import current_policy, publish_policy
@@ -51,10 +53,10 @@ MAX_TRAINED_IDS = 200_000
 class BrokerClient:
     """The learner's calls to Broker; marks the learner not ready while unreachable."""
 
-    def __init__(self, endpoint: str, health: Health) -> None:
+    def __init__(self, endpoint: str, health: Health, tls: TlsSettings | None = None) -> None:
         self.endpoint = endpoint
         self.health = health
-        self._channel = channel(endpoint)
+        self._channel = channel(endpoint, tls)
         self.stub = services_pb2_grpc.BrokerStub(self._channel)
 
     async def close(self) -> None:
@@ -218,6 +220,8 @@ class Learner:
                 self.trained_ids.popitem(last=False)
             inputs = collate(groups, self.pad_id)
             step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
+            # Mid-step: the weights moved in memory, nothing announced or checkpointed yet.
+            failpoint("learner.step.trained", self.step + 1)
             self.version += 1
             self.step += 1
             self.samples_trained += int(inputs.rewards.numel())
@@ -269,9 +273,10 @@ class Learner:
             c.grpc, self.rt.health,
             lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
+            c.grpc_tls,
         )
         await self.announce(v)
-        broker = BrokerClient(c.broker_endpoint, self.rt.health)
+        broker = BrokerClient(c.broker_endpoint, self.rt.health, c.grpc_tls)
         await self.rt.health.unblock("starting")
         try:
             await supervise(

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from asymptote.config import Frozen
+from asymptote.faults import parse as parse_failpoints
 from asymptote.tasks import TaskSettings
 
 
@@ -62,6 +63,15 @@ class StackConfig(Frozen):
     """Generators on every core but the last; the learner, broker, fitter and nats-server on the last (Linux, 2+ cores)."""
     nats_auth: bool = True
     """nats-server requires a user and a password made for this run; services get it from their environment."""
+    failpoints: str = ""
+    """Fault injection: ``name:N,...`` failpoints armed in every service (asymptote/faults.py); empty: none."""
+
+    @field_validator("failpoints")
+    @classmethod
+    def _check_failpoints(cls, v: str) -> str:
+        parse_failpoints(v)
+        return v
+
     max_restarts: int = Field(default=5, ge=0)
     """Times a process that exits is restarted before the run is declared failed."""
     restart_backoff_s: float = Field(default=1.0, gt=0.0)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.config import NatsSettings, dump_config
+from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
+from asymptote.faults import ENV as FAILPOINTS_ENV
 from asymptote.nats_local import free_port, start_nats
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
@@ -107,6 +109,9 @@ class LocalStack:
         log_path = logs / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         role = name.split("-")[0]
+        if self.config.failpoints:
+            env[FAILPOINTS_ENV] = self.config.failpoints
+            env[FAILPOINT_DIR_ENV] = str(self.run_dir / "failpoints")
         if self.nats_user and self.nats_password and role in SERVICE_ORDER:
             env[f"ASY_{role.upper()}__NATS__USER"] = self.nats_user
             env[f"ASY_{role.upper()}__NATS__PASSWORD"] = self.nats_password
