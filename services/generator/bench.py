@@ -38,7 +38,9 @@ async def standalone_tokens_per_s(
 ) -> dict[str, Any]:
     """Completion tokens per second over ``num_groups`` groups, ``concurrency_groups`` at a time.
 
-    One warm-up round of ``concurrency_groups`` groups runs first and is not timed.
+    One warm-up round of ``concurrency_groups`` groups runs first and is not
+    timed; the groups are then timed in three windows and the median window's
+    rate is reported (a busy machine slows single windows, not the median).
     """
     problems = list(get_task(task.name, task).problems("train"))
     prompts = itertools.cycle(p.prompt for p in problems)
@@ -46,7 +48,6 @@ async def standalone_tokens_per_s(
     started = time.monotonic()
     await engine.start()
     start_s = time.monotonic() - started
-    tokens = 0
     slots = asyncio.Semaphore(concurrency_groups)
 
     async def one(prompt: str) -> int:
@@ -54,19 +55,22 @@ async def standalone_tokens_per_s(
             _, samples = await engine.sample(prompt, group_size, temperature, 1.0, max_tokens)
         return sum(len(s.token_ids) for s in samples)
 
+    windows: list[tuple[int, float]] = []
     try:
         await asyncio.gather(*(one(next(prompts)) for _ in range(concurrency_groups)))
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(next(prompts)) for _ in range(num_groups)))
-        wall = time.perf_counter() - t0
-        tokens = sum(counts)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            counts = await asyncio.gather(*(one(next(prompts)) for _ in range(max(1, num_groups // 3))))
+            windows.append((sum(counts), time.perf_counter() - t0))
     finally:
         await engine.shutdown()
+    rates = sorted(tokens / wall for tokens, wall in windows)
     return {
-        "tokens_per_s": tokens / wall,
-        "tokens": tokens,
-        "groups": num_groups,
-        "wall_s": wall,
+        "tokens_per_s": rates[1],
+        "window_tokens_per_s": rates,
+        "tokens": sum(t for t, _ in windows),
+        "groups": 3 * max(1, num_groups // 3),
+        "wall_s": sum(w for _, w in windows),
         "engine_start_s": start_s,
         "concurrency_groups": concurrency_groups,
         "group_size": group_size,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -82,6 +83,10 @@ class RolloutLoop:
         self.meter = meter
         self._tasks: dict[str, Task] = {}
         self._inflight: set[asyncio.Task[None]] = set()
+        self._waiting: deque[Msg] = deque()
+        """Tasks leased and not started yet (at most ``prefetch``)."""
+        self.prefetch = max(1, max_inflight_groups // 4)
+        self._draining = False
 
     def _task(self, name: str) -> Task:
         if name not in self._tasks:
@@ -102,7 +107,11 @@ class RolloutLoop:
         )
         busy_since: float | None = None
         while not stop.is_set():
-            room = self.max_inflight - len(self._inflight)
+            self._start_waiting()
+            # Lease up to a quarter more than the engine holds: when a group
+            # finishes, the next task starts at once from the local backlog
+            # instead of after a round trip to JetStream.
+            room = self.max_inflight + self.prefetch - len(self._inflight) - len(self._waiting)
             if room <= 0:
                 await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
@@ -114,20 +123,37 @@ class RolloutLoop:
                 log.warning("task fetch failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                t = asyncio.create_task(self._handle(msg))
-                self._inflight.add(t)
-                t.add_done_callback(self._inflight.discard)
+            self._waiting.extend(msgs)
+            self._start_waiting()
             # Device time counts as busy while any group is in the engine.
             now = time.monotonic()
             if busy_since is not None:
                 self.meter.add_busy(now - busy_since)
             busy_since = now if self._inflight else None
             self.metrics.inflight_groups.set(len(self._inflight))
+        # Hand leased tasks that never started back at once (another generator
+        # takes them now rather than after the lease expires).
+        self._draining = True
+        while self._waiting:
+            try:
+                await self._waiting.popleft().nak()
+            except Exception as exc:
+                log.debug("nak of an unstarted task failed: %s", exc)
         # Drain: let in-flight groups finish and publish (they are leased).
         if self._inflight:
             log.info("draining %d in-flight groups", len(self._inflight))
             await asyncio.wait(self._inflight, timeout=30.0)
+
+    def _start_waiting(self) -> None:
+        """Start leased tasks while the engine has room (also called as each group finishes)."""
+        while self._waiting and len(self._inflight) < self.max_inflight and not self._draining:
+            t = asyncio.create_task(self._handle(self._waiting.popleft()))
+            self._inflight.add(t)
+            t.add_done_callback(self._finished)
+
+    def _finished(self, t: asyncio.Task[None]) -> None:
+        self._inflight.discard(t)
+        self._start_waiting()
 
     async def _handle(self, msg: Msg) -> None:
         try:
