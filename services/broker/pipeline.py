@@ -363,9 +363,12 @@ class BrokerPipeline:
             await self.batcher.release_expired(self.config.batch_release_s)
 
     def desired_generators(self) -> int:
-        """Generators the pipeline wants: more while the learner starves."""
+        """Generators the pipeline wants: more while the learner starves, one fewer
+        while two batches or more wait for it (the learner is the bottleneck)."""
         now = time.monotonic()
         active = sum(1 for t in self._generators_seen.values() if now - t < 60.0) or 1
+        if len(self.batcher.ready) >= 2 * self.config.batch_prompts:
+            return max(1, active - 1)
         if len(self.batcher.ready) >= self.config.batch_prompts:
             return active
         starving = 1.0 - len(self.batcher.ready) / self.config.batch_prompts
