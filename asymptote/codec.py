@@ -173,15 +173,31 @@ def check_finite(tensors: Mapping[str, WireTensor]) -> None:
             raise WeightsError(f"tensor {name!r} holds NaN or Inf")
 
 
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
+"""Weight files whose formats unpickle (can run code) when loaded: never loaded."""
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The ``*.safetensors`` files of a weights folder; WeightsError when it has none.
+
+    Weights are read from safetensors only: a folder holding only
+    pickle-based files (``pytorch_model.bin``, ``*.pt``, ...) is refused,
+    and such files beside safetensors ones are ignored, never unpickled.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in folder.glob("*") if p.suffix in PICKLE_SUFFIXES)
+        found = f"; refusing {', '.join(pickled[:5])} (pickle-based weights are never loaded)" if pickled else ""
+        raise WeightsError(f"no *.safetensors in {folder}: weights load from safetensors only{found}")
+    return files
+
+
 def read_signature(model_dir: Path) -> Signature:
     """Tensor name -> (dtype, shape) of the model the engine was built from."""
     from safetensors import safe_open
 
     signature: Signature = {}
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    for path in files:
+    for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="numpy") as f:
             for name in f.keys():
                 sl = f.get_slice(name)

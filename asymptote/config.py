@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from asymptote.errors import ConfigError
 
@@ -45,11 +45,84 @@ class NatsSettings(Frozen):
     """NATS credentials file (NKey/JWT), used instead of user/password."""
     tls_ca_file: Path | None = None
     """CA bundle to verify the server's TLS certificate; enables TLS."""
+    tls_cert_file: Path | None = None
+    """Client certificate (PEM) for servers that verify clients (mTLS); enables TLS."""
+    tls_key_file: Path | None = None
+    """Private key (PEM) of tls_cert_file."""
+    tls_hostname: str | None = None
+    """Name expected in the server's certificate when it differs from the URL's host."""
     connect_timeout_s: float = 5.0
     """Time allowed for one connection attempt."""
     max_reconnect_attempts: int = Field(default=60, ge=-1)
     """Reconnect attempts before the service gives up and exits (-1: forever; nats-py also
     treats 0 as forever)."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> "NatsSettings":
+        _check_key_pair(self.tls_cert_file, self.tls_key_file, "tls_cert_file", "tls_key_file")
+        return self
+
+
+class TlsSettings(Frozen):
+    """TLS for a service's gRPC server and the gRPC clients it opens; off by default.
+
+    One identity per service, as one certificate per pod: ``cert_file`` is
+    presented as the server's certificate and, to servers that require one,
+    as the client's. ``ca_file`` verifies the peers' certificates.
+    """
+
+    cert_file: Path | None = None
+    """This service's certificate chain (PEM); turns TLS on for its gRPC server."""
+    key_file: Path | None = None
+    """Private key (PEM) of cert_file."""
+    ca_file: Path | None = None
+    """CA bundle (PEM) that verifies the servers this service calls (and, with require_client_cert,
+    the clients calling it); turns TLS on for its clients. None with cert_file: the system's CAs."""
+    require_client_cert: bool = False
+    """mTLS: the server refuses clients without a certificate signed by ca_file."""
+    server_name: str | None = None
+    """Name expected in the servers' certificates when it differs from the address dialled."""
+
+    @property
+    def server_enabled(self) -> bool:
+        return self.cert_file is not None
+
+    @property
+    def client_enabled(self) -> bool:
+        return self.cert_file is not None or self.ca_file is not None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TlsSettings":
+        _check_key_pair(self.cert_file, self.key_file, "cert_file", "key_file")
+        if self.require_client_cert and (self.ca_file is None or self.cert_file is None):
+            raise ValueError(
+                "require_client_cert (mTLS) needs ca_file (the CA that signs client certificates) and "
+                "cert_file/key_file (the server's own certificate)"
+            )
+        if self.server_name and not self.client_enabled:
+            raise ValueError("server_name applies only with TLS: set ca_file or cert_file")
+        return self
+
+
+def _check_key_pair(cert: Path | None, key: Path | None, cert_name: str, key_name: str) -> None:
+    if (cert is None) != (key is None):
+        given, missing = (cert_name, key_name) if key is None else (key_name, cert_name)
+        raise ValueError(f"{cert_name} and {key_name} go together: {given} is set, {missing} is not")
+
+
+def read_pem(setting: str, path: Path) -> bytes:
+    """A certificate or key file's bytes; ConfigError naming the setting if unreadable or not PEM.
+
+    Checked when the file is used, not when the config is validated: the
+    files are mounted where the service runs, not where its config is rendered.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot read {path}: {exc.strerror or exc}") from exc
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{setting}: {path} is not a PEM file (no -----BEGIN line)")
+    return data
 
 
 class ListenSettings(Frozen):

@@ -33,6 +33,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The server side of NATS TLS: its certificate and, to verify clients (mTLS), their CA."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+    """CA that signs client certificates; needed with verify."""
+    verify: bool = False
+    """Refuse clients without a certificate signed by ca_file."""
+
+    def args(self) -> list[str]:
+        if self.verify and self.ca_file is None:
+            raise ValueError("verifying client certificates needs the CA that signs them (ca_file)")
+        args = ["--tlsverify" if self.verify else "--tls", "--tlscert", str(self.cert_file)]
+        args += ["--tlskey", str(self.key_file)]
+        return args + (["--tlscacert", str(self.ca_file)] if self.ca_file else [])
+
+
 @dataclass
 class NatsServer:
     url: str
@@ -56,18 +75,22 @@ def start_nats(
     log_path: Path | None = None,
     user: str | None = None,
     password: str | None = None,
+    tls: ServerTls | None = None,
 ) -> NatsServer:
     """Start nats-server (loopback only) and wait until it accepts connections.
 
-    With ``user`` and ``password`` every client must authenticate.
+    With ``user`` and ``password`` every client must authenticate; with
+    ``tls`` every client must speak TLS (and, with ``tls.verify``, present a
+    certificate signed by ``tls.ca_file``).
     """
     port = port or free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or store_dir / "nats-server.log"
     log = log_path.open("ab")
     auth = ["--user", user, "--pass", password] if user and password else []
+    secure = tls.args() if tls else []
     proc = subprocess.Popen(
-        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *auth],
+        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *auth, *secure],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     log.close()

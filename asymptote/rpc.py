@@ -1,7 +1,10 @@
 """gRPC bootstrap shared by every server and client.
 
 Servers are ``grpc.aio`` with the health service registered; message limits
-stay at gRPC's defaults because tensors are chunked (see codec).
+stay at gRPC's defaults because tensors are chunked (see codec). With a
+service's ``grpc_tls`` settings the server listens with TLS (mTLS when it
+requires client certificates) and its clients dial with TLS; without them
+both stay plaintext.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from asymptote.config import ListenSettings
+from asymptote.config import ListenSettings, TlsSettings, read_pem
 from asymptote.health import Health
 
 log = logging.getLogger(__name__)
@@ -32,24 +35,54 @@ SERVER_OPTIONS = [
 ]
 
 
+def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
+    """TLS credentials of a server (``tls.server_enabled``); mTLS verifies clients against ca_file."""
+    assert tls.cert_file is not None and tls.key_file is not None
+    key = read_pem("grpc_tls.key_file", tls.key_file)
+    cert = read_pem("grpc_tls.cert_file", tls.cert_file)
+    ca = read_pem("grpc_tls.ca_file", tls.ca_file) if tls.require_client_cert and tls.ca_file else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=tls.require_client_cert)
+
+
+def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
+    """TLS credentials of a client (``tls.client_enabled``); presents cert_file to mTLS servers."""
+    ca = read_pem("grpc_tls.ca_file", tls.ca_file) if tls.ca_file else None
+    key = read_pem("grpc_tls.key_file", tls.key_file) if tls.key_file else None
+    cert = read_pem("grpc_tls.cert_file", tls.cert_file) if tls.cert_file else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 async def start_server(
     listen: ListenSettings,
     health: Health,
     register: Callable[[grpc.aio.Server], None],
     service_names: list[str],
+    tls: TlsSettings | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server with health checking; returns (server, port)."""
+    credentials = server_credentials(tls) if tls is not None and tls.server_enabled else None
     server = grpc.aio.server(options=SERVER_OPTIONS)
     register(server)
     health_pb2_grpc.add_HealthServicer_to_server(health.grpc, server)
     health.track_grpc(*service_names)
-    port = server.add_insecure_port(f"{listen.host}:{listen.port}")
+    address = f"{listen.host}:{listen.port}"
+    if credentials is None:
+        port, security = server.add_insecure_port(address), "plaintext"
+    else:
+        port = server.add_secure_port(address, credentials)
+        security = "mTLS" if tls is not None and tls.require_client_cert else "TLS"
     if port == 0:
-        raise OSError(f"cannot bind gRPC on {listen.host}:{listen.port}")
+        raise OSError(f"cannot bind gRPC on {address}")
     await server.start()
-    log.info("grpc on %s:%d (%s)", listen.host, port, ", ".join(service_names))
+    log.info("grpc on %s:%d, %s (%s)", listen.host, port, security, ", ".join(service_names))
     return server, port
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+def channel(target: str, tls: TlsSettings | None = None) -> grpc.aio.Channel:
+    """A client channel to ``target``: TLS when ``tls`` turns it on for clients, else plaintext."""
+    if tls is None or not tls.client_enabled:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    options = [*CHANNEL_OPTIONS]
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)

@@ -26,7 +26,8 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 
-from asymptote.config import NatsSettings
+from asymptote.config import NatsSettings, read_pem
+from asymptote.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +184,39 @@ def stream_configs(names: Names) -> list[StreamConfig]:
     ]
 
 
+def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    """The client's TLS context when a CA or a client certificate is configured, else None.
+
+    ``tls_ca_file`` replaces the system's CAs; ``tls_cert_file`` and
+    ``tls_key_file`` are presented to a server that verifies clients.
+    """
+    if settings.tls_ca_file is None and settings.tls_cert_file is None:
+        return None
+    ca = read_pem("nats.tls_ca_file", settings.tls_ca_file).decode() if settings.tls_ca_file else None
+    context = ssl.create_default_context(cadata=ca)
+    if settings.tls_cert_file and settings.tls_key_file:
+        read_pem("nats.tls_cert_file", settings.tls_cert_file)
+        read_pem("nats.tls_key_file", settings.tls_key_file)
+        try:
+            context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        except ssl.SSLError as exc:
+            raise ConfigError(
+                f"nats.tls_cert_file/tls_key_file: {settings.tls_cert_file} with {settings.tls_key_file}: {exc}"
+            ) from exc
+    return context
+
+
 async def connect(settings: NatsSettings, name: str) -> NatsClient:
-    """Connect with the configured credentials; log disconnects loudly."""
+    """Connect with the configured credentials; log disconnects loudly.
+
+    A server certificate the client cannot verify raises ConnectionError:
+    nats-py itself hangs in that case (nats-io/nats.py#718).
+    """
+    tls_failed: asyncio.Future[ssl.SSLError] = asyncio.get_running_loop().create_future()
 
     async def on_error(exc: Exception) -> None:
+        if isinstance(exc, ssl.SSLError) and not tls_failed.done():
+            tls_failed.set_result(exc)
         log.warning("nats error: %s", exc)
 
     async def on_disconnect() -> None:
@@ -201,9 +231,12 @@ async def connect(settings: NatsSettings, name: str) -> NatsClient:
         kwargs["password"] = settings.password.get_secret_value() if settings.password else ""
     if settings.creds_file:
         kwargs["user_credentials"] = str(settings.creds_file)
-    if settings.tls_ca_file:
-        kwargs["tls"] = ssl.create_default_context(cafile=str(settings.tls_ca_file))
-    return await nats.connect(
+    context = tls_context(settings)
+    if context is not None:
+        kwargs["tls"] = context
+    if settings.tls_hostname:
+        kwargs["tls_hostname"] = settings.tls_hostname
+    attempt = asyncio.ensure_future(nats.connect(
         servers=[u.strip() for u in settings.url.split(",")],
         name=name,
         connect_timeout=settings.connect_timeout_s,
@@ -213,7 +246,13 @@ async def connect(settings: NatsSettings, name: str) -> NatsClient:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
         **kwargs,  # type: ignore[arg-type]
-    )
+    ))
+    await asyncio.wait({attempt, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
+    if attempt.done():
+        return attempt.result()
+    attempt.cancel()
+    await asyncio.gather(attempt, return_exceptions=True)
+    raise ConnectionError(f"TLS with NATS at {settings.url} failed: {tls_failed.result()}")
 
 
 async def ensure_streams(js: JetStreamContext, names: Names) -> None:
@@ -244,6 +283,8 @@ async def wait_for_nats(settings: NatsSettings, name: str, timeout_s: float) -> 
     while True:
         try:
             return await connect(settings, name)
+        except ConfigError:  # a bad certificate setting does not get better by waiting
+            raise
         except Exception as exc:  # nats raises several unrelated types here
             if asyncio.get_running_loop().time() + delay > deadline:
                 raise ConnectionError(f"cannot reach NATS at {settings.url} within {timeout_s:.0f}s: {exc}") from exc

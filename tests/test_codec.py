@@ -257,5 +257,5 @@ def test_read_signature(tmp_path: Path) -> None:
 
 
 def test_read_signature_without_weights(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    with pytest.raises(WeightsError, match="no \\*.safetensors"):
         read_signature(tmp_path)

@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from asymptote.config import Frozen, NatsSettings, env_overrides, load_config, log_resolved
+from asymptote.config import Frozen, NatsSettings, dump_config, env_overrides, load_config, log_resolved
 from asymptote.errors import ConfigError
 from services.broker.config import BrokerConfig
+from services.fitter.config import FitterConfig
+from services.generator.config import GeneratorConfig
+from services.learner.config import LearnerConfig
 from services.local.config import StackConfig
 
 PREFIX = "ASY_X"
@@ -187,3 +190,27 @@ def test_digits_only_secret_stays_a_string() -> None:
     config = load_config(Demo, None, PREFIX, {"ASY_X__NATS__PASSWORD": "007", "ASY_X__TAGS": "[a, b]"})
     assert config.nats.password is not None and config.nats.password.get_secret_value() == "007"
     assert config.tags == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("model", "prefix", "required"),
+    [
+        (BrokerConfig, "ASY_BROKER", {}),
+        (FitterConfig, "ASY_FITTER", {}),
+        (GeneratorConfig, "ASY_GENERATOR", {"ENGINE__MODEL_DIR": "/models/tiny"}),
+        (LearnerConfig, "ASY_LEARNER", {"MODEL_DIR": "/models/tiny"}),
+    ],
+)
+def test_every_service_masks_the_nats_password_in_its_log_and_dump(
+    model: type[Frozen], prefix: str, required: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "pw-only-in-env-7f3a"
+    env = {f"{prefix}__{k}": v for k, v in {"NATS__USER": "asy", "NATS__PASSWORD": secret, **required}.items()}
+    config = load_config(model, None, prefix, env)
+    caplog.set_level(logging.INFO, logger="asymptote.config")
+    log_resolved(config, prefix)
+    dumped = tmp_path / "config.yaml"
+    dump_config(config, dumped)
+    for text in (caplog.text, dumped.read_text()):
+        assert secret not in text and "**********" in text
+    assert secret not in repr(config)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings
+from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
 from asymptote.tasks import TaskSettings
 
 
@@ -45,6 +45,8 @@ class BrokerConfig(Frozen):
     """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50051)
     """gRPC listener (Broker service and health)."""
+    grpc_tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) for the gRPC server; off by default."""
     http: ListenSettings = ListenSettings(port=9101)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     task: TaskSettings = TaskSettings()

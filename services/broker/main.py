@@ -35,6 +35,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
             rt.health,
             lambda s: services_pb2_grpc.add_BrokerServicer_to_server(servicer, s),
             ["asymptote.contracts.v1.Broker"],
+            config.grpc_tls,
         )
         await rt.health.unblock("starting")
         try:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings
+from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
 from services.fitter.curve import CurveFitSettings
 
 
@@ -20,6 +20,8 @@ class FitterConfig(Frozen):
     """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50081)
     """gRPC listener (Fitter service and health)."""
+    grpc_tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) for the gRPC server; off by default."""
     http: ListenSettings = ListenSettings(port=9104)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     run_dir: Path = Path("runs/latest")

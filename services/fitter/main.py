@@ -126,6 +126,7 @@ async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
             config.grpc, rt.health,
             lambda s: services_pb2_grpc.add_FitterServicer_to_server(servicer, s),
             ["asymptote.contracts.v1.Fitter"],
+            config.grpc_tls,
         )
         await rt.health.unblock("starting")
         try:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings
+from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
 
 
 class EngineSettings(Frozen):
@@ -38,6 +38,8 @@ class GeneratorConfig(Frozen):
     """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50061)
     """gRPC listener (Generator service and health)."""
+    grpc_tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) for the gRPC server and the weight pulls from the learner; off by default."""
     http: ListenSettings = ListenSettings(port=9102)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     engine: EngineSettings

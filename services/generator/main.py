@@ -36,9 +36,8 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
         try:
             await rt.health.unblock("engine")
             weights_dir = config.weights_dir / rt.instance_id
-            swapper = Swapper(
-                engine, GrpcWeightSource(), config.engine.model_dir, weights_dir, config.swap_mode, metrics
-            )
+            source = GrpcWeightSource(tls=config.grpc_tls)
+            swapper = Swapper(engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics)
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             loop = RolloutLoop(
@@ -51,6 +50,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 rt.health,
                 lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s),
                 ["asymptote.contracts.v1.Generator"],
+                config.grpc_tls,
             )
             await rt.health.unblock("starting")
             try:

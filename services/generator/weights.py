@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from asymptote.codec import DecodedWeights, Signature, WireTensor, decode
+from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.errors import WeightsError
-from asymptote.rpc import channel
+from asymptote.rpc import channel, channel_credentials
 
 if TYPE_CHECKING:
     import torch
@@ -33,11 +34,14 @@ class WeightSource(Protocol):
 class GrpcWeightSource:
     """Pull a version from the learner over gRPC (≤1 MiB chunks)."""
 
-    def __init__(self, timeout_s: float = 120.0) -> None:
+    def __init__(self, timeout_s: float = 120.0, tls: TlsSettings | None = None) -> None:
         self.timeout_s = timeout_s
+        self.tls = tls
+        if tls is not None and tls.client_enabled:
+            channel_credentials(tls)  # an unreadable certificate fails the start, not every pull
 
     async def pull(self, endpoint: str, version: int) -> DecodedWeights:
-        async with channel(endpoint) as ch:
+        async with channel(endpoint, self.tls) as ch:
             stub = services_pb2_grpc.LearnerStub(ch)
             parts = [
                 part

@@ -26,11 +26,11 @@ class StagedWeightsExtension:
 
         from safetensors.torch import load_file
 
+        from asymptote.codec import safetensors_files
+
         tensors: dict[str, Any] = {}
-        for file in sorted(Path(weights_path).glob("*.safetensors")):
+        for file in safetensors_files(Path(weights_path)):
             tensors.update(load_file(str(file), device="cpu"))
-        if not tensors:
-            raise FileNotFoundError(f"no *.safetensors in {weights_path}")
         self._staged, self._staged_path = tensors, weights_path
         return sum(t.numel() * t.element_size() for t in tensors.values())
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings
+from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
 
 
 class LossSettings(Frozen):
@@ -71,6 +71,8 @@ class LearnerConfig(Frozen):
     """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50071)
     """gRPC listener (Learner.PullWeights, Status, health)."""
+    grpc_tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) for the gRPC server and the calls to the broker; off by default."""
     advertise_host: str = "127.0.0.1"
     """Host generators use to reach this learner's gRPC port (the pod's Service name in Kubernetes)."""
     http: ListenSettings = ListenSettings(port=9103)

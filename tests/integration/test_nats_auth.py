@@ -1,8 +1,16 @@
 """Without the right NATS credentials a client can neither publish rollout
-groups nor read them (a real nats-server requiring user and password)."""
+groups nor read them (a real nats-server requiring user and password).
+
+Asymptote's client cannot connect; a bare protocol client that ignores the
+refusal and sends PUB, SUB and a JetStream message read anyway gets nothing
+back and stores nothing, while the same script with the right credentials
+reads the stored group (so the script itself works).
+"""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +21,7 @@ from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.nats_local import NatsServer, start_nats
 from asymptote.streams import Names, connect, ensure_streams
+from raw_nats import session
 
 USER, PASSWORD = "asymptote", "s3cret-for-this-test"
 
@@ -56,3 +65,46 @@ async def test_right_credentials_publish_and_read(secured: NatsServer, caplog: p
     finally:
         await nc.close()
     assert PASSWORD not in caplog.text
+
+
+def intruder_script(names: Names, user: str | None, password: str | None, seq: int) -> list[str]:
+    """CONNECT, subscribe to rollouts, publish a rollout group, read stored group ``seq`` through the JetStream API."""
+    creds = {"user": user, "pass": password} if user is not None else {}
+    forged = rollout_pb2.RolloutGroup(group_id="forged").SerializeToString().decode("ascii")
+    get = json.dumps({"seq": seq})
+    return [
+        "CONNECT " + json.dumps({"verbose": False, "pedantic": False, **creds}),
+        f"SUB {names.rollouts} 1",
+        "SUB _INBOX.raw 2",
+        f"PUB {names.rollouts} {len(forged)}", forged,
+        f"PUB $JS.API.STREAM.MSG.GET.{names.rollouts_stream} _INBOX.raw {len(get)}", get,
+        "PING",
+    ]
+
+
+@pytest.mark.parametrize(("user", "password"), [(None, None), (USER, "wrong-password"), ("intruder", PASSWORD)])
+async def test_a_bare_client_without_credentials_stores_and_reads_nothing(
+    secured: NatsServer, user: str | None, password: str | None
+) -> None:
+    names = Names("rawauth")
+    nc = await connect(settings(secured, USER, PASSWORD), "generator")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, names)
+        group = rollout_pb2.RolloutGroup(group_id="g-stored", prompt_token_ids=[7])
+        ack = await js.publish(names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": "g-stored"})
+        before = (await js.stream_info(names.rollouts_stream)).state.last_seq
+
+        reply = session(secured.port, intruder_script(names, user, password, ack.seq))
+        assert "Authorization Violation" in reply
+        assert "MSG " not in reply and "PONG" not in reply
+        assert (await js.stream_info(names.rollouts_stream)).state.last_seq == before  # the forged group was not stored
+
+        # The same script with the right credentials publishes, is delivered its group and reads the stored one.
+        reply = session(secured.port, intruder_script(names, USER, PASSWORD, ack.seq), until='"time":')
+        assert "Authorization Violation" not in reply and f"MSG {names.rollouts} 1 " in reply
+        payload = next(line for line in reply.split("\r\n") if line.startswith("{") and '"message"' in line)
+        stored = base64.b64decode(json.loads(payload)["message"]["data"])
+        assert rollout_pb2.RolloutGroup.FromString(stored).group_id == "g-stored"
+    finally:
+        await nc.close()
