@@ -247,8 +247,8 @@ class LocalStack:
             role = name.split("-")[0]
             launcher = [sys.executable]
             if role == "learner" and self.config.learner_ranks > 1:
-                launcher += [
-                    "-m", "torch.distributed.run", f"--nproc-per-node={self.config.learner_ranks}",
+                launcher += [  # torchrun, its rendezvous store on loopback
+                    "-m", "services.local.torchrun", f"--nproc-per-node={self.config.learner_ranks}",
                     "--master-addr=127.0.0.1", f"--master-port={free_port()}",
                 ]
             self._spawn(

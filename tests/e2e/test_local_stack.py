@@ -4,8 +4,10 @@ a vLLM generator as separate processes on loopback, trained for a few steps.
 Asserts what the run directory and the services' endpoints say, never
 log text: the learner consumed generator-produced groups, the policy version
 advanced, generators loaded the new weights (the versions on the tokens of
-the groups they published), eval points and a fit were written, and when a
-dependency dies the survivors report it on /readyz. Nothing is left running.
+the groups they published), eval points and a fit were written, every
+listening socket is on loopback, the NATS password is in no file of the run,
+and when a dependency dies the survivors report it on /readyz. Nothing is
+left running.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -20,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from services.local.progress import read_jsonl
+from services.local.stack import LocalStack
 MAX_STEPS = 10
 
 
@@ -44,6 +49,29 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def listening_sockets(stack: LocalStack) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every TCP listener and bound UDP socket of every process the stack started.
+
+    Each service runs in its own process group (vLLM's engine processes and
+    torchrun's ranks included), so a group's members are the service's processes.
+    """
+    groups = {p.popen.pid for p in stack.procs}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) not in groups:
+                continue
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN or (conn.type == socket.SOCK_DGRAM and conn.laddr):
+                    found.append((" ".join(proc.cmdline()[:4]), conn.laddr.ip, conn.laddr.port))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    return found
 
 
 @pytest.mark.e2e
@@ -80,10 +108,11 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert sorted(p.name for p in (stack.run_dir / "checkpoints").glob("ckpt-*")) == [
             "ckpt-00000005", "ckpt-00000010"]
 
-        # NATS required this run's credentials; they never reach a log or a config file.
-        assert stack.nats_password
-        written = [*(stack.run_dir / "logs").iterdir(), *(stack.run_dir / "config").iterdir()]
-        assert written and not [f.name for f in written if stack.nats_password in f.read_text(errors="replace")]
+        # Local mode: every listener of every process (nats-server, services, vLLM, torchrun) is on loopback.
+        listeners = listening_sockets(stack)
+        assert len({port for _, _, port in listeners}) >= 9  # nats + gRPC and HTTP of the four services
+        assert not [s for s in listeners if s[1] not in LOOPBACK], listeners
+        stack.save_final_metrics()  # metrics/<service>.prom, searched for the password below
 
         # A dependency dies: every service says so on /readyz.
         nats_proc = next(p for p in stack.procs if p.name == "nats-server")
@@ -101,3 +130,8 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert stack.dead() == [nats_proc]
     assert all(p.popen.poll() is not None for p in stack.procs)
     assert not [p.name for p in stack.procs if group_alive(p.popen.pid)], "processes left behind"
+    # NATS required this run's credentials; no file of the run holds them: logs
+    # (shutdown included), configs, metrics, checkpoints, the JetStream store.
+    assert stack.nats_password and list((stack.run_dir / "metrics").glob("*.prom"))
+    written = [f for f in stack.run_dir.rglob("*") if f.is_file()]
+    assert not [str(f) for f in written if stack.nats_password.encode() in f.read_bytes()]
