@@ -263,7 +263,7 @@ def fitter_figure(quick: bool) -> dict[str, Any]:
 
 
 def transfer_figure(quick: bool, out: Path) -> dict[str, Any]:
-    from services.learner.transfer_bench import bench_transfer
+    from services.local.bench_transfer import bench_transfer
 
     return _as_figure(bench_transfer(quick=quick, workdir=out / "transfer"))
 

@@ -102,3 +102,33 @@ def test_torch_free_core_does_not_import_torch_or_vllm() -> None:
     )
     loaded = ast.literal_eval(run_python(code).strip().splitlines()[-1])
     assert loaded == [], f"torch/vllm imported by the torch-free core: {loaded[:10]}"
+
+
+DEPLOYABLES = ("generator", "broker", "learner", "fitter")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_no_service_imports_another() -> None:
+    # Each deployable ships alone (its own image): it may import the shared
+    # runtime and itself, never another service. Only the local stack and the
+    # project-wide benchmark compose them.
+    crossing = []
+    for service in DEPLOYABLES:
+        others = tuple(f"services.{s}" for s in DEPLOYABLES if s != service) + (
+            "services.local", "services.bench", "services.cli", "services.kube"
+        )
+        for path in sorted((ROOT / "services" / service).rglob("*.py")):
+            for module in imported_modules(path):
+                if module.startswith(others):
+                    crossing.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert crossing == []

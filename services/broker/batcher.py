@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,6 +91,18 @@ def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
     return sum(1 for c in group.completions if c.reward > 0) / len(group.completions)
 
 
+async def gather_all(aws: Iterable[Awaitable[object]]) -> None:
+    """Await every write concurrently; once all have settled, raise the first error.
+
+    Settling all before raising means none is still in flight when the
+    caller retries or moves on.
+    """
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
 class Batcher:
     def __init__(self, batch_prompts: int, max_staleness_versions: int, ledger: Ledger | None = None) -> None:
         self.batch_prompts = batch_prompts
@@ -109,6 +121,8 @@ class Batcher:
         """Learner version of the last batch handed out (synchronous mode waits past it)."""
         self._since_batch: Counter[str] = Counter()
         self._changed = asyncio.Condition()
+        self.taken = asyncio.Event()
+        """Set when a batch is handed out (room for more tasks); the issuer clears it."""
 
     def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
         return learner_version - int(group.min_version) > self.max_staleness
@@ -195,6 +209,7 @@ class Batcher:
         self.served_at_version = self.learner_version
         self.handed_out[batch.batch_id] = batch
         self.num_served += len(items)
+        self.taken.set()
         return batch
 
     def take_counters(self) -> Counter[str]:
@@ -225,19 +240,20 @@ class Batcher:
         for batch_id, group_ids, duplicate_ids in batches:
             dups = set(duplicate_ids)
             batch = self.handed_out.pop(batch_id, None)
+            ids = list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
+            # Every group's record is stored before any of its messages is acked.
+            await gather_all(
+                self._record(gid, Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
+                             batch_id=batch_id)
+                for gid in ids
+            )
             if batch is None:
                 unknown.append(batch_id)
-                for gid in group_ids:
-                    event = Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED
-                    await self._record(gid, event, batch_id=batch_id)
                 self.num_trained += len(group_ids) - len(dups)
                 continue
             for held in batch.items:
-                gid = held.group.group_id
-                event = Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED
-                await self._record(gid, event, batch_id=batch_id)
                 await held.msg.ack()
-                self._held.pop(gid, None)
+                self._held.pop(held.group.group_id, None)
             self.num_trained += len(batch.items) - len(dups)
             num += len(batch.items)
         if unknown:

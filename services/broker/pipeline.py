@@ -25,7 +25,7 @@ from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import watch_policy
 from asymptote.streams import Names
 from asymptote.tasks import Problem, get_task
-from services.broker.batcher import Batcher, pass_rate, validate_group
+from services.broker.batcher import Batcher, gather_all, pass_rate, validate_group
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
@@ -108,6 +108,9 @@ class BrokerPipeline:
         while not stop.is_set():
             await wait_or_stop(stop, interval_s)
             if self._state_dirty:
+                assert self.curriculum is not None
+                # Here, not with the other gauges: it walks every prompt's pass rate.
+                self.metrics.retired_prompts.set(self.curriculum.num_retired)
                 try:
                     await self.save_state()
                 except Exception as exc:
@@ -129,6 +132,7 @@ class BrokerPipeline:
             if await wait_or_stop(stop, 0.5):
                 return
         while not stop.is_set():
+            self.batcher.taken.clear()
             try:
                 self.pending_tasks = await self.count_pending_tasks()
             except Exception as exc:
@@ -142,14 +146,19 @@ class BrokerPipeline:
             if self.config.mode == "sync" and served is not None and self.batcher.learner_version <= served:
                 room = 0  # the learner is training on this version's batch
             try:
-                for _ in range(max(room, 0)):
-                    await self._issue_train_task()
+                left = room
+                while left > 0:
+                    left -= await self._issue_train_tasks(left)
             except Exception as exc:  # JetStream unavailable (a restart): the task is issued again
                 log.warning("could not issue a train task (will retry): %s", exc)
                 await wait_or_stop(stop, 1.0)
                 continue
             self._update_gauges()
-            await wait_or_stop(stop, 0.05 if room > 0 else 0.2)
+            # Room opens when the learner takes a batch: look again at once then.
+            try:
+                await asyncio.wait_for(self.batcher.taken.wait(), 0.05 if room > 0 else 0.2)
+            except asyncio.TimeoutError:
+                pass
 
     def outstanding_limit(self) -> int:
         """Tasks queued or generating plus groups waiting: what keeps the learner fed.
@@ -178,23 +187,44 @@ class BrokerPipeline:
         need = math.ceil(1.25 * self.consume_rate * self.issue_latency_s) + b
         return max(b, min(need, b * (c.staleness_bound + 1)))
 
-    async def _issue_train_task(self) -> None:
+    async def _issue_train_tasks(self, num: int) -> int:
+        """Issue up to ``num`` train tasks of one epoch at once; returns how many.
+
+        Every task's ledger record is stored before any task is published. A
+        failure rewinds the cursor over the whole chunk, whose tasks are then
+        issued again under the same ids (both writes are idempotent under the
+        task id); a chunk ends with its epoch, where a rewind is still exact.
+        """
         assert self.curriculum is not None
         async with self._issue_lock:
             mark = self.curriculum.mark()
-            problem, epoch, position = self.curriculum.next()
+            state = self.curriculum.state
+            tasks = []
+            while len(tasks) < num:
+                tasks.append(self._train_task(*self.curriculum.next()))
+                if state.cursor >= len(state.epoch_order):
+                    break
             try:
-                await self._publish_train_task(problem, epoch, position)
+                # Recorded first: a task in the queue is always in the ledger.
+                await gather_all(
+                    self.ledger.record(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
+                    for t in tasks
+                )
+                await gather_all(
+                    self.js.publish(self.names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
+                    for t in tasks
+                )
             except BaseException:
-                self.curriculum.rewind(mark)  # issued again, under the same id, on the next try
+                self.curriculum.rewind(mark)  # issued again, under the same ids, on the next try
                 raise
-        self.pending_tasks += 1
+        self.pending_tasks += len(tasks)
         self._state_dirty = True
-        self.metrics.tasks_issued.labels("train").inc()
+        self.metrics.tasks_issued.labels("train").inc(len(tasks))
+        return len(tasks)
 
-    async def _publish_train_task(self, problem: Problem, epoch: int, position: int) -> None:
+    def _train_task(self, problem: Problem, epoch: int, position: int) -> rollout_pb2.GenerationTask:
         s = self.config.sampling
-        task = rollout_pb2.GenerationTask(
+        return rollout_pb2.GenerationTask(
             task_id=f"{TRAIN_TASK_PREFIX}e{epoch}-p{position}-{problem.prompt_id}",
             kind=rollout_pb2.TASK_KIND_TRAIN,
             task_name=self.config.task.name,
@@ -208,12 +238,6 @@ class BrokerPipeline:
             issued_unix_s=time.time(),
             epoch=epoch,
             require_version=self.batcher.learner_version if self.config.mode == "sync" else 0,
-        )
-        # Recorded first: a task in the queue is always in the ledger. Both
-        # are idempotent under the task id, so a retry after a crash is safe.
-        await self.ledger.record(task.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=task.issued_at_version)
-        await self.js.publish(
-            self.names.train_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
         )
 
     async def issue_eval_round(self, version: int) -> None:
@@ -381,7 +405,6 @@ class BrokerPipeline:
         m.pending_tasks.set(self.pending_tasks)
         if self.curriculum is not None:
             m.epoch.set(self.curriculum.state.epoch)
-            m.retired_prompts.set(self.curriculum.num_retired)
         m.desired_generators.set(self.desired_generators())
         m.outstanding_limit.set(self.outstanding_limit())
 

@@ -1,0 +1,414 @@
+"""Groups per second through the broker against raw nats-py on the same server.
+
+Owns the broker-throughput benchmark. One real nats-server with JetStream
+serves both sides, measured in one run:
+
+- through the broker: the real broker service as its own process
+  (``asymptote broker``), with this process playing the learner and the
+  generators. Fake generators lease train tasks from the work queue as
+  ``services/generator/rollout.py`` does and at once publish a valid
+  ``RolloutGroup`` (G completions, half the rewards 1, so none is filtered);
+  a fake learner takes batches over real gRPC (``Broker.NextBatch``) and
+  acks each at once (``Broker.Ack``). The rate is groups delivered to the
+  learner per second over a window after warm-up, so it covers issuing,
+  ledger records, admission, batching and acks.
+- raw: the same serialized group published N times into a stream shaped
+  like the rollouts stream, fetched by a durable pull consumer in batches
+  with explicit acks, concurrently; groups/s = N / wall time, measured
+  before and after the broker run (their mean is the baseline).
+
+    python -m services.broker.bench --output DIR [--quick]
+
+Target: broker rate / raw rate >= 0.5, and >= 5,000 groups/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from asymptote.config import dump_config
+from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.nats_local import NatsServer, free_port, start_nats
+from asymptote.policy import publish_policy
+from asymptote.rpc import channel
+from asymptote.streams import Names, ensure_bucket, stream_configs
+from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
+
+TARGET_RATIO = 0.5
+TARGET_GROUPS_PER_S = 5000.0
+BENCH_FILE_NAME = "broker_bench.json"
+GROUP_SIZE = 8
+NUM_COMPLETION_TOKENS = 16
+"""Tokens per completion: the embedded default's max_tokens."""
+NUM_PROMPT_TOKENS = 8
+FETCH_BATCH = 64
+"""Messages per pull request, on both sides (the broker's own consume loop fetches 64)."""
+NUM_GENERATORS = 2
+PREFIX = "bench"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str) -> rollout_pb2.RolloutGroup:
+    """A valid group for ``task``: G completions with log-probs, one version span, rewards 0 and 1 alternating."""
+    completions = [
+        rollout_pb2.Completion(
+            token_ids=[4 + (i + j) % 12 for j in range(NUM_COMPLETION_TOKENS)],
+            logprobs=[-0.05 - 0.01 * j for j in range(NUM_COMPLETION_TOKENS)],
+            version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=NUM_COMPLETION_TOKENS)],
+            reward=float(i % 2),
+            finish_reason="length",
+        )
+        for i in range(GROUP_SIZE)
+    ]
+    now = time.time()
+    return rollout_pb2.RolloutGroup(
+        group_id=task.task_id, task=task, prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)],
+        completions=completions, generator_id=generator_id, started_unix_s=now, finished_unix_s=now,
+        min_version=0, max_version=0,
+    )
+
+
+def sample_payload() -> bytes:
+    """A serialized group as the broker run carries them (the raw baseline's message)."""
+    task = rollout_pb2.GenerationTask(
+        task_id="train-e0-p0-0000000000", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic",
+        prompt_id="0000000000", prompt="037+485=", reference="225",
+        sampling=rollout_pb2.SamplingParams(num_samples=GROUP_SIZE, temperature=1.0, top_p=1.0,
+                                            max_tokens=NUM_COMPLETION_TOKENS),
+        issued_unix_s=time.time(),
+    )
+    return synthetic_group(task, "bench-generator-0").SerializeToString()
+
+
+# -- the raw nats-py baseline ---------------------------------------------------
+
+
+async def raw_groups_per_s(nats_url: str, payload: bytes, num_groups: int, run: int) -> float:
+    """Publish ``payload`` ``num_groups`` times and fetch them back, concurrently; groups per second."""
+    names = Names(f"raw{run}")
+    config = next(c for c in stream_configs(names) if c.name == names.rollouts_stream)
+    pub_nc = await nats.connect(nats_url, name=f"bench-raw-publisher-{run}")
+    sub_nc = await nats.connect(nats_url, name=f"bench-raw-consumer-{run}")
+    pub_js, sub_js = pub_nc.jetstream(), sub_nc.jetstream()
+    try:
+        await pub_js.add_stream(config)
+        sub = await sub_js.pull_subscribe(
+            names.rollouts, durable=names.broker_consumer, stream=names.rollouts_stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=-1),
+        )
+
+        async def produce() -> None:
+            for start in range(0, num_groups, FETCH_BATCH):
+                await asyncio.gather(*(
+                    pub_js.publish(names.rollouts, payload, headers={"Nats-Msg-Id": f"raw-{i}"})
+                    for i in range(start, min(num_groups, start + FETCH_BATCH))
+                ))
+
+        async def consume() -> None:
+            got = 0
+            while got < num_groups:
+                try:
+                    msgs = await sub.fetch(batch=FETCH_BATCH, timeout=0.5)
+                except asyncio.TimeoutError:  # nats raises its subclass
+                    continue
+                for m in msgs:
+                    await m.ack()
+                got += len(msgs)
+
+        started = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(produce(), consume()), timeout=120.0)
+        wall = time.perf_counter() - started
+        await pub_js.delete_stream(names.rollouts_stream)
+        return num_groups / wall
+    finally:
+        await pub_nc.close()
+        await sub_nc.close()
+
+
+# -- through the broker -----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GeneratorCounts:
+    tasks_leased: int = 0
+    groups_published: int = 0
+    duplicates: int = 0
+    eval_tasks: int = 0
+
+
+async def fake_generator(
+    nats_url: str, names: Names, index: int, stop: asyncio.Event, counts: GeneratorCounts
+) -> None:
+    """Lease tasks like the rollout loop (shared durable, explicit acks) and answer each at once."""
+    nc = await nats.connect(nats_url, name=f"bench-generator-{index}")
+    js = nc.jetstream()
+    generator_id = f"bench-generator-{index}"
+
+    async def answer(msg: Msg) -> None:
+        task = rollout_pb2.GenerationTask.FromString(msg.data)
+        if task.kind == rollout_pb2.TASK_KIND_TRAIN:
+            group = synthetic_group(task, generator_id)
+            ack = await js.publish(names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": task.task_id})
+            counts.groups_published += 1
+            counts.duplicates += int(bool(ack.duplicate))
+        else:
+            counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
+        await msg.ack()
+
+    try:
+        sub = await js.pull_subscribe(
+            names.all_tasks, durable=names.generators_consumer, stream=names.tasks_stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5, max_ack_pending=-1),
+        )
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch=FETCH_BATCH, timeout=0.2)
+            except asyncio.TimeoutError:  # nats raises its subclass
+                continue
+            counts.tasks_leased += len(msgs)
+            await asyncio.gather(*(answer(m) for m in msgs))
+    finally:
+        await nc.close()
+
+
+async def next_batch(stub: services_pb2_grpc.BrokerStub, num_groups: int) -> tuple[str, list[str]] | None:
+    """One Broker.NextBatch as the learner calls it: (batch id, group ids), None on timeout."""
+    header, group_ids = None, []
+    async for part in stub.NextBatch(
+        services_pb2.NextBatchRequest(learner_version=0, num_groups=num_groups, timeout_s=5.0), timeout=35.0
+    ):
+        if part.WhichOneof("part") == "header":
+            header = part.header
+        else:
+            group_ids.append(part.group.group_id)
+    if header is None or not header.batch_id:
+        return None
+    if len(group_ids) != header.num_groups:
+        raise RuntimeError(f"batch {header.batch_id}: header says {header.num_groups} groups, got {len(group_ids)}")
+    return header.batch_id, group_ids
+
+
+async def fake_learner(
+    endpoint: str, batch_prompts: int, num_groups: int, warmup_s: float, deadline_s: float
+) -> tuple[int, float, int]:
+    """Take batches and ack each at once; returns (groups in the window, window seconds, warm-up groups).
+
+    Warm-up lasts ``warmup_s`` from the first batch (and at least four
+    batches), so the broker's outstanding limit has measured the flow; the
+    window then counts exactly ``num_groups`` (a multiple of the batch size).
+    """
+    deadline = time.monotonic() + deadline_s
+    async with channel(endpoint) as ch:
+        stub = services_pb2_grpc.BrokerStub(ch)
+        delivered, first_s, window_start, warmup_groups = 0, None, None, 0
+        while window_start is None or delivered - warmup_groups < num_groups:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the learner got {delivered} groups in {deadline_s:.0f}s")
+            got = await next_batch(stub, batch_prompts)
+            if got is None:
+                continue
+            batch_id, group_ids = got
+            await stub.Ack(
+                services_pb2.AckRequest(batches=[services_pb2.AckedBatch(batch_id=batch_id, group_ids=group_ids)]),
+                timeout=10.0,
+            )
+            delivered += len(group_ids)
+            now = time.perf_counter()
+            first_s = first_s or now
+            if window_start is None and now - first_s >= warmup_s and delivered >= 4 * batch_prompts:
+                window_start, warmup_groups = now, delivered
+        return delivered - warmup_groups, time.perf_counter() - window_start, warmup_groups
+
+
+def broker_config(nats_url: str, batch_prompts: int) -> BrokerConfig:
+    return BrokerConfig(
+        nats={"url": nats_url},
+        prefix=PREFIX,
+        grpc={"port": free_port()},
+        http={"port": free_port()},
+        sampling=SamplingSettings(group_size=GROUP_SIZE, max_tokens=NUM_COMPLETION_TOKENS),
+        eval=EvalSettings(every_versions=1_000_000, num_prompts=1),
+        batch_prompts=batch_prompts,
+        log_format="text",
+    )
+
+
+def start_broker(config: BrokerConfig, workdir: Path) -> subprocess.Popen[bytes]:
+    path = workdir / "broker.yaml"
+    dump_config(config, path)
+    with (workdir / "broker.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "broker", "--config", str(path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+        )
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+async def broker_status(endpoint: str, broker: subprocess.Popen[bytes], log_path: Path) -> dict[str, float]:
+    """The broker's Status gauges, waiting (up to 60 s) for it to answer."""
+    deadline = time.monotonic() + 60.0
+    async with channel(endpoint) as ch:
+        stub = services_pb2_grpc.BrokerStub(ch)
+        while True:
+            if broker.poll() is not None:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"the broker exited with {broker.returncode}:\n{tail}")
+            try:
+                return dict((await stub.Status(services_pb2.StatusRequest(), timeout=2.0)).gauges)
+            except Exception:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def through_broker(
+    server: NatsServer, workdir: Path, batch_prompts: int, num_groups: int, warmup_s: float
+) -> dict[str, Any]:
+    config = broker_config(server.url, batch_prompts)
+    names = Names(PREFIX)
+    endpoint = f"127.0.0.1:{config.grpc.port}"
+    broker = start_broker(config, workdir)
+    stop = asyncio.Event()
+    generators: list[asyncio.Task[None]] = []
+    nc: NatsClient | None = None
+    try:
+        await broker_status(endpoint, broker, workdir / "broker.log")
+        nc = await nats.connect(server.url, name="bench-learner")
+        kv = await ensure_bucket(nc.jetstream(), names.policy_bucket)
+        # The broker issues train tasks once the learner has announced a version.
+        await publish_policy(kv, names, rollout_pb2.PolicyVersion(
+            version=0, weights_endpoint="bench:0", sha256="00", published_unix_s=time.time()))
+        counts = GeneratorCounts()
+        generators = [
+            asyncio.create_task(fake_generator(server.url, names, i, stop, counts)) for i in range(NUM_GENERATORS)
+        ]
+        learner = asyncio.create_task(fake_learner(endpoint, batch_prompts, num_groups, warmup_s, deadline_s=300.0))
+        done, _ = await asyncio.wait([learner, *generators], return_when=asyncio.FIRST_COMPLETED)
+        if learner not in done:  # a generator died: its exception says why
+            learner.cancel()
+            for t in done:
+                t.result()
+        groups, window_s, warmup_groups = learner.result()
+        gauges = await broker_status(endpoint, broker, workdir / "broker.log")
+        return {
+            "groups": groups,
+            "window_s": window_s,
+            "groups_per_s": groups / window_s,
+            "warmup_groups": warmup_groups,
+            "batch_prompts": batch_prompts,
+            "group_size": GROUP_SIZE,
+            "num_generators": NUM_GENERATORS,
+            "tasks_issued": int(gauges.get("tasks_issued", 0)),
+            "groups_received": int(gauges.get("groups_received", 0)),
+            "groups_admitted": int(gauges.get("groups_received", 0))
+            - int(sum(v for k, v in gauges.items() if k.startswith("dropped_"))),
+            "groups_dropped": {k.removeprefix("dropped_"): int(v) for k, v in gauges.items() if k.startswith("dropped_")},
+            "groups_served": int(gauges.get("groups_served", 0)),
+            "groups_trained": int(gauges.get("groups_trained", 0)),
+            "generator_tasks_leased": counts.tasks_leased,
+            "generator_groups_published": counts.groups_published,
+            "generator_duplicates": counts.duplicates,
+        }
+    finally:
+        stop.set()
+        if generators:
+            await asyncio.gather(*generators, return_exceptions=True)
+        if nc is not None:
+            await nc.close()
+        stop_process(broker)
+
+
+async def measure(workdir: Path, quick: bool) -> dict[str, Any]:
+    batch_prompts, num_groups, warmup_s = (16, 800, 1.0) if quick else (32, 4000, 2.0)
+    assert num_groups % batch_prompts == 0
+    shutil.rmtree(workdir / "nats", ignore_errors=True)
+    server = start_nats(workdir / "nats")
+    try:
+        payload = sample_payload()
+        raw_before = await raw_groups_per_s(server.url, payload, num_groups, run=0)
+        broker = await through_broker(server, workdir, batch_prompts, num_groups, warmup_s)
+        raw_after = await raw_groups_per_s(server.url, payload, num_groups, run=1)
+    finally:
+        server.stop()
+    return {"broker": broker, "raw_groups_per_s_each": [raw_before, raw_after], "payload_bytes": len(payload)}
+
+
+def bench_broker(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
+    """The broker's entry in the project-wide benchmark (see the module docstring).
+
+    Returns ``name``, ``ratio`` (broker groups/s over raw nats-py groups/s),
+    ``baseline``, ``measured``, ``target``, ``passed``, and ``groups_per_s``,
+    ``raw_groups_per_s``, ``groups`` with the broker's counters. ``quick``:
+    batches of 16 and 800 measured groups instead of 32 and 4,000.
+    """
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
+            return bench_broker(quick, Path(tmp))
+    workdir.mkdir(parents=True, exist_ok=True)
+    m = asyncio.run(measure(workdir, quick))
+    b = m["broker"]
+    raw = sum(m["raw_groups_per_s_each"]) / len(m["raw_groups_per_s_each"])
+    rate = b["groups_per_s"]
+    ratio = rate / raw
+    dropped = sum(b["groups_dropped"].values())
+    return {
+        "name": "broker_groups_per_s_vs_raw_nats",
+        "ratio": ratio,
+        "baseline": f"raw nats-py publish+fetch {raw:,.0f} groups/s (same server, {m['payload_bytes']:,}-byte groups)",
+        "measured": (
+            f"through the broker {rate:,.0f} groups/s ({b['groups']:,} groups in {b['window_s']:.2f} s after "
+            f"{b['warmup_groups']:,} warm-up; batches of {b['batch_prompts']}, G={b['group_size']}; "
+            f"{b['tasks_issued']:,} tasks issued, {b['groups_admitted']:,} admitted, {dropped} dropped)"
+        ),
+        "target": f">= {TARGET_RATIO} and >= {TARGET_GROUPS_PER_S:,.0f} groups/s",
+        "passed": ratio >= TARGET_RATIO and rate >= TARGET_GROUPS_PER_S,
+        "groups_per_s": rate,
+        "raw_groups_per_s": raw,
+        "groups": b["groups"],
+        "raw_groups_per_s_each": m["raw_groups_per_s_each"],
+        "payload_bytes": m["payload_bytes"],
+        **{k: v for k, v in b.items() if k not in ("groups", "groups_per_s")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.broker.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME} and the logs")
+    parser.add_argument("--quick", action="store_true", help="smaller batches and fewer groups (for CI)")
+    args = parser.parse_args(argv)
+    args.output.mkdir(parents=True, exist_ok=True)
+    result = bench_broker(args.quick, args.output / "broker-bench")
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"broker: {result['groups_per_s']:,.0f} groups/s vs raw nats-py {result['raw_groups_per_s']:,.0f} "
+          f"= {result['ratio']:.3f}x (target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

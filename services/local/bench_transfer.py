@@ -1,0 +1,226 @@
+"""A policy version pulled over gRPC against the same bytes read from local disk.
+
+Owns the weight-transfer benchmark. The learner's real weight server (a
+``WeightStore`` snapshot served by ``LearnerServicer`` through
+``asymptote.rpc.start_server``) runs in its own process on loopback, serving
+a model larger than the embedded default's so fixed costs do not dominate.
+This process pulls the version as a generator's swapper does before it
+touches the engine (``GrpcWeightSource.pull``, which verifies framing,
+sha256 and finiteness; the digest against the announced one; the tensor
+signature; then ``stage`` as a safetensors folder), and, interleaved with
+each pull, reads the model's safetensors file from local disk. It lives with
+the local stack because it runs both sides of the transfer, the learner's
+and the generator's.
+
+The disk read follows the file's write, so it is likely served from the page
+cache, which makes the target stricter; a read after asking the kernel to
+drop the file's cached pages (``posix_fadvise``) is reported beside it.
+
+    python -m services.local.bench_transfer --output DIR [--quick]
+
+Target: disk read time / pull time >= 0.5 (the pull at least half as fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from asymptote.codec import Signature, read_signature
+from asymptote.config import ListenSettings
+from asymptote.errors import WeightsError
+from asymptote.nats_local import free_port
+from asymptote.tasks import ALPHABET
+from services.generator.weights import GrpcWeightSource, check_signature, stage
+from services.learner.model import ModelSpec, create_model_dir
+
+TARGET = 0.5
+BENCH_FILE_NAME = "transfer_bench.json"
+VERSION = 1
+FULL_SPEC = ModelSpec(hidden_size=512, num_layers=6, num_heads=8, intermediate_size=1536)
+"""About 20M float32 parameters: 82 MB."""
+QUICK_SPEC = ModelSpec(hidden_size=256, num_layers=6, num_heads=4, intermediate_size=768)
+"""About 5M float32 parameters: 20 MB."""
+
+
+def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
+    """The learner's weight server in a child process: snapshot, serve, report, wait for the word to stop."""
+    import torch
+    from transformers.utils.logging import disable_progress_bar
+
+    from asymptote.contracts.v1 import services_pb2_grpc
+    from asymptote.health import Health
+    from asymptote.rpc import start_server
+    from services.learner.model import load_model
+    from services.learner.server import LearnerServicer
+    from services.learner.weights import WeightStore
+
+    torch.set_num_threads(1)
+    disable_progress_bar()
+
+    async def run() -> None:
+        store = WeightStore(read_signature(model_dir))
+        version = store.snapshot(VERSION, load_model(model_dir))
+        health = Health("learner")
+        servicer = LearnerServicer(store, health, "transfer-bench", lambda: {})
+        server, _ = await start_server(
+            ListenSettings(port=port), health,
+            lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+            ["asymptote.contracts.v1.Learner"],
+        )
+        conn.send((version.sha256, version.num_bytes))
+        try:
+            await asyncio.to_thread(conn.recv)
+        except EOFError:  # the parent went away
+            pass
+        await server.stop(grace=1.0)
+
+    asyncio.run(run())
+
+
+async def pull_and_stage(
+    source: GrpcWeightSource, endpoint: str, sha256: str, signature: Signature, model_dir: Path, staging: Path
+) -> tuple[float, float]:
+    """One pull as the swapper does it; (pull-and-verify seconds, staging seconds)."""
+    started = time.perf_counter()
+    weights = await source.pull(endpoint, VERSION)
+    if weights.sha256 != sha256:
+        raise WeightsError(f"version {VERSION}: digest {weights.sha256[:12]} differs from the served {sha256[:12]}")
+    check_signature(weights, signature)
+    pulled = time.perf_counter()
+    stage(weights, staging, model_dir)
+    return pulled - started, time.perf_counter() - pulled
+
+
+def read_file(path: Path, drop_cache: bool = False) -> float:
+    """Seconds to read ``path`` into memory; ``drop_cache`` first asks the kernel to evict its pages."""
+    if drop_cache:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    started = time.perf_counter()
+    with path.open("rb", buffering=0) as f:
+        data = f.read()
+    elapsed = time.perf_counter() - started
+    assert len(data) == path.stat().st_size
+    return elapsed
+
+
+async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any]:
+    port = free_port()
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    server = multiprocessing.get_context("spawn").Process(
+        target=serve_weights, args=(model_dir, port, child), name="transfer-bench-learner", daemon=True
+    )
+    server.start()
+    try:
+        if not await asyncio.to_thread(parent.poll, 120.0):
+            raise RuntimeError(f"the weight server did not start within 120 s (exit code {server.exitcode})")
+        sha256, num_bytes = parent.recv()
+        endpoint = f"127.0.0.1:{port}"
+        source = GrpcWeightSource()
+        signature = read_signature(model_dir)
+        file = model_dir / "model.safetensors"
+        os.sync()  # written pages are clean, so the cold read's eviction can take them
+        await pull_and_stage(source, endpoint, sha256, signature, model_dir, workdir / "staged")  # warm-up
+        read_file(file)
+        pull_s, stage_s, read_s, cold_s = [], [], [], []
+        for _ in range(repeats):
+            p, s = await pull_and_stage(source, endpoint, sha256, signature, model_dir, workdir / "staged")
+            pull_s.append(p)
+            stage_s.append(s)
+            read_s.append(read_file(file))
+            cold_s.append(read_file(file, drop_cache=True))
+        return {"num_bytes": num_bytes, "file_bytes": file.stat().st_size, "pull_s": pull_s, "stage_s": stage_s,
+                "read_s": read_s, "cold_read_s": cold_s}
+    finally:
+        parent.send("stop")
+        server.join(15)
+        if server.is_alive():
+            server.kill()
+            server.join(5)
+
+
+def bench_transfer(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
+    """The weight transfer's entry in the project-wide benchmark (see the module docstring).
+
+    Medians over interleaved repeats. The pull is timed through staging (as
+    the swapper's pull time is); pull-and-verify and staging are also given
+    apart. Returns ``name``, ``ratio`` (disk read seconds / pull seconds),
+    ``baseline``, ``measured``, ``target``, ``passed``, ``bytes`` and the
+    details. ``quick``: a 20 MB model and 3 repeats instead of 82 MB and 7.
+    """
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
+            return bench_transfer(quick, Path(tmp))
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, repeats = (QUICK_SPEC, 3) if quick else (FULL_SPEC, 7)
+    model_dir = create_model_dir(spec, ALPHABET, workdir / "model")
+    num_parameters = sum(math.prod(shape) for _, shape in read_signature(model_dir).values())
+    m = asyncio.run(measure(model_dir, workdir, repeats))
+    pull = statistics.median(p + s for p, s in zip(m["pull_s"], m["stage_s"]))
+    read = statistics.median(m["read_s"])
+    cold = statistics.median(m["cold_read_s"])
+    mb = m["num_bytes"] / 1e6
+    ratio = read / pull
+    return {
+        "name": "weight_transfer_grpc_vs_disk",
+        "ratio": ratio,
+        "baseline": (
+            f"local disk read {m['file_bytes'] / 1e6 / read:,.0f} MB/s (safetensors file, likely page-cache warm; "
+            f"after evicting its pages {m['file_bytes'] / 1e6 / cold:,.0f} MB/s)"
+        ),
+        "measured": (
+            f"gRPC pull {mb / pull:,.0f} MB/s ({mb:.1f} MB in {pull * 1e3:.0f} ms: pull and verify "
+            f"{statistics.median(m['pull_s']) * 1e3:.0f} ms, staging {statistics.median(m['stage_s']) * 1e3:.0f} ms; "
+            f"median of {repeats})"
+        ),
+        "target": f">= {TARGET}",
+        "passed": ratio >= TARGET,
+        "bytes": m["num_bytes"],
+        "file_bytes": m["file_bytes"],
+        "num_parameters": num_parameters,
+        "repeats": repeats,
+        "pull_s": pull,
+        "pull_verify_s": statistics.median(m["pull_s"]),
+        "stage_s": statistics.median(m["stage_s"]),
+        "disk_read_s": read,
+        "disk_cold_read_s": cold,
+        "ratio_vs_cold_read": cold / pull,
+        "pull_s_each": [p + s for p, s in zip(m["pull_s"], m["stage_s"])],
+        "disk_read_s_each": m["read_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.local.bench_transfer", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME}")
+    parser.add_argument("--quick", action="store_true", help="a 20 MB model and fewer repeats (for CI)")
+    args = parser.parse_args(argv)
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    args.output.mkdir(parents=True, exist_ok=True)
+    result = bench_transfer(args.quick, args.output / "transfer-bench")
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"weight transfer: {result['measured']} vs {result['baseline']} = {result['ratio']:.3f} "
+          f"(target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""The broker benchmark in quick mode: a well-formed figure whose counts add up.
+
+Runs the real thing (nats-server, the broker as its own process, fake
+generators and a fake learner over gRPC) and checks the figure's structure
+and arithmetic, never its timing targets.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from services.broker.bench import bench_broker
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited meanwhile
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def test_quick_broker_bench_counts_every_group(tmp_path: Path) -> None:
+    r = bench_broker(quick=True, workdir=tmp_path)
+    assert r["name"] == "broker_groups_per_s_vs_raw_nats"
+    assert {"ratio", "baseline", "measured", "target", "passed", "groups_per_s", "raw_groups_per_s"} <= r.keys()
+    assert all(isinstance(r[k], str) and r[k] for k in ("baseline", "measured", "target"))
+    for key in ("groups_per_s", "raw_groups_per_s", "ratio", "window_s"):
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    assert all(math.isfinite(x) and x > 0 for x in r["raw_groups_per_s_each"])
+    assert r["ratio"] == pytest.approx(r["groups_per_s"] / r["raw_groups_per_s"], rel=1e-9)
+    assert r["groups_per_s"] == pytest.approx(r["groups"] / r["window_s"], rel=1e-9)
+    assert r["passed"] == (r["ratio"] >= 0.5 and r["groups_per_s"] >= 5000)
+
+    # The window holds exactly the groups asked for; the learner trained every
+    # group it was served (warm-up included), none was filtered or duplicated.
+    assert r["groups"] == 800 and r["batch_prompts"] == 16
+    delivered = r["groups"] + r["warmup_groups"]
+    assert r["warmup_groups"] % r["batch_prompts"] == 0
+    assert r["groups_served"] == r["groups_trained"] == delivered
+    assert sum(r["groups_dropped"].values()) == 0 and r["generator_duplicates"] == 0
+    assert r["groups_admitted"] == r["groups_received"] >= delivered
+    assert r["tasks_issued"] >= r["generator_groups_published"] >= r["groups_received"]
+
+    # Nothing it started outlives it: neither the broker nor nats-server.
+    assert processes_mentioning(str(tmp_path)) == []

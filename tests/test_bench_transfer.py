@@ -1,0 +1,42 @@
+"""The weight-transfer benchmark in quick mode: a well-formed figure, and the bytes arrive intact.
+
+Checks structure and arithmetic, never the timing target.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from services.local.bench_transfer import VERSION, bench_transfer
+
+
+def test_quick_transfer_bench_pulls_the_served_weights(tmp_path: Path) -> None:
+    r = bench_transfer(quick=True, workdir=tmp_path)
+    assert r["name"] == "weight_transfer_grpc_vs_disk"
+    assert {"ratio", "baseline", "measured", "target", "passed", "bytes"} <= r.keys()
+    assert all(isinstance(r[k], str) and r[k] for k in ("baseline", "measured", "target"))
+    for key in ("ratio", "pull_s", "pull_verify_s", "stage_s", "disk_read_s", "disk_cold_read_s"):
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    assert r["ratio"] == pytest.approx(r["disk_read_s"] / r["pull_s"], rel=1e-9)
+    assert r["passed"] == (r["ratio"] >= 0.5)
+    assert len(r["pull_s_each"]) == len(r["disk_read_s_each"]) == r["repeats"] == 3
+
+    # float32 weights: four bytes a parameter, about 20 MB, and the file holds them plus its header.
+    assert r["bytes"] == 4 * r["num_parameters"]
+    assert 15e6 < r["bytes"] < 30e6
+    assert r["bytes"] < r["file_bytes"] < r["bytes"] + 100_000
+
+    # What was pulled and staged is exactly what the model directory holds.
+    served = load_file(str(tmp_path / "model" / "model.safetensors"))
+    staged = load_file(str(tmp_path / "staged" / f"v{VERSION}" / "model.safetensors"))
+    assert served.keys() == staged.keys()
+    for name, array in served.items():
+        assert (staged[name] == array).all(), name
+
+    # The weight server's process is gone.
+    assert multiprocessing.active_children() == []
