@@ -1,4 +1,4 @@
-"""Failpoints: parsed strictly, fire once at the armed progress, never again after a restart."""
+"""Failpoints: parsed strictly, fire once at each armed progress, never again after a restart."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from asymptote.faults import parse
+from asymptote.faults import Armed, arm, parse
 
 SCRIPT = """
 import sys
@@ -23,8 +24,11 @@ for progress in range(10):
 
 def test_parse_names_the_bad_entry() -> None:
     assert parse("") == {}
-    assert parse("a.b:3, c:0") == {"a.b": 3, "c": 0}
-    for bad in ("a", "a:", ":3", "a:-1", "a:x"):
+    assert parse("a.b:3, c:0") == {"a.b": Armed((3,)), "c": Armed((0,))}
+    assert parse("a:9,b:1,a:3,a:9,b:file,c:file") == {
+        "a": Armed((3, 9)), "b": Armed((1,), by_file=True), "c": Armed(by_file=True)
+    }
+    for bad in ("a", "a:", ":3", "a:-1", "a:x", "a:files"):
         with pytest.raises(ValueError, match="is not name:N"):
             parse(bad)
 
@@ -41,10 +45,70 @@ def test_failpoint_kills_at_the_armed_progress_then_never_again(tmp_path: Path) 
     first = run(tmp_path, "demo.point:4")
     assert first.returncode == -signal.SIGKILL
     assert first.stdout.split() == ["0", "1", "2", "3"]
-    assert (tmp_path / "fp" / "demo.point.fired").read_text().strip() == "4"
+    assert (tmp_path / "fp" / "demo.point@4.fired").read_text().strip() == "4"
     # The restarted process passes the point: it fired once for the run.
     again = run(tmp_path, "demo.point:4")
     assert again.returncode == 0 and again.stdout.split() == [str(i) for i in range(10)]
     # Unarmed points and other names never fire.
     other = run(tmp_path / "other", "another.point:0")
     assert other.returncode == 0 and len(other.stdout.split()) == 10
+
+
+def test_a_point_armed_twice_fires_at_each_threshold_once(tmp_path: Path) -> None:
+    spec = "demo.point:2,demo.point:6"
+    first = run(tmp_path, spec)
+    assert first.returncode == -signal.SIGKILL and first.stdout.split() == ["0", "1"]
+    # Restarted, the process starts over from progress 0: it passes 2 (fired)
+    # and dies at 6.
+    second = run(tmp_path, spec)
+    assert second.returncode == -signal.SIGKILL and second.stdout.split() == ["0", "1", "2", "3", "4", "5"]
+    third = run(tmp_path, spec)
+    assert third.returncode == 0 and third.stdout.split() == [str(i) for i in range(10)]
+    assert sorted(p.name for p in (tmp_path / "fp").iterdir()) == ["demo.point@2.fired", "demo.point@6.fired"]
+
+
+def test_thresholds_passed_while_down_fire_one_at_a_time(tmp_path: Path) -> None:
+    # A process that first reaches the point past both thresholds dies once
+    # per start, for the lowest threshold not yet fired.
+    script = SCRIPT.replace("range(10)", "range(7, 10)")
+    env = {**os.environ, "ASY_FAILPOINTS": "demo.point:2,demo.point:6", "ASY_FAILPOINT_DIR": str(tmp_path / "fp")}
+    outcomes = [
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                       start_new_session=True)
+        for _ in range(3)
+    ]
+    assert [o.returncode for o in outcomes] == [-signal.SIGKILL, -signal.SIGKILL, 0]
+    assert [(tmp_path / "fp" / f"demo.point@{at}.fired").read_text().strip() for at in (2, 6)] == ["7", "7"]
+
+
+def test_a_point_armed_by_file_fires_when_armed_and_only_then(tmp_path: Path) -> None:
+    root = tmp_path / "fp"
+    script = """
+import sys, time
+from pathlib import Path
+from asymptote.faults import failpoint
+for progress in range(400):
+    failpoint("demo.point", progress)
+    print(progress, flush=True)
+    if progress == 5:
+        Path(sys.argv[1]).touch()  # tell the test we are running
+    time.sleep(0.01)
+"""
+    env = {**os.environ, "ASY_FAILPOINTS": "demo.point:file", "ASY_FAILPOINT_DIR": str(root)}
+    started = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(started)], env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    while not started.exists():
+        assert proc.poll() is None
+        time.sleep(0.01)
+    marker = arm(root, "demo.point", "first")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    fired_at = int(marker.read_text())
+    # It ran unharmed until armed, then died at the very next point.
+    assert out.split() == [str(i) for i in range(fired_at)] and 6 <= fired_at < 400
+    assert not (root / "demo.point.arm").exists()
+    # Unarmed again: a restarted process runs through.
+    rerun = subprocess.run([sys.executable, "-c", script, str(started)], env=env, capture_output=True, text=True,
+                           timeout=60, start_new_session=True)
+    assert rerun.returncode == 0 and len(rerun.stdout.split()) == 400

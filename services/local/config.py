@@ -73,9 +73,13 @@ class StackConfig(Frozen):
         return v
 
     max_restarts: int = Field(default=5, ge=0)
-    """Times a process that exits is restarted before the run is declared failed."""
+    """Restarts of a process in a row (a crash loop: each exit within ``restart_backoff_reset_s`` of its
+    start) before the run is declared failed."""
     restart_backoff_s: float = Field(default=1.0, gt=0.0)
-    """First restart delay; doubles per restart of the same process, at most 30 s."""
+    """First restart delay; doubles per restart in a row of the same process, at most 30 s."""
+    restart_backoff_reset_s: float = Field(default=120.0, gt=0.0)
+    """A process that ran this long before exiting starts its backoff and its count over (kubelet
+    does so after 10 minutes)."""
     startup_timeout_s: float = Field(default=300.0, gt=0.0)
     """Longest the stack waits for every service to become ready."""
     final_eval_timeout_s: float = Field(default=300.0, gt=0.0)

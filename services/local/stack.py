@@ -52,6 +52,10 @@ class Proc:
     argv: list[str] = field(default_factory=list)
     cpus: set[int] | None = None
     restarts: int = 0
+    """Restarts over the run."""
+    crash_loop: int = 0
+    """Restarts in a row, each exit soon after its start: sets the backoff and the give-up point."""
+    started_at: float = field(default_factory=time.monotonic)
     restart_at: float | None = None
 
     def tail(self, num_lines: int = 15) -> str:
@@ -143,10 +147,12 @@ class LocalStack:
             if p.popen.poll() is None:
                 continue
             if p.restart_at is None:
-                if p.restarts >= self.config.max_restarts:
+                if now - p.started_at >= self.config.restart_backoff_reset_s:
+                    p.crash_loop = 0  # it ran well: this exit is news, not a crash loop
+                if p.crash_loop >= self.config.max_restarts:
                     failed.append(p)
                     continue
-                delay = min(self.config.restart_backoff_s * 2.0**p.restarts, 30.0)
+                delay = min(self.config.restart_backoff_s * 2.0**p.crash_loop, 30.0)
                 p.restart_at = now + delay
                 events.append(f"{p.name} exited with code {p.popen.returncode}; restarting in {delay:.1f}s")
                 with (self.run_dir / "restarts.jsonl").open("a") as f:
@@ -161,6 +167,8 @@ class LocalStack:
 
     def _respawn(self, p: Proc) -> None:
         p.restarts += 1
+        p.crash_loop += 1
+        p.started_at = time.monotonic()
         p.restart_at = None
         p.ready = False
         if p.name == "nats-server":

@@ -1,0 +1,64 @@
+"""The local stack restarts exited processes as kubelet would: backoff in a crash loop, a fresh start after a good run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.local.config import StackConfig
+from services.local.stack import LocalStack
+
+
+def supervise_until(stack: LocalStack, done: Callable[[], bool], timeout_s: float = 30.0) -> list[str]:
+    failed: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        _, out = stack.supervise()
+        failed = [p.name for p in out]
+        if failed:
+            break
+        time.sleep(0.01)
+    return failed
+
+
+def restarts(stack: LocalStack) -> list[dict[str, object]]:
+    path = stack.run_dir / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def stack_for(tmp_path: Path, **overrides: object) -> LocalStack:
+    config = StackConfig.model_validate({
+        "run_dir": tmp_path / "run", "nats_auth": False, "max_restarts": 3, "restart_backoff_s": 0.05,
+        "restart_backoff_reset_s": 0.5, **overrides,
+    })
+    stack = LocalStack(config)
+    stack.run_dir.mkdir(parents=True)
+    return stack
+
+
+def test_a_crash_loop_backs_off_doubling_then_fails_the_run(tmp_path: Path) -> None:
+    stack = stack_for(tmp_path)
+    proc = stack._spawn("crasher", [sys.executable, "-c", "raise SystemExit(3)"])
+    failed = supervise_until(stack, lambda: False)
+    assert failed == ["crasher"]
+    rows = restarts(stack)
+    assert [r["delay_s"] for r in rows] == [0.05, 0.1, 0.2]
+    assert [r["restart"] for r in rows] == [1, 2, 3] and {r["exit_code"] for r in rows} == {3}
+    assert proc.restarts == 3 and proc.popen.returncode == 3
+
+
+def test_a_process_that_ran_well_starts_its_backoff_over(tmp_path: Path) -> None:
+    # Each run lasts longer than restart_backoff_reset_s: every exit is a
+    # fresh fault, so neither the delay nor the count of restarts in a row
+    # grows, and the run goes on past max_restarts exits.
+    stack = stack_for(tmp_path, max_restarts=1)
+    proc = stack._spawn("preempted", [sys.executable, "-c", "import time; time.sleep(0.6); raise SystemExit(137)"])
+    failed = supervise_until(stack, lambda: proc.restarts >= 3 and proc.popen.poll() is None, timeout_s=60.0)
+    assert failed == []
+    rows = restarts(stack)
+    assert len(rows) == 3 and [r["delay_s"] for r in rows] == [0.05, 0.05, 0.05]
+    proc.popen.kill()
+    proc.popen.wait()
