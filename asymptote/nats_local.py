@@ -7,6 +7,7 @@ local stack, the integration and end-to-end tests and the benchmarks.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+
+USER_ENV = "ASY_NATS_SERVER_USER"
+PASSWORD_ENV = "ASY_NATS_SERVER_PASSWORD"
+"""Where a password-protected local nats-server reads its credentials (its environment)."""
 
 
 def nats_server_binary() -> str:
@@ -87,11 +93,19 @@ def start_nats(
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or store_dir / "nats-server.log"
     log = log_path.open("ab")
-    auth = ["--user", user, "--pass", password] if user and password else []
+    auth, env = [], dict(os.environ)
+    if user and password:
+        # The credentials reach the server through its environment, which
+        # the config file names: never on its command line, which every
+        # local user can read (/proc/<pid>/cmdline), nor in a file.
+        conf = store_dir / "auth.conf"
+        conf.write_text(f"authorization {{\n  user: ${USER_ENV}\n  password: ${PASSWORD_ENV}\n}}\n")
+        auth = ["-c", str(conf)]
+        env.update({USER_ENV: user, PASSWORD_ENV: password})
     secure = tls.args() if tls else []
     proc = subprocess.Popen(
-        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *auth, *secure],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [nats_server_binary(), *auth, "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *secure],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
     )
     log.close()
     deadline = time.monotonic() + 20

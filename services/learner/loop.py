@@ -18,7 +18,6 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 
 import grpc
 import torch

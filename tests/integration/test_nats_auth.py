@@ -35,6 +35,15 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
         server.stop()
 
 
+def test_the_password_is_on_no_command_line_nor_in_a_file(secured: NatsServer) -> None:
+    # Any local user can read a process's command line: the server gets the
+    # password through its environment, which only its owner can read.
+    cmdline = Path(f"/proc/{secured.process.pid}/cmdline").read_bytes()
+    assert PASSWORD.encode() not in cmdline and b"-c" in cmdline.split(b"\0")
+    written = [f for f in secured.store_dir.rglob("*") if f.is_file()]
+    assert written and not [f for f in written if PASSWORD.encode() in f.read_bytes()]
+
+
 def settings(server: NatsServer, user: str | None, password: str | None) -> NatsSettings:
     return NatsSettings(url=server.url, user=user, password=password, connect_timeout_s=2, max_reconnect_attempts=1)
 

@@ -557,8 +557,9 @@ def ref_ppo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[fl
                 r = torch.exp(torch.clamp(logp[n, t] - logp_gen[n][t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
                 w = 1.0
             else:
-                r = torch.exp(logp[n, t] - float(logp[n, t]))  # value 1, gradient of logp
-                w = min(math.exp(_clamp(float(logp[n, t]) - logp_gen[n][t])), tis_cap)
+                old = float(logp[n, t].detach())  # the learner's own log-prob, held fixed
+                r = torch.exp(logp[n, t] - old)  # value 1, gradient of logp
+                w = min(math.exp(_clamp(old - logp_gen[n][t])), tis_cap)
             a = advantages[n]
             row.append(-torch.minimum(r * a, torch.clamp(r, 1 - eps_low, 1 + eps_high) * a) * w)
         terms.append(row)
@@ -646,7 +647,7 @@ def test_ppo_clip_by_hand() -> None:
     logp = torch.tensor([[math.log(1.5)], [math.log(0.5)]], dtype=torch.float64, requires_grad=True)
     loss, stats = ppo_clip_loss(logp, torch.zeros(2, 1, dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64),
                                 torch.ones(2, 1), torch.tensor([0, 1]), 0.2, 0.2, "sample")
-    assert float(loss) == pytest.approx(-(1.2 + 0.5) / 2)
+    assert loss.item() == pytest.approx(-(1.2 + 0.5) / 2)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [-0.25]], dtype=torch.float64))
     assert stats["is/capped_frac"] == pytest.approx(0.5)
