@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.streams import Names
+from asymptote.streams import Names, Outgoing, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +35,39 @@ TERMINAL = (Event.LEDGER_EVENT_TRAINED, Event.LEDGER_EVENT_FILTERED, Event.LEDGE
 
 
 class Ledger:
-    """Records events for one service."""
+    """Records events for one service, and answers whether a task has ended.
 
-    def __init__(self, js: JetStreamContext, names: Names, service: str) -> None:
+    The broker is the only writer of outcomes (one replica at a time), so
+    what it recorded itself is the ledger's truth for those tasks: a task
+    whose "issued" record this ledger stored fresh stays open until this
+    ledger records its outcome. Only a task it never saw (issued before a
+    restart, or forgotten past ``max_known``) costs a lookup, whose answer is
+    kept as well. A restarted broker therefore still recognises every copy
+    of a task that already ended, paying one lookup per task it inherits.
+    """
+
+    def __init__(
+        self, js: JetStreamContext, names: Names, service: str, max_known: int = 200_000
+    ) -> None:
         self.js = js
         self.names = names
         self.service = service
+        self.publisher = Publisher(js)
+        self.max_known = max_known
+        self._ended: OrderedDict[str, bool] = OrderedDict()
+        """Whether a task has an outcome, for the tasks this ledger recorded or looked up (oldest first)."""
+        self.num_lookups = 0
+        """Tasks whose state had to be read from the stream (not known here)."""
 
-    async def record(
+    def entry(
         self,
         task_id: str,
         event: rollout_pb2.LedgerEvent.ValueType,
         reason: str = "",
         policy_version: int = 0,
         batch_id: str = "",
-    ) -> None:
-        entry = rollout_pb2.LedgerEntry(
+    ) -> rollout_pb2.LedgerEntry:
+        return rollout_pb2.LedgerEntry(
             task_id=task_id,
             event=event,
             reason=reason[:512],
@@ -59,8 +76,59 @@ class Ledger:
             unix_s=time.time(),
             service=self.service,
         )
-        msg_id = f"{task_id}:{Event.Name(event)}:{batch_id}"
-        await self.js.publish(self.names.ledger(task_id), entry.SerializeToString(), headers={"Nats-Msg-Id": msg_id})
+
+    async def record(self, *entries: rollout_pb2.LedgerEntry) -> None:
+        """Store ``entries`` (made by :meth:`entry`); returns once every one is stored, else raises
+        (see Publisher.publish_all)."""
+        duplicates = await self.publisher.publish_all([
+            Outgoing(
+                self.names.ledger(e.task_id),
+                e.SerializeToString(),
+                # Idempotent per event and batch: a repeated action is recorded
+                # once, a second training in another batch is not hidden.
+                f"{e.task_id}:{Event.Name(e.event)}:{e.batch_id}",
+            )
+            for e in entries
+        ])
+        for e, duplicate in zip(entries, duplicates):
+            if e.event in TERMINAL:
+                self._remember(e.task_id, True)
+            elif e.event == Event.LEDGER_EVENT_ISSUED and not duplicate:
+                # Stored fresh: nothing came after it (an outcome can only follow
+                # this record). A repeated "issued" says nothing: look it up.
+                self._ended.setdefault(e.task_id, False)
+                self._trim()
+
+    def _remember(self, task_id: str, ended: bool) -> None:
+        # Once ended, always ended: a lookup answered before this ledger
+        # recorded the outcome must not reopen the task.
+        self._ended[task_id] = self._ended.get(task_id, False) or ended
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._ended) > self.max_known:
+            self._ended.popitem(last=False)
+
+    def known_ended(self, task_id: str) -> bool | None:
+        """Whether the task has an outcome, if this ledger knows without asking; None if not."""
+        return self._ended.get(task_id)
+
+    async def has_ended(self, task_id: str) -> bool:
+        """Whether the task already has an outcome (trained, filtered, dead-lettered)."""
+        known = self._ended.get(task_id)
+        if known is not None:
+            return known
+        self.num_lookups += 1
+        last = await self.last(task_id)
+        if last is None or last.event == Event.LEDGER_EVENT_ISSUED:
+            ended = False
+        elif last.event in TERMINAL:
+            ended = True
+        else:  # a duplicate caught: while the task was still held, or after it ended
+            ended = any(e.event in TERMINAL for e in await self.entries(task_id))
+        if last is not None:  # an id nobody issued stays unknown
+            self._remember(task_id, ended)
+        return ended
 
     async def last(self, task_id: str) -> rollout_pb2.LedgerEntry | None:
         """The newest entry for ``task_id``, or None."""
@@ -70,10 +138,20 @@ class Ledger:
             return None
         return rollout_pb2.LedgerEntry.FromString(msg.data or b"")
 
-    async def has_ended(self, task_id: str) -> bool:
-        """Whether the task already has an outcome (trained, filtered, dead-lettered)."""
-        last = await self.last(task_id)
-        return last is not None and last.event != Event.LEDGER_EVENT_ISSUED
+    async def entries(self, task_id: str) -> list[rollout_pb2.LedgerEntry]:
+        """Every entry for ``task_id``, oldest first (a task has a handful)."""
+        out: list[rollout_pb2.LedgerEntry] = []
+        seq = 1
+        while True:
+            try:
+                msg = await self.js.get_msg(
+                    self.names.ledger_stream, seq, subject=self.names.ledger(task_id), next=True
+                )
+            except NotFoundError:
+                return out
+            out.append(rollout_pb2.LedgerEntry.FromString(msg.data or b""))
+            assert msg.seq is not None  # a stored message has its sequence
+            seq = msg.seq + 1
 
 
 @dataclass

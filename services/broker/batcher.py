@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,8 +41,6 @@ class Held:
     group: rollout_pb2.RolloutGroup
     msg: Ackable
     received_s: float = field(default_factory=time.monotonic)
-    seq: int | None = None
-    """The message's stream sequence (a redelivery has the same, a second copy another)."""
 
 
 @dataclass
@@ -64,21 +62,28 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
         n = len(c.token_ids)
         if n == 0:
             raise PayloadError(f"group {group.group_id} completion {i}: no tokens")
-        if len(c.logprobs) != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: {len(c.logprobs)} logprobs for {n} tokens")
+        # One conversion to a list: min, max and sum then run in C (over the
+        # protobuf container each element would be fetched through Python).
+        logprobs = list(c.logprobs)
+        if len(logprobs) != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
         if c.loss_mask and len(c.loss_mask) != n:
             raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
-        if any(not (-math.inf < lp <= 0.0) for lp in c.logprobs):  # also catches NaN
+        # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
+        total = sum(logprobs)
+        if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
             raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
-        if not (c.reward == c.reward) or abs(c.reward) == float("inf"):
+        if not math.isfinite(c.reward):
             raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
-        covered = 0
-        for span in c.version_spans:
-            if span.start != covered or span.end <= span.start:
-                raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
-            covered = span.end
-        if c.version_spans and covered != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens")
+        spans = c.version_spans
+        if spans:
+            covered = 0
+            for span in spans:
+                if span.start != covered or span.end <= span.start:
+                    raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
+                covered = span.end
+            if covered != n:
+                raise PayloadError(f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens")
 
 
 def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
@@ -91,23 +96,23 @@ def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
     return sum(1 for c in group.completions if c.reward > 0) / len(group.completions)
 
 
-async def gather_all(aws: Iterable[Awaitable[object]]) -> None:
-    """Await every write concurrently; once all have settled, raise the first error.
-
-    Settling all before raising means none is still in flight when the
-    caller retries or moves on.
-    """
-    results = await asyncio.gather(*aws, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+def no_stream_seq(msg: Ackable) -> int | None:
+    return None
 
 
 class Batcher:
-    def __init__(self, batch_prompts: int, max_staleness_versions: int, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self,
+        batch_prompts: int,
+        max_staleness_versions: int,
+        ledger: Ledger | None = None,
+        stream_seq: Callable[[Ackable], int | None] = no_stream_seq,
+    ) -> None:
         self.batch_prompts = batch_prompts
         self.max_staleness = max_staleness_versions
         self.ledger = ledger
+        self.stream_seq = stream_seq
+        """A message's stream sequence: a redelivery has the same, a second copy another (None: unknown)."""
         self._held: dict[str, Held] = {}
         """Every group held now (ready or handed out), by group id."""
         self.ready: deque[Held] = deque()
@@ -123,24 +128,28 @@ class Batcher:
         self._changed = asyncio.Condition()
         self.taken = asyncio.Event()
         """Set when a batch is handed out (room for more tasks); the issuer clears it."""
+        self.learner_pace: float | None = None
+        """Groups per second the learner gets through when fed (EWMA): a batch's size over the time
+        from handing it out to the learner's next request, which leaves out any wait for data."""
+        self._last_handed: tuple[float, int] | None = None
 
     def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
         return learner_version - int(group.min_version) > self.max_staleness
 
-    async def admit(
-        self, group: rollout_pb2.RolloutGroup, msg: Ackable, seq: int | None = None, ended: bool = False
-    ) -> str | None:
+    async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable, ended: bool = False) -> str | None:
         """Take a decoded, validated group; returns the drop reason, if any.
 
-        ``seq``: the message's stream sequence. A redelivery of a message held
-        now replaces the held handle; another copy of a held group (its task
-        was generated twice, e.g. when a generator died before acking it) is
-        acked as a duplicate. ``ended``: the ledger already holds an outcome
-        for this task, so this copy is acked as a duplicate and never served.
+        A redelivery of a message held now (same stream sequence) replaces the
+        held handle; another copy of a held group (its task was generated
+        twice, e.g. when a generator died before acking it) is acked as a
+        duplicate. ``ended``: the ledger already holds an outcome for this
+        task, so this copy is acked as a duplicate and never served.
         """
         held = self._held.get(group.group_id)
         if held is not None:
-            if seq is None or held.seq == seq:
+            # Sequences are read only here, on a collision (parsing them costs).
+            seq = self.stream_seq(msg)
+            if seq is None or self.stream_seq(held.msg) == seq:
                 held.msg = msg
                 return None
             return await self._duplicate(group.group_id, msg, "second copy of a held group")
@@ -156,7 +165,7 @@ class Batcher:
             await self._drop(group, msg, reason)
             return reason
         async with self._changed:
-            held = self._held[group.group_id] = Held(group, msg, seq=seq)
+            held = self._held[group.group_id] = Held(group, msg)
             self.ready.append(held)
             self._changed.notify_all()
         return None
@@ -171,7 +180,7 @@ class Batcher:
         self, group_id: str, event: rollout_pb2.LedgerEvent.ValueType, reason: str = "", batch_id: str = ""
     ) -> None:
         if self.ledger is not None:
-            await self.ledger.record(group_id, event, reason, self.learner_version, batch_id)
+            await self.ledger.record(self.ledger.entry(group_id, event, reason, self.learner_version, batch_id))
 
     async def _drop(self, group: rollout_pb2.RolloutGroup, msg: Ackable, reason: str) -> None:
         # Recorded before the ack: while the message is in the queue the group
@@ -191,6 +200,12 @@ class Batcher:
     async def next_batch(self, learner_version: int, num_groups: int, timeout_s: float) -> HandedOut | None:
         """Wait up to ``timeout_s`` for ``num_groups`` fresh groups and hand them out."""
         await self.set_learner_version(learner_version)
+        if self._last_handed is not None:
+            handed_s, num = self._last_handed
+            # A learner asking again at once is far faster than any pipeline: floor its time at 1 ms.
+            pace = num / max(time.monotonic() - handed_s, 1e-3)
+            self.learner_pace = pace if self.learner_pace is None else 0.8 * self.learner_pace + 0.2 * pace
+            self._last_handed = None
         deadline = time.monotonic() + timeout_s
         async with self._changed:
             while True:
@@ -209,6 +224,7 @@ class Batcher:
         self.served_at_version = self.learner_version
         self.handed_out[batch.batch_id] = batch
         self.num_served += len(items)
+        self._last_handed = (time.monotonic(), len(items))
         self.taken.set()
         return batch
 
@@ -242,11 +258,14 @@ class Batcher:
             batch = self.handed_out.pop(batch_id, None)
             ids = list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
             # Every group's record is stored before any of its messages is acked.
-            await gather_all(
-                self._record(gid, Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
-                             batch_id=batch_id)
-                for gid in ids
-            )
+            if self.ledger is not None:
+                await self.ledger.record(*(
+                    self.ledger.entry(
+                        gid, Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
+                        policy_version=self.learner_version, batch_id=batch_id,
+                    )
+                    for gid in ids
+                ))
             if batch is None:
                 unknown.append(batch_id)
                 self.num_trained += len(group_ids) - len(dups)

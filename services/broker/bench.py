@@ -11,7 +11,12 @@ serves both sides, measured in one run:
   a fake learner takes batches over real gRPC (``Broker.NextBatch``) and
   acks each at once (``Broker.Ack``). The rate is groups delivered to the
   learner per second over a window after warm-up, so it covers issuing,
-  ledger records, admission, batching and acks.
+  ledger records, admission, batching and acks. The fakes share this
+  process with each other (and the machine with the broker and the
+  server), so they are kept cheap, to measure the broker rather than
+  them: groups are built from pre-serialized completions, published and
+  leased with the broker's own JetStream paths (``asymptote.streams``),
+  and the learner sends each Ack alongside its next NextBatch.
 - raw: the same serialized group published N times into a stream shaped
   like the rollouts stream, fetched by a durable pull consumer in batches
   with explicit acks, concurrently; groups/s = N / wall time, measured
@@ -39,7 +44,6 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import dump_config
@@ -47,7 +51,7 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.nats_local import NatsServer, free_port, start_nats
 from asymptote.policy import publish_policy
 from asymptote.rpc import channel
-from asymptote.streams import Names, ensure_bucket, stream_configs
+from asymptote.streams import Names, Outgoing, Publisher, durable_puller, ensure_bucket, stream_configs
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 
 TARGET_RATIO = 0.5
@@ -58,14 +62,15 @@ NUM_COMPLETION_TOKENS = 16
 """Tokens per completion: the embedded default's max_tokens."""
 NUM_PROMPT_TOKENS = 8
 FETCH_BATCH = 64
-"""Messages per pull request, on both sides (the broker's own consume loop fetches 64)."""
+"""Messages per fetch of the raw baseline and of the fake generators."""
 NUM_GENERATORS = 2
 PREFIX = "bench"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str) -> rollout_pb2.RolloutGroup:
-    """A valid group for ``task``: G completions with log-probs, one version span, rewards 0 and 1 alternating."""
+def synthetic_completions() -> bytes:
+    """The serialized part of a group that does not depend on its task: G completions with
+    log-probs and one version span, rewards 0 and 1 alternating, and the prompt tokens."""
     completions = [
         rollout_pb2.Completion(
             token_ids=[4 + (i + j) % 12 for j in range(NUM_COMPLETION_TOKENS)],
@@ -76,12 +81,23 @@ def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str) -> roll
         )
         for i in range(GROUP_SIZE)
     ]
+    return rollout_pb2.RolloutGroup(
+        prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)], completions=completions,
+        min_version=0, max_version=0,
+    ).SerializeToString()
+
+
+def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str, completions: bytes) -> bytes:
+    """A valid serialized group for ``task``: its own fields, then ``completions``.
+
+    Protobuf concatenation is a merge, so the two parts make one message; the
+    fake generators build only the small part per task, since building
+    completions is the generator's work and not what this benchmark measures.
+    """
     now = time.time()
     return rollout_pb2.RolloutGroup(
-        group_id=task.task_id, task=task, prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)],
-        completions=completions, generator_id=generator_id, started_unix_s=now, finished_unix_s=now,
-        min_version=0, max_version=0,
-    )
+        group_id=task.task_id, task=task, generator_id=generator_id, started_unix_s=now, finished_unix_s=now,
+    ).SerializeToString() + completions
 
 
 def sample_payload() -> bytes:
@@ -93,7 +109,7 @@ def sample_payload() -> bytes:
                                             max_tokens=NUM_COMPLETION_TOKENS),
         issued_unix_s=time.time(),
     )
-    return synthetic_group(task, "bench-generator-0").SerializeToString()
+    return synthetic_group(task, "bench-generator-0", synthetic_completions())
 
 
 # -- the raw nats-py baseline ---------------------------------------------------
@@ -155,34 +171,40 @@ class GeneratorCounts:
 async def fake_generator(
     nats_url: str, names: Names, index: int, stop: asyncio.Event, counts: GeneratorCounts
 ) -> None:
-    """Lease tasks like the rollout loop (shared durable, explicit acks) and answer each at once."""
+    """Lease tasks like the rollout loop (shared durable, explicit acks) and answer each at once.
+
+    A fetch's groups are published back to back and their acknowledgements
+    awaited together, then its tasks are acked (a task is acked only once its
+    group is stored, as the generator does).
+    """
     nc = await nats.connect(nats_url, name=f"bench-generator-{index}")
     js = nc.jetstream()
+    publisher = Publisher(js)
     generator_id = f"bench-generator-{index}"
-
-    async def answer(msg: Msg) -> None:
-        task = rollout_pb2.GenerationTask.FromString(msg.data)
-        if task.kind == rollout_pb2.TASK_KIND_TRAIN:
-            group = synthetic_group(task, generator_id)
-            ack = await js.publish(names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": task.task_id})
-            counts.groups_published += 1
-            counts.duplicates += int(bool(ack.duplicate))
-        else:
-            counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
-        await msg.ack()
-
+    completions = synthetic_completions()
     try:
-        sub = await js.pull_subscribe(
-            names.all_tasks, durable=names.generators_consumer, stream=names.tasks_stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5, max_ack_pending=-1),
+        puller = await durable_puller(
+            js, names.tasks_stream, names.all_tasks, names.generators_consumer,
+            ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5, max_ack_pending=-1),
         )
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(batch=FETCH_BATCH, timeout=0.2)
+                msgs = await puller.fetch(FETCH_BATCH, timeout_s=0.2)
             except asyncio.TimeoutError:  # nats raises its subclass
                 continue
             counts.tasks_leased += len(msgs)
-            await asyncio.gather(*(answer(m) for m in msgs))
+            groups = []
+            for msg in msgs:
+                task = rollout_pb2.GenerationTask.FromString(msg.data)
+                if task.kind == rollout_pb2.TASK_KIND_TRAIN:
+                    groups.append(Outgoing(names.rollouts, synthetic_group(task, generator_id, completions), task.task_id))
+                else:
+                    counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
+            duplicates = await publisher.publish_all(groups)
+            counts.groups_published += len(groups)
+            counts.duplicates += sum(duplicates)
+            for msg in msgs:
+                await msg.ack()
     finally:
         await nc.close()
 
@@ -209,30 +231,51 @@ async def fake_learner(
 ) -> tuple[int, float, int]:
     """Take batches and ack each at once; returns (groups in the window, window seconds, warm-up groups).
 
-    Warm-up lasts ``warmup_s`` from the first batch (and at least four
-    batches), so the broker's outstanding limit has measured the flow; the
-    window then counts exactly ``num_groups`` (a multiple of the batch size).
+    Each batch's Ack is sent as soon as the batch is in, alongside the request
+    for the next batch rather than before it (the learner acks after its
+    checkpoints, not between a batch and the next request), with at most two
+    Acks in flight; the window closes once every Ack returned. Warm-up lasts
+    ``warmup_s`` from the first batch (and at least four batches), so the
+    broker's outstanding limit has measured the flow; the window then counts
+    exactly ``num_groups`` (a multiple of the batch size).
     """
     deadline = time.monotonic() + deadline_s
     async with channel(endpoint) as ch:
         stub = services_pb2_grpc.BrokerStub(ch)
+        acks: set[asyncio.Task[None]] = set()
+
+        async def ack(batch_id: str, group_ids: list[str]) -> None:
+            batch = services_pb2.AckedBatch(batch_id=batch_id, group_ids=group_ids)
+            await stub.Ack(services_pb2.AckRequest(batches=[batch]), timeout=10.0)
+
+        async def settle(keep: int) -> None:
+            while len(acks) > keep:
+                done, _ = await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    acks.discard(task)
+                    task.result()  # an Ack that failed fails the benchmark
+
         delivered, first_s, window_start, warmup_groups = 0, None, None, 0
-        while window_start is None or delivered - warmup_groups < num_groups:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the learner got {delivered} groups in {deadline_s:.0f}s")
-            got = await next_batch(stub, batch_prompts)
-            if got is None:
-                continue
-            batch_id, group_ids = got
-            await stub.Ack(
-                services_pb2.AckRequest(batches=[services_pb2.AckedBatch(batch_id=batch_id, group_ids=group_ids)]),
-                timeout=10.0,
-            )
-            delivered += len(group_ids)
-            now = time.perf_counter()
-            first_s = first_s or now
-            if window_start is None and now - first_s >= warmup_s and delivered >= 4 * batch_prompts:
-                window_start, warmup_groups = now, delivered
+        try:
+            while window_start is None or delivered - warmup_groups < num_groups:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the learner got {delivered} groups in {deadline_s:.0f}s")
+                got = await next_batch(stub, batch_prompts)
+                if got is None:
+                    continue
+                batch_id, group_ids = got
+                await settle(keep=1)
+                acks.add(asyncio.create_task(ack(batch_id, group_ids)))
+                delivered += len(group_ids)
+                now = time.perf_counter()
+                first_s = first_s or now
+                if window_start is None and now - first_s >= warmup_s and delivered >= 4 * batch_prompts:
+                    await settle(keep=0)  # the window starts with no Ack of the warm-up in flight
+                    window_start, warmup_groups = time.perf_counter(), delivered
+            await settle(keep=0)
+        finally:
+            for task in acks:
+                task.cancel()
         return delivered - warmup_groups, time.perf_counter() - window_start, warmup_groups
 
 

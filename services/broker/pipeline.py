@@ -23,9 +23,9 @@ from asymptote.errors import PayloadError
 from asymptote.ledger import Event, Ledger
 from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import watch_policy
-from asymptote.streams import Names
+from asymptote.streams import Names, Outgoing, durable_puller
 from asymptote.tasks import Problem, get_task
-from services.broker.batcher import Batcher, gather_all, pass_rate, validate_group
+from services.broker.batcher import Ackable, Batcher, pass_rate, validate_group
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
@@ -37,6 +37,10 @@ TRAIN_TASK_PREFIX = "train-"
 """Train task ids (and so rollout group ids) start with this; other message ids are no issued task's."""
 MAX_DELIVER = 5
 """Redeliveries of a rollout group before JetStream gives up on it."""
+FETCH_BATCH = 256
+"""Rollout groups taken per fetch at most (a fetch returns what is there without waiting for more)."""
+ADMIT_SLICE = 32
+"""Groups admitted between two turns of the event loop."""
 
 
 class BrokerPipeline:
@@ -62,15 +66,13 @@ class BrokerPipeline:
         self._train = list(task.problems("train"))
         self.curriculum: Curriculum | None = None
         self.ledger = Ledger(js, names, "broker")
-        self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger)
+        self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger, _stream_seq)
         self.pending_tasks = 0
         # Flow measurements behind the outstanding-task limit (EWMAs).
         self.consume_rate: float | None = None
-        """Groups per second the learner takes."""
+        """Groups per second the learner takes when fed (Batcher.learner_pace)."""
         self.issue_latency_s: float | None = None
         """Seconds from issuing a train task to its group arriving."""
-        self._flow_at: float | None = None
-        self._flow_served = 0
         self._state_dirty = False
         self._generators_seen: dict[str, float] = {}
         self._eval_lock = asyncio.Lock()
@@ -169,19 +171,17 @@ class BrokerPipeline:
         batches ahead, since groups further ahead would arrive stale. Until
         both are measured, two batches. Synchronous mode: one batch. A
         configured ``max_outstanding_tasks`` overrides it.
+
+        The consumption is the learner's pace when fed, not the rate it got
+        groups at: a starved learner takes only what arrives, and a limit
+        sized on that keeps it starved.
         """
         c = self.config
         if c.mode == "sync" or c.max_outstanding_tasks is not None:
             return c.outstanding_limit
         b = c.batch_prompts
-        now = time.monotonic()
-        served = self.batcher.num_served
-        if self._flow_at is not None and now - self._flow_at >= 1.0:
-            rate = (served - self._flow_served) / (now - self._flow_at)
-            self.consume_rate = rate if self.consume_rate is None else 0.8 * self.consume_rate + 0.2 * rate
-            self._flow_at, self._flow_served = now, served
-        elif self._flow_at is None:
-            self._flow_at, self._flow_served = now, served
+        if self.batcher.learner_pace is not None:
+            self.consume_rate = self.batcher.learner_pace
         if not self.consume_rate or self.issue_latency_s is None:
             return 2 * b
         need = math.ceil(1.25 * self.consume_rate * self.issue_latency_s) + b
@@ -206,14 +206,13 @@ class BrokerPipeline:
                     break
             try:
                 # Recorded first: a task in the queue is always in the ledger.
-                await gather_all(
-                    self.ledger.record(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
+                await self.ledger.record(*(
+                    self.ledger.entry(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
                     for t in tasks
-                )
-                await gather_all(
-                    self.js.publish(self.names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
-                    for t in tasks
-                )
+                ))
+                await self.ledger.publisher.publish_all([
+                    Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks
+                ])
             except BaseException:
                 self.curriculum.rewind(mark)  # issued again, under the same ids, on the next try
                 raise
@@ -304,11 +303,12 @@ class BrokerPipeline:
     # -- consuming ---------------------------------------------------------
 
     async def consume_loop(self, stop: asyncio.Event) -> None:
-        sub = await self.js.pull_subscribe(
+        puller = await durable_puller(
+            self.js,
+            self.names.rollouts_stream,
             self.names.rollouts,
-            durable=self.names.broker_consumer,
-            stream=self.names.rollouts_stream,
-            config=ConsumerConfig(
+            self.names.broker_consumer,
+            ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
                 ack_wait=self.config.ack_wait_s,
                 max_deliver=MAX_DELIVER,
@@ -317,41 +317,61 @@ class BrokerPipeline:
         )
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(batch=64, timeout=0.5)
+                msgs = await puller.fetch(FETCH_BATCH, timeout_s=0.5)
             except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
                 continue
             except Exception as exc:
                 log.warning("fetch of rollout groups failed: %s", exc)
                 await wait_or_stop(stop, 0.5)
                 continue
-            # One ledger lookup per group, concurrently: a copy of a task that
-            # already ended (generated twice across a crash) is never admitted.
-            ended = await asyncio.gather(*(self._has_ended(m) for m in msgs))
-            for msg, was_ended in zip(msgs, ended):
-                await self._on_group(msg, was_ended)
+            # In slices, letting the event loop run in between: the learner's
+            # NextBatch stream needs a turn of it for every group it sends.
+            for start in range(0, len(msgs), ADMIT_SLICE):
+                await self._on_groups(msgs[start:start + ADMIT_SLICE])
+                await asyncio.sleep(0)
             self._update_gauges()
 
-    async def _has_ended(self, msg: Msg) -> bool:
-        group_id = _group_id_of(msg)
-        if not group_id:
-            return False
+    async def _on_groups(self, msgs: list[Msg]) -> None:
+        """Decode, check against the ledger and admit fetched groups."""
+        decoded = [(msg, group) for msg in msgs if (group := await self._decode(msg)) is not None]
+        # A copy of a task that already ended (generated twice across a crash,
+        # redelivered after a restart) is never admitted. The ledger knows the
+        # tasks this broker issued or ended; the others (inherited from before
+        # a restart) are looked up, concurrently.
+        ended = [
+            self.ledger.known_ended(g.group_id) if g.group_id.startswith(TRAIN_TASK_PREFIX) else False
+            for _, g in decoded
+        ]
+        unknown = [i for i, e in enumerate(ended) if e is None]
+        if unknown:
+            answers = await asyncio.gather(*(self._has_ended(decoded[i][1].group_id) for i in unknown))
+            for i, answer in zip(unknown, answers):
+                ended[i] = answer
+        for (msg, group), was_ended in zip(decoded, ended):
+            await self._admit(msg, group, bool(was_ended))
+
+    async def _has_ended(self, group_id: str) -> bool:
         try:
             return await self.ledger.has_ended(group_id)
         except Exception as exc:  # JetStream hiccup: admit; a later copy is caught when held
             log.warning("ledger lookup for %s failed: %s", group_id, exc)
             return False
 
-    async def _on_group(self, msg: Msg, ended: bool = False) -> None:
+    async def _decode(self, msg: Msg) -> rollout_pb2.RolloutGroup | None:
+        """The message's valid group, or None once a poison message is dead-lettered."""
         try:
             group = rollout_pb2.RolloutGroup.FromString(msg.data)
             validate_group(group)
+            return group
         except Exception as exc:  # poison: DecodeError or PayloadError
             reason = str(exc) if isinstance(exc, PayloadError) else f"undecodable RolloutGroup: {exc}"
             group_id = _group_id_of(msg)
             if group_id:
-                await self.ledger.record(group_id, Event.LEDGER_EVENT_DEADLETTERED, reason)
+                await self.ledger.record(self.ledger.entry(group_id, Event.LEDGER_EVENT_DEADLETTERED, reason))
             await self.deadletter(msg, "rollouts", reason)
-            return
+            return None
+
+    async def _admit(self, msg: Msg, group: rollout_pb2.RolloutGroup, ended: bool) -> None:
         assert self.curriculum is not None
         self.metrics.groups_received.inc()
         self._generators_seen[group.generator_id] = time.monotonic()
@@ -362,7 +382,7 @@ class BrokerPipeline:
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
-        reason = await self.batcher.admit(group, msg, seq=_stream_seq(msg), ended=ended)
+        reason = await self.batcher.admit(group, msg, ended=ended)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
 
@@ -410,9 +430,9 @@ class BrokerPipeline:
 
 
 
-def _stream_seq(msg: Msg) -> int | None:
+def _stream_seq(msg: Ackable) -> int | None:
     try:
-        return int(msg.metadata.sequence.stream)
+        return int(msg.metadata.sequence.stream)  # type: ignore[attr-defined]
     except Exception:  # not a JetStream message (tests)
         return None
 

@@ -468,3 +468,64 @@ def test_outstanding_limit_follows_consumption_and_k() -> None:
     sync = BrokerPipeline(config.model_copy(update={"mode": "sync"}), None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     sync.consume_rate, sync.issue_latency_s = 1000.0, 5.0
     assert sync.outstanding_limit() == 16
+
+
+@dataclass
+class SeqMsg(FakeMsg):
+    seq: int = 0
+
+
+async def test_a_redelivery_replaces_the_held_handle_and_a_second_copy_is_a_duplicate() -> None:
+    batcher = Batcher(batch_prompts=1, max_staleness_versions=8, stream_seq=lambda m: m.seq)  # type: ignore[attr-defined]
+    first = SeqMsg("g", seq=7)
+    assert await batcher.admit(make_group("g", (0.0, 1.0)), first) is None
+    redelivered = SeqMsg("g", seq=7)
+    assert await batcher.admit(make_group("g", (0.0, 1.0)), redelivered) is None
+    copy = SeqMsg("g", seq=9)
+    assert await batcher.admit(make_group("g", (0.0, 1.0)), copy) == "duplicate"
+    assert copy.acked and not first.acked and not redelivered.acked
+    assert ids(batcher.ready) == ["g"] and batcher.num_received == 1
+    assert batcher.dropped == {"duplicate": 1}
+    batch = await batcher.next_batch(0, 1, 1.0)
+    assert batch is not None and batch.items[0].msg is redelivered  # the live handle is acked later
+    # A copy of a task the ledger says has ended is never held.
+    ended = SeqMsg("e", seq=11)
+    assert await batcher.admit(make_group("e", (0.0, 1.0)), ended, ended=True) == "duplicate"
+    assert ended.acked and batcher.dropped == {"duplicate": 2} and "e" not in ids(batcher.ready)
+
+
+async def test_learner_pace_leaves_out_its_wait_for_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.broker import batcher as batcher_module
+
+    now = [100.0]
+    monkeypatch.setattr(batcher_module.time, "monotonic", lambda: now[0])
+    batcher = Batcher(batch_prompts=4, max_staleness_versions=8)
+    for i in range(4):
+        await admit(batcher, f"g{i}")
+    assert await batcher.next_batch(0, 4, 1.0) is not None and batcher.learner_pace is None
+    now[0] += 0.5  # the learner trains for half a second, then asks again
+    assert await batcher.next_batch(0, 4, 0.0) is None  # and waits for data: that does not count
+    assert batcher.learner_pace == pytest.approx(8.0)  # 4 groups / 0.5 s
+    for i in range(4, 8):
+        await admit(batcher, f"g{i}")
+    now[0] += 30.0  # starved meanwhile: the wait is not the learner's pace
+    assert await batcher.next_batch(0, 4, 1.0) is not None
+    assert batcher.learner_pace == pytest.approx(8.0)
+    now[0] += 0.25
+    await batcher.next_batch(0, 4, 0.0)
+    assert batcher.learner_pace == pytest.approx(0.8 * 8.0 + 0.2 * 16.0)
+
+
+def test_outstanding_limit_follows_the_learners_pace_not_what_it_got() -> None:
+    from asymptote.streams import Names
+    from services.broker.metrics import BrokerMetrics
+    from services.broker.pipeline import BrokerPipeline
+
+    config = BrokerConfig(task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16,
+                          max_staleness_versions=8)
+    p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
+    p.issue_latency_s = 1.0
+    p.batcher.learner_pace = 40.0
+    assert p.outstanding_limit() == 50 + 16 and p.consume_rate == 40.0
+    p.batcher.learner_pace = 1000.0  # a learner far faster than generation: k + 1 batches, no more
+    assert p.outstanding_limit() == 16 * 9

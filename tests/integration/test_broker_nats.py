@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
 from asymptote.streams import Names, ensure_bucket
@@ -27,6 +32,7 @@ from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
 
 _prefixes = itertools.count()
+Event = rollout_pb2.LedgerEvent
 
 
 def make_group(task: rollout_pb2.GenerationTask, rewards: list[float], version: int = 0) -> rollout_pb2.RolloutGroup:
@@ -46,30 +52,63 @@ def make_group(task: rollout_pb2.GenerationTask, rewards: list[float], version: 
 
 
 class Harness:
-    def __init__(self, server: NatsServer, batch_prompts: int = 2, outstanding: int = 4) -> None:
+    def __init__(
+        self, server: NatsServer, batch_prompts: int = 2, outstanding: int = 4, ack_wait_s: float = 30.0
+    ) -> None:
+        self.server = server
         self.prefix = f"it{next(_prefixes)}"
         self.names = Names(self.prefix)
-        self.grpc_port = free_port()
         self.config = BrokerConfig(
             nats=NatsSettings(url=server.url),
             prefix=self.prefix,
-            grpc={"port": self.grpc_port},
+            grpc={"port": free_port()},
             http={"port": free_port()},
             task=TaskSettings(num_train=40, num_heldout=3, max_digits=2),
             sampling=SamplingSettings(group_size=2, max_tokens=4),
             eval=EvalSettings(every_versions=1000, num_samples=2),
             batch_prompts=batch_prompts,
             max_outstanding_tasks=outstanding,
+            ack_wait_s=ack_wait_s,
             log_format="text",
         )
         self.stop = asyncio.Event()
+        self.nc: NatsClient
+        self.js: JetStreamContext
+        self.task: asyncio.Task[None]
+        self.channel: grpc.aio.Channel
+        self.stub: services_pb2_grpc.BrokerStub
+
+    async def start_broker(self) -> None:
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(serve(self.config, self.stop))
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.config.grpc.port}")
+        self.stub = services_pb2_grpc.BrokerStub(self.channel)
+
+    async def stop_broker(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 30)
+        await self.channel.close()
+
+    async def restart_broker(self) -> None:
+        """A new broker process on the same run: nothing of the old one's memory survives."""
+        await self.stop_broker()
+        self.config = self.config.model_copy(update={
+            "grpc": self.config.grpc.model_copy(update={"port": free_port()}),
+            "http": self.config.http.model_copy(update={"port": free_port()}),
+        })
+        await self.start_broker()
+        await self.serving()
+
+    async def serving(self) -> None:
+        """Wait until the broker answers over gRPC."""
+        await self.stub.Status(services_pb2.StatusRequest(), wait_for_ready=True, timeout=30.0)
 
 
-@pytest.fixture
-async def harness(nats: NatsServer) -> AsyncIterator[Harness]:
-    h = Harness(nats)
-    task = asyncio.create_task(serve(h.config, h.stop))
-    nc = await nats_connect(nats)
+@asynccontextmanager
+async def running(h: Harness) -> AsyncIterator[Harness]:
+    """The broker serving, the learner's first version announced, a client connected."""
+    await h.start_broker()
+    nc = await nats_connect(h.server)
     h.nc, h.js = nc, nc.jetstream()
     # The broker waits for the learner's first version before issuing.
     for _ in range(100):
@@ -79,16 +118,20 @@ async def harness(nats: NatsServer) -> AsyncIterator[Harness]:
         except Exception:
             await asyncio.sleep(0.1)
     await publish_policy(kv, h.names, rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", sha256="00"))
-    h.channel = grpc.aio.insecure_channel(f"127.0.0.1:{h.grpc_port}")
-    h.stub = services_pb2_grpc.BrokerStub(h.channel)
-    yield h
-    h.stop.set()
-    await asyncio.wait_for(task, 30)
-    await h.channel.close()
-    await nc.close()
+    try:
+        yield h
+    finally:
+        await h.stop_broker()
+        await nc.close()
 
 
-async def nats_connect(server: NatsServer) -> nats.aio.client.Client:
+@pytest.fixture
+async def harness(nats: NatsServer) -> AsyncIterator[Harness]:
+    async with running(Harness(nats)) as h:
+        yield h
+
+
+async def nats_connect(server: NatsServer) -> NatsClient:
     return await nats.connect(server.url)
 
 
@@ -221,3 +264,92 @@ async def test_release_unacked_serves_the_same_groups_again(harness: Harness) ->
 async def test_no_batch_in_time_gives_an_empty_header(harness: Harness) -> None:
     header, groups = await next_batch(harness, timeout_s=0.3)
     assert header.batch_id == "" and groups == []
+
+
+async def publish_copy(h: Harness, group: rollout_pb2.RolloutGroup, msg_id: str) -> None:
+    """Another copy of a group, as one published again after JetStream's dedup window has passed."""
+    await h.js.publish(h.names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": msg_id})
+
+
+async def wait_for_count(h: Harness, stream: str, count: int) -> None:
+    for _ in range(100):
+        if await stream_count(h, stream) == count:
+            return
+        await asyncio.sleep(0.1)
+    assert await stream_count(h, stream) == count
+
+
+async def count_ledger_reads(h: Harness) -> list[int]:
+    """Requests for single ledger messages (the per-task lookups), counted as the server receives them."""
+    seen = [0]
+
+    async def count(msg: object) -> None:
+        seen[0] += 1
+
+    await h.nc.subscribe(f"$JS.API.STREAM.MSG.GET.{h.names.ledger_stream}", cb=count)
+    return seen
+
+
+async def task_events(h: Harness, task_id: str) -> Counter[int]:
+    return Counter(e.event for e in await read_entries(h.js, h.names) if e.task_id == task_id)
+
+
+async def test_a_copy_of_an_ended_task_is_never_served_also_by_a_restarted_broker(harness: Harness) -> None:
+    h = harness
+    reads = await count_ledger_reads(h)
+    train = [(t, m) for t, m in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:2]
+    for t, m in train:
+        await publish_group(h, make_group(t, [1.0, 0.0]))
+        await m.ack()  # type: ignore[attr-defined]
+    header, groups = await next_batch(h)
+    resp = await h.stub.Ack(services_pb2.AckRequest(batches=[
+        services_pb2.AckedBatch(batch_id=header.batch_id, group_ids=[g.group_id for g in groups])]))
+    assert resp.num_acked == 2
+    t1 = train[0][0]
+
+    # The broker that recorded the outcome knows it: the copy is a duplicate, with no lookup.
+    await publish_copy(h, make_group(t1, [1.0, 0.0]), f"{t1.task_id}-copy-1")
+    await wait_for_count(h, h.names.rollouts_stream, 0)
+    assert reads[0] == 0
+
+    # A restarted broker did not record it: it reads the task's entries once, then knows.
+    await h.restart_broker()
+    await publish_copy(h, make_group(t1, [0.0, 1.0]), f"{t1.task_id}-copy-2")
+    await wait_for_count(h, h.names.rollouts_stream, 0)
+    looked_up = reads[0]
+    assert looked_up >= 1
+    await publish_copy(h, make_group(t1, [1.0, 1.0]), f"{t1.task_id}-copy-3")
+    await wait_for_count(h, h.names.rollouts_stream, 0)
+    assert reads[0] == looked_up
+
+    header, groups = await next_batch(h, timeout_s=0.5)
+    assert groups == []  # no copy was ever served
+    # Trained once; the three copies share one "duplicate" record (same event, no batch: one message id).
+    events = await task_events(h, t1.task_id)
+    assert events == {Event.LEDGER_EVENT_ISSUED: 1, Event.LEDGER_EVENT_TRAINED: 1, Event.LEDGER_EVENT_DUPLICATE: 1}
+    status = await h.stub.Status(services_pb2.StatusRequest())
+    assert status.gauges["dropped_duplicate"] == 2 and status.gauges["groups_received"] == 2
+    result = await audit(h.js, h.names)
+    assert result.ok and result.trained == 2 and result.trained_twice == []
+
+
+async def test_a_held_group_whose_copy_was_caught_is_served_after_a_restart(nats: NatsServer) -> None:
+    # A broker restarted while holding a group whose second copy it had caught
+    # finds a "duplicate" as the task's newest entry; the task has no outcome,
+    # so the redelivered group is served, not dropped as ended.
+    async with running(Harness(nats, batch_prompts=1, outstanding=2, ack_wait_s=2.0)) as h:
+        (t1, m1), *_ = [(t, m) for t, m in await lease(h, 5) if t.kind == rollout_pb2.TASK_KIND_TRAIN]
+        await publish_group(h, make_group(t1, [1.0, 0.0]))
+        await m1.ack()  # type: ignore[attr-defined]
+        await publish_copy(h, make_group(t1, [1.0, 0.0]), f"{t1.task_id}-copy")
+        await wait_for_count(h, h.names.rollouts_stream, 1)  # the copy acked, the group held
+        assert await task_events(h, t1.task_id) == {Event.LEDGER_EVENT_ISSUED: 1, Event.LEDGER_EVENT_DUPLICATE: 1}
+
+        await h.restart_broker()  # the held group was never acked: JetStream redelivers it
+        header, groups = await next_batch(h, timeout_s=20.0)
+        assert [g.group_id for g in groups] == [t1.task_id]
+        await h.stub.Ack(services_pb2.AckRequest(batch_ids=[header.batch_id]))
+        await wait_for_count(h, h.names.rollouts_stream, 0)
+        assert (await task_events(h, t1.task_id))[Event.LEDGER_EVENT_TRAINED] == 1
+        result = await audit(h.js, h.names)
+        assert result.ok and result.trained == 1 and result.lost == []

@@ -1,0 +1,219 @@
+"""The broker's JetStream paths against a real nats-server: Publisher, Puller, Ledger.
+
+Publisher and Puller replace nats-py's per-message request and fetch in the
+broker's hot loops; these tests pin what they must still guarantee (every
+acknowledgement checked, duplicates reported, errors raised; a fetch returns
+what is available and loses nothing it was sent). The Ledger tests pin how
+the broker knows which tasks have ended: from its own records, and from one
+lookup per task it did not record itself (a restarted broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NoStreamResponseError
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.ledger import Ledger, read_entries
+from asymptote.nats_local import NatsServer
+from asymptote.streams import Names, Outgoing, Publisher, durable_puller, ensure_streams
+
+Event = rollout_pb2.LedgerEvent
+_ids = itertools.count()
+
+
+async def _connect(server: NatsServer) -> NatsClient:
+    return await nats.connect(server.url)
+
+
+@pytest.fixture
+async def nc(nats: NatsServer) -> AsyncIterator[NatsClient]:
+    client = await _connect(nats)  # the fixture's name hides the nats module here
+    yield client
+    await client.close()
+
+
+async def work_queue(nc: NatsClient, max_msg_size: int = -1) -> tuple[str, str]:
+    """A fresh work-queue stream with dedup; (stream, subject)."""
+    n = next(_ids)
+    stream, subject = f"JSP{n}", f"jsp{n}.work"
+    await nc.jetstream().add_stream(StreamConfig(
+        name=stream, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
+        duplicate_window=60.0, max_msg_size=max_msg_size,
+    ))
+    return stream, subject
+
+
+async def test_publisher_stores_in_order_and_reports_duplicates(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject = await work_queue(nc)
+    publisher = Publisher(js)
+    first = await publisher.publish_all([Outgoing(subject, f"m{i}".encode(), f"id-{i}") for i in range(5)])
+    assert first == [False] * 5
+    again = await publisher.publish_all([Outgoing(subject, b"late", "id-3"), Outgoing(subject, b"m5", "id-5")])
+    assert again == [True, False]
+    assert await publisher.publish_all([]) == []
+    info = await js.stream_info(stream)
+    assert info.state.messages == 6
+    stored = [(await js.get_msg(stream, seq)).data for seq in range(1, 7)]
+    assert stored == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_publisher_raises_what_the_server_refused(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject = await work_queue(nc, max_msg_size=100)
+    publisher = Publisher(js)
+    with pytest.raises(APIError) as refused:
+        await publisher.publish_all([Outgoing(subject, b"small", "a"), Outgoing(subject, b"x" * 200, "b")])
+    assert refused.value.code == 400 and "size" in str(refused.value.description)
+    # The accepted one is stored; the refused one is not.
+    assert (await js.stream_info(stream)).state.messages == 1
+    with pytest.raises(NoStreamResponseError):
+        await publisher.publish_all([Outgoing(f"nostream{next(_ids)}.x", b"lost", "c")])
+
+
+async def pull_setup(nc: NatsClient) -> tuple[str, str, ConsumerConfig]:
+    stream, subject = await work_queue(nc)
+    return stream, subject, ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=-1)
+
+
+async def test_puller_returns_what_is_there_and_then_what_arrives(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject, config = await pull_setup(nc)
+    publisher = Publisher(js)
+    puller = await durable_puller(js, stream, subject, "workers", config)
+    await publisher.publish_all([Outgoing(subject, f"a{i}".encode(), f"a{i}") for i in range(3)])
+    # Three are there: a fetch of up to 64 returns them rather than waiting for more
+    # (the guard only keeps a regression from hanging the suite).
+    got = await asyncio.wait_for(puller.fetch(64, timeout_s=60.0), 20.0)
+    assert [m.data for m in got] == [b"a0", b"a1", b"a2"]
+    for m in got:
+        await m.ack()
+
+    # Nothing there: the fetch waits, and returns once a message comes.
+    async def publish_later() -> None:
+        await asyncio.sleep(0.3)
+        await publisher.publish_all([Outgoing(subject, b"b0", "b0")])
+
+    later = asyncio.create_task(publish_later())
+    got = await asyncio.wait_for(puller.fetch(64, timeout_s=60.0), 20.0)
+    await later
+    assert [m.data for m in got] == [b"b0"]
+    await got[0].ack()
+
+    with pytest.raises(asyncio.TimeoutError):
+        await puller.fetch(8, timeout_s=0.3)
+    # The durable was created with the given config, filtered to the subject.
+    info = await js.consumer_info(stream, "workers")
+    assert info.config.ack_policy == AckPolicy.EXPLICIT and info.config.filter_subject == subject
+
+
+async def test_puller_takes_batches_and_buffers_the_rest(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject, config = await pull_setup(nc)
+    publisher = Publisher(js)
+    await publisher.publish_all([Outgoing(subject, f"m{i}".encode(), f"m{i}") for i in range(10)])
+    puller = await durable_puller(js, stream, subject, "workers", config)
+    seen: list[bytes] = []
+    while len(seen) < 10:
+        batch = await puller.fetch(4, timeout_s=5.0)
+        assert 1 <= len(batch) <= 4
+        seen += [m.data for m in batch]
+        for m in batch:
+            await m.ack()
+    assert seen == [f"m{i}".encode() for i in range(10)]
+    # Every message was acked exactly once: the work queue is empty.
+    for _ in range(50):
+        if (await js.stream_info(stream)).state.messages == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (await js.stream_info(stream)).state.messages == 0
+
+
+async def test_puller_uses_an_existing_consumer_as_it_is(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject, config = await pull_setup(nc)
+    await js.add_consumer(stream, ConsumerConfig(durable_name="workers", ack_policy=AckPolicy.EXPLICIT, ack_wait=7.0))
+    await durable_puller(js, stream, subject, "workers", config)
+    assert (await js.consumer_info(stream, "workers")).config.ack_wait == 7.0
+
+
+async def test_puller_raises_when_its_consumer_is_gone(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject, config = await pull_setup(nc)
+    puller = await durable_puller(js, stream, subject, "workers", config)
+    await js.delete_consumer(stream, "workers")
+    with pytest.raises(APIError):
+        await puller.fetch(4, timeout_s=2.0)
+
+
+async def ledger_on(nc: NatsClient) -> tuple[Names, Ledger]:
+    names = Names(f"jspledger{next(_ids)}")
+    js = nc.jetstream()
+    await ensure_streams(js, names)
+    return names, Ledger(js, names, "broker")
+
+
+async def test_ledger_knows_the_tasks_it_recorded_without_asking(nc: NatsClient) -> None:
+    names, ledger = await ledger_on(nc)
+    await ledger.record(*(ledger.entry(f"train-{i}", Event.LEDGER_EVENT_ISSUED) for i in range(3)))
+    assert [ledger.known_ended(f"train-{i}") for i in range(3)] == [False, False, False]
+    await ledger.record(ledger.entry("train-0", Event.LEDGER_EVENT_TRAINED, batch_id="b1"))
+    await ledger.record(ledger.entry("train-1", Event.LEDGER_EVENT_FILTERED, "zero_variance"))
+    await ledger.record(ledger.entry("train-2", Event.LEDGER_EVENT_DUPLICATE, "second copy of a held group"))
+    assert [await ledger.has_ended(f"train-{i}") for i in range(3)] == [True, True, False]
+    assert ledger.known_ended("train-9") is None
+    assert ledger.num_lookups == 0
+    entries = await read_entries(nc.jetstream(), names)
+    assert len(entries) == 6
+
+
+async def test_a_restarted_ledger_looks_each_task_up_once(nc: NatsClient) -> None:
+    names, before = await ledger_on(nc)
+    for task_id in ("train-t", "train-f", "train-open", "train-held"):
+        await before.record(before.entry(task_id, Event.LEDGER_EVENT_ISSUED))
+    await before.record(before.entry("train-t", Event.LEDGER_EVENT_TRAINED, batch_id="b1"))
+    await before.record(before.entry("train-t", Event.LEDGER_EVENT_DUPLICATE, "copy of a task that already ended"))
+    await before.record(before.entry("train-f", Event.LEDGER_EVENT_FILTERED, "stale"))
+    # A second copy of a group still held: its last entry is a duplicate, yet the task is open.
+    await before.record(before.entry("train-held", Event.LEDGER_EVENT_DUPLICATE, "second copy of a held group"))
+
+    after = Ledger(nc.jetstream(), names, "broker")
+    assert after.known_ended("train-t") is None
+    answers = {t: await after.has_ended(t) for t in ("train-t", "train-f", "train-open", "train-held")}
+    assert answers == {"train-t": True, "train-f": True, "train-open": False, "train-held": False}
+    assert after.num_lookups == 4
+    # Remembered: asking again costs nothing, and the answers hold.
+    assert [await after.has_ended(t) for t in answers] == list(answers.values())
+    assert after.num_lookups == 4
+    # Re-issuing a task another broker issued says nothing about it: still looked up.
+    await after.record(after.entry("train-new", Event.LEDGER_EVENT_ISSUED))
+    restarted = Ledger(nc.jetstream(), names, "broker")
+    await restarted.record(restarted.entry("train-new", Event.LEDGER_EVENT_ISSUED))  # a duplicate id: not stored again
+    assert restarted.known_ended("train-new") is None
+    assert not await restarted.has_ended("train-new") and restarted.num_lookups == 1
+    # An id nobody issued is not ended and not remembered.
+    assert not await restarted.has_ended("train-nobody")
+    assert restarted.known_ended("train-nobody") is None
+
+
+async def test_an_outcome_is_never_reopened_and_memory_is_bounded(nc: NatsClient) -> None:
+    names, ledger = await ledger_on(nc)
+    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_ISSUED))
+    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_DEADLETTERED, "bad"))
+    # A fresh "issued" after an outcome (its dedup window passed) does not reopen it here.
+    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_ISSUED, batch_id="again"))
+    assert ledger.known_ended("train-a") is True
+
+    small = Ledger(nc.jetstream(), names, "broker", max_known=2)
+    await small.record(*(small.entry(f"train-s{i}", Event.LEDGER_EVENT_ISSUED) for i in range(3)))
+    assert [small.known_ended(f"train-s{i}") for i in range(3)] == [None, False, False]
+    # Forgotten is only slower: the lookup still answers.
+    assert not await small.has_ended("train-s0") and small.num_lookups == 1
