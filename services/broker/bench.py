@@ -8,8 +8,9 @@ serves both sides, measured in one run:
   generators. Fake generators lease train tasks from the work queue as
   ``services/generator/rollout.py`` does and at once publish a valid
   ``RolloutGroup`` (G completions, half the rewards 1, so none is filtered);
-  a fake learner takes batches over real gRPC (``Broker.NextBatch``) and
-  acks each at once (``Broker.Ack``). The rate is groups delivered to the
+  a fake learner takes batches over real gRPC (``Broker.NextBatch``, groups
+  packed, as the learner asks for them) and acks each at once
+  (``Broker.Ack``). The rate is groups delivered to the
   learner per second over a window after warm-up, so it covers issuing,
   ledger records, admission, batching and acks. The fakes share this
   process with each other (and the machine with the broker and the
@@ -210,13 +211,17 @@ async def fake_generator(
 
 
 async def next_batch(stub: services_pb2_grpc.BrokerStub, num_groups: int) -> tuple[str, list[str]] | None:
-    """One Broker.NextBatch as the learner calls it: (batch id, group ids), None on timeout."""
+    """One Broker.NextBatch as the learner calls it (groups packed): (batch id, group ids), None on timeout."""
     header, group_ids = None, []
     async for part in stub.NextBatch(
-        services_pb2.NextBatchRequest(learner_version=0, num_groups=num_groups, timeout_s=5.0), timeout=35.0
+        services_pb2.NextBatchRequest(learner_version=0, num_groups=num_groups, timeout_s=5.0, packed=True),
+        timeout=35.0,
     ):
-        if part.WhichOneof("part") == "header":
+        kind = part.WhichOneof("part")
+        if kind == "header":
             header = part.header
+        elif kind == "groups":
+            group_ids += [g.group_id for g in part.groups.groups]
         else:
             group_ids.append(part.group.group_id)
     if header is None or not header.batch_id:

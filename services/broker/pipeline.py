@@ -72,7 +72,7 @@ class BrokerPipeline:
         self.consume_rate: float | None = None
         """Groups per second the learner takes when fed (Batcher.learner_pace)."""
         self.issue_latency_s: float | None = None
-        """Seconds from issuing a train task to its group arriving."""
+        """Seconds from issuing a train task to its group arriving here."""
         self._state_dirty = False
         self._generators_seen: dict[str, float] = {}
         self._eval_lock = asyncio.Lock()
@@ -378,7 +378,10 @@ class BrokerPipeline:
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
             self.curriculum.record(group.task.prompt_id, pass_rate(group))
             self._state_dirty = True
-            latency = group.finished_unix_s - group.task.issued_unix_s
+            # Both ends on the broker's clock, and up to the group's arrival here:
+            # a group travelling back through the stream is in neither the task
+            # queue nor the ready groups, yet the learner waits for it all the same.
+            latency = time.time() - group.task.issued_unix_s
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency

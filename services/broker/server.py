@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
+from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
 from services.broker.pipeline import BrokerPipeline
 
@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
 """Longest a NextBatch call waits; the learner simply asks again."""
+PACKED_PART_BYTES = 1 << 20
+"""Groups per packed part stop short of this (gRPC's default receive limit is 4 MiB); a larger group goes alone."""
 
 
 class BrokerServicer(services_pb2_grpc.BrokerServicer):
@@ -48,8 +50,20 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
                 oldest_group_age_s=time.monotonic() - min(h.received_s for h in batch.items),
             )
         )
+        if not request.packed:
+            for held in batch.items:
+                yield services_pb2.BatchPart(group=held.group)
+            return
+        part: list[rollout_pb2.RolloutGroup] = []
+        part_bytes = 0
         for held in batch.items:
-            yield services_pb2.BatchPart(group=held.group)
+            size = held.group.ByteSize()
+            if part and part_bytes + size > PACKED_PART_BYTES:
+                yield services_pb2.BatchPart(groups=services_pb2.RolloutGroups(groups=part))
+                part, part_bytes = [], 0
+            part.append(held.group)
+            part_bytes += size
+        yield services_pb2.BatchPart(groups=services_pb2.RolloutGroups(groups=part))
 
     async def Ack(self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext) -> services_pb2.AckResponse:
         batches = [(b, (), ()) for b in request.batch_ids]

@@ -68,13 +68,18 @@ class BrokerClient:
         groups: list[rollout_pb2.RolloutGroup] = []
         try:
             call = self.stub.NextBatch(
-                services_pb2.NextBatchRequest(learner_version=version, num_groups=num_groups, timeout_s=timeout_s),
+                services_pb2.NextBatchRequest(
+                    learner_version=version, num_groups=num_groups, timeout_s=timeout_s, packed=True
+                ),
                 timeout=timeout_s + 30.0,
             )
             async for part in call:
-                if part.WhichOneof("part") == "header":
+                kind = part.WhichOneof("part")
+                if kind == "header":
                     header = part.header
-                else:
+                elif kind == "groups":
+                    groups.extend(part.groups.groups)
+                else:  # a broker that sends one group a part
                     groups.append(part.group)
         except grpc.aio.AioRpcError as exc:
             await self.health.block("broker", f"broker at {self.endpoint} unreachable: {exc.code().name}")

@@ -353,3 +353,33 @@ async def test_a_held_group_whose_copy_was_caught_is_served_after_a_restart(nats
         assert (await task_events(h, t1.task_id))[Event.LEDGER_EVENT_TRAINED] == 1
         result = await audit(h.js, h.names)
         assert result.ok and result.trained == 1 and result.lost == []
+
+
+async def test_packed_batches_carry_the_same_groups_in_parts_of_bounded_size(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    train = [(t, m) for t, m in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:4]
+    for t, m in train:
+        await publish_group(h, make_group(t, [1.0, 0.0]))
+        await m.ack()  # type: ignore[attr-defined]
+
+    async def parts(packed: bool) -> tuple[services_pb2.BatchHeader, list[list[str]]]:
+        request = services_pb2.NextBatchRequest(learner_version=0, timeout_s=10.0, packed=packed)
+        got = [part async for part in h.stub.NextBatch(request)]
+        assert got[0].WhichOneof("part") == "header"
+        kinds = {p.WhichOneof("part") for p in got[1:]}
+        assert kinds == {"groups" if packed else "group"}
+        ids = [[g.group_id for g in p.groups.groups] if packed else [p.group.group_id] for p in got[1:]]
+        return got[0].header, ids
+
+    header, packed = await parts(packed=True)
+    assert packed == [[train[0][0].task_id, train[1][0].task_id]] and header.num_groups == 2
+    # Parts stop short of the size bound; a group larger than it goes alone.
+    from services.broker import server
+
+    monkeypatch.setattr(server, "PACKED_PART_BYTES", make_group(train[2][0], [1.0, 0.0]).ByteSize() + 1)
+    header2, packed2 = await parts(packed=True)
+    assert packed2 == [[train[2][0].task_id], [train[3][0].task_id]] and header2.num_groups == 2
+    resp = await h.stub.Ack(services_pb2.AckRequest(batch_ids=[header.batch_id, header2.batch_id]))
+    assert resp.num_acked == 4

@@ -54,14 +54,16 @@ class GenerateResponse(_message.Message):
     def __init__(self, completions: _Optional[_Iterable[_Union[_rollout_pb2.Completion, _Mapping]]] = ..., policy_version: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NextBatchRequest(_message.Message):
-    __slots__ = ("learner_version", "num_groups", "timeout_s")
+    __slots__ = ("learner_version", "num_groups", "timeout_s", "packed")
     LEARNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     learner_version: int
     num_groups: int
     timeout_s: float
-    def __init__(self, learner_version: _Optional[int] = ..., num_groups: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    packed: bool
+    def __init__(self, learner_version: _Optional[int] = ..., num_groups: _Optional[int] = ..., timeout_s: _Optional[float] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
     __slots__ = ("batch_id", "num_groups", "num_zero_variance", "num_stale_dropped", "oldest_group_age_s")
@@ -77,13 +79,21 @@ class BatchHeader(_message.Message):
     oldest_group_age_s: float
     def __init__(self, batch_id: _Optional[str] = ..., num_groups: _Optional[int] = ..., num_zero_variance: _Optional[int] = ..., num_stale_dropped: _Optional[int] = ..., oldest_group_age_s: _Optional[float] = ...) -> None: ...
 
+class RolloutGroups(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.RolloutGroup]
+    def __init__(self, groups: _Optional[_Iterable[_Union[_rollout_pb2.RolloutGroup, _Mapping]]] = ...) -> None: ...
+
 class BatchPart(_message.Message):
-    __slots__ = ("header", "group")
+    __slots__ = ("header", "group", "groups")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     header: BatchHeader
     group: _rollout_pb2.RolloutGroup
-    def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., group: _Optional[_Union[_rollout_pb2.RolloutGroup, _Mapping]] = ...) -> None: ...
+    groups: RolloutGroups
+    def __init__(self, header: _Optional[_Union[BatchHeader, _Mapping]] = ..., group: _Optional[_Union[_rollout_pb2.RolloutGroup, _Mapping]] = ..., groups: _Optional[_Union[RolloutGroups, _Mapping]] = ...) -> None: ...
 
 class AckedBatch(_message.Message):
     __slots__ = ("batch_id", "group_ids", "duplicate_group_ids")
