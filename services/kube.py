@@ -7,7 +7,8 @@
   its scale subresource (refused while an autoscaler owns the count, unless
   ``--force``);
 - ``health HOST:PORT ...``: the standard gRPC health check of each endpoint
-  (what the chart's ``helm test`` pod runs).
+  (what the chart's ``helm test`` pod runs), over TLS (and mTLS) with
+  ``--ca-file`` (and ``--cert-file``/``--key-file``), as the services dial.
 
 ``status`` and ``scale`` talk to the Kubernetes API with the official client
 (a kubeconfig, or the pod's service account in a cluster) and read the
@@ -22,7 +23,11 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from asymptote.config import TlsSettings
+from asymptote.errors import ConfigError
 
 COMPONENTS = ("broker", "generator", "learner", "fitter")
 
@@ -257,14 +262,28 @@ def format_status(status: ReleaseStatus) -> str:
 # -- gRPC health -------------------------------------------------------------
 
 
-def check_health(targets: list[str], timeout_s: float) -> dict[str, str]:
-    """The gRPC health status of each ``host:port`` ("SERVING", or what went wrong)."""
+def check_health(targets: list[str], timeout_s: float, tls: TlsSettings | None = None) -> dict[str, str]:
+    """The gRPC health status of each ``host:port`` ("SERVING", or what went wrong).
+
+    With ``tls`` turning TLS on for clients (a CA, or a client certificate
+    for mTLS) every target is dialled with TLS, as the services dial each other.
+    """
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from asymptote.rpc import channel_credentials
+
+    credentials = channel_credentials(tls) if tls is not None and tls.client_enabled else None
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls is not None and tls.server_name else []
+
+    def open_channel(target: str) -> grpc.Channel:
+        if credentials is None:
+            return grpc.insecure_channel(target)
+        return grpc.secure_channel(target, credentials, options=options)
+
     results: dict[str, str] = {}
     for target in targets:
-        with grpc.insecure_channel(target) as channel:
+        with open_channel(target) as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -327,13 +346,41 @@ def _parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="gRPC health check of each HOST:PORT (the helm test)")
     health.add_argument("targets", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout-s", type=float, default=10.0)
+    health.add_argument("--ca-file", type=Path, help="CA (PEM) that verifies the servers; dials TLS")
+    health.add_argument("--cert-file", type=Path, help="client certificate (PEM) for servers requiring one (mTLS)")
+    health.add_argument("--key-file", type=Path, help="private key (PEM) of --cert-file")
+    health.add_argument("--server-name", help="name expected in the servers' certificates instead of HOST")
     return parser
+
+
+_TLS_FLAGS = ("ca_file", "cert_file", "key_file", "server_name")
+
+
+def _health_tls(args: argparse.Namespace) -> TlsSettings:
+    """The health check's TLS flags as a service's grpc_tls section, validated the same way."""
+    from pydantic import ValidationError
+
+    try:
+        return TlsSettings(**{name: getattr(args, name) for name in _TLS_FLAGS})
+    except ValidationError as exc:
+        raise ConfigError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from exc
+
+
+def _as_flags(message: str) -> str:
+    """A grpc_tls error message in the health command's flag names."""
+    for name in _TLS_FLAGS:
+        message = message.replace(f"grpc_tls.{name}", name).replace(name, "--" + name.replace("_", "-"))
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "health":
-        results = check_health(args.targets, args.timeout_s)
+        try:
+            results = check_health(args.targets, args.timeout_s, _health_tls(args))
+        except ConfigError as exc:
+            print(f"asymptote kube health: {_as_flags(str(exc))}", file=sys.stderr)
+            return 2
         for target, result in results.items():
             print(f"{target}: {result}")
         return 0 if all(r == "SERVING" for r in results.values()) else 1

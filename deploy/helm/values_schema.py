@@ -24,16 +24,17 @@ SCHEMA_PATH = REPO / "deploy" / "helm" / "asymptote" / "values.schema.json"
 # Config fields the chart renders itself (templates/_helpers.tpl and each
 # service's template); a value for one of them would be overwritten, so the
 # schema refuses it. Dotted paths are fields of a nested section.
+# grpc_tls comes from the chart's grpcTls values, with the certificate it mounts.
 OWNED_FIELDS: dict[str, tuple[str, ...]] = {
-    "broker": ("nats", "prefix", "grpc", "http", "log_format", "batch_prompts"),
+    "broker": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "batch_prompts"),
     "generator": (
-        "nats", "prefix", "grpc", "http", "log_format", "weights_dir", "num_devices", "engine.model_dir",
+        "nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "weights_dir", "num_devices", "engine.model_dir",
     ),
     "learner": (
-        "nats", "prefix", "grpc", "http", "log_format", "model_dir", "run_dir", "batch_prompts",
+        "nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "model_dir", "run_dir", "batch_prompts",
         "broker_endpoint", "advertise_host", "num_devices",
     ),
-    "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
+    "fitter": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "run_dir", "run_name"),
 }
 
 
@@ -63,6 +64,27 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return defs[ref.rsplit("/", 1)[1]] if ref else schema
 
 
+def _refs(node: Any) -> set[str]:
+    """Names of the $defs that ``node`` refers to directly."""
+    if isinstance(node, dict):
+        found = {node["$ref"].rsplit("/", 1)[1]} if "$ref" in node else set()
+        return found.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def _used_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The $defs ``schema`` reaches, directly or through other $defs (the owned fields' drop out)."""
+    used: set[str] = set()
+    todo = _refs(schema)
+    while todo:
+        name = todo.pop()
+        used.add(name)
+        todo |= _refs(defs[name]) - used
+    return {name: defs[name] for name in sorted(used)}
+
+
 def service_config_schema(service: str, model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(schema of ``<service>.config``, its $defs keyed ``<service>.<Model>``)."""
     schema = copy.deepcopy(model.model_json_schema(mode="validation"))
@@ -81,6 +103,7 @@ def service_config_schema(service: str, model: type[BaseModel]) -> tuple[dict[st
             schema["required"].remove(parents[0])  # the chart fills in what was required
             if not schema["required"]:
                 del schema["required"]
+    defs = _used_defs(schema, defs)
     schema.pop("title", None)
     schema["description"] = (
         f"{model.__name__} fields (services/{service}/config.py) except those the chart owns: "
@@ -105,6 +128,7 @@ OBJECT = {"type": "object"}
 ARRAY = {"type": "array"}
 PEERS = {"type": "array", "items": {"type": "object"}, "description": "NetworkPolicy peers (podSelector, namespaceSelector, ipBlock)"}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+DNS_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
 QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"}
 RESOURCES = obj(
     {"requests": {"type": "object", "required": ["cpu", "memory"]}, "limits": {"type": "object", "required": ["cpu", "memory"]}},
@@ -158,6 +182,43 @@ def startup_probe() -> dict[str, Any]:
     return obj(
         {"periodSeconds": {"type": "integer", "minimum": 1}, "failureThreshold": {"type": "integer", "minimum": 1}},
         required=("periodSeconds", "failureThreshold"),
+    )
+
+
+def _at(path: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """Matches an object whose property at the dotted ``path`` is present and matches ``schema``."""
+    for key in reversed(path.split(".")):
+        schema = {"properties": {key: schema}, "required": [key]}
+    return schema
+
+
+def grpc_tls() -> dict[str, Any]:
+    enabled = _at("enabled", {"const": True})
+    return obj(
+        {
+            "enabled": BOOL,
+            "secretName": STR,
+            "requireClientCert": BOOL,
+            "serverName": {"type": "string", "pattern": DNS_NAME},
+            "certManager": obj(
+                {
+                    "issuerRef": obj(
+                        {"name": STR, "kind": {"type": "string", "minLength": 1}, "group": {"type": "string", "minLength": 1}},
+                    ),
+                    "extraDnsNames": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                },
+                description="cert-manager issues the certificate when issuerRef.name is set",
+            ),
+        },
+        required=("enabled",),
+        description="TLS on every service's gRPC from a Secret with tls.crt, tls.key and ca.crt",
+        # Each setting needs the one it refines: no TLS details without TLS, no TLS without a Secret.
+        allOf=[
+            {"if": enabled, "then": _at("secretName", {"minLength": 1})},
+            {"if": _at("requireClientCert", {"const": True}), "then": enabled},
+            {"if": _at("serverName", {"minLength": 1}), "then": enabled},
+            {"if": _at("certManager.issuerRef.name", {"minLength": 1}), "then": enabled},
+        ],
     )
 
 
@@ -272,6 +333,7 @@ def values_schema() -> dict[str, Any]:
                 required=("prefix", "batchPrompts"),
             ),
             "nats": nats,
+            "grpcTls": grpc_tls(),
             "model": obj(
                 {
                     "path": {"type": "string", "pattern": "^/"},

@@ -62,6 +62,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "generator": {"autoscaling": {"hpa": {"enabled": True}}},
         "nats": {"auth": {"existingSecret": "nats-users", "userKey": "username", "passwordKey": "password"}},
     },
+    "grpc-tls-secret": {
+        "grpcTls": {"enabled": True, "secretName": "asymptote-grpc-tls", "serverName": "asymptote.internal"},
+    },
+    "grpc-mtls-cert-manager": {
+        "grpcTls": {
+            "enabled": True,
+            "secretName": "lab-grpc-tls",
+            "requireClientCert": True,
+            "certManager": {"issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"},
+                            "extraDnsNames": ["lab-asymptote-generator.rl.svc.cluster.local"]},
+        },
+        "nats": {"auth": {"credsSecret": "asymptote-nats-creds"}, "tls": {"caSecret": "nats-ca"}},
+    },
 }
 
 

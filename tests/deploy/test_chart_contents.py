@@ -1,8 +1,10 @@
 """What the chart deploys: each service's config loads with the service's own
 config model, the workloads sit on the right node pools with the probes,
-volumes and security they need, generators scale on the broker's gauge, the
-network policies let exactly the intended services talk, and the umbrella
-chart wires the services to the NATS it installs.
+volumes and security they need, gRPC runs over TLS from the mounted
+certificate (the helm test too) whose names cover every host dialled,
+generators scale on the broker's gauge, the network policies let exactly the
+intended services talk, and the umbrella chart wires the services to the NATS
+it installs.
 """
 
 from __future__ import annotations
@@ -15,9 +17,21 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, REPO, STACK_CHART, VALUE_SETS, Rendered, dashboard, render
+from chart_render import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    STACK_CHART,
+    VALUE_SETS,
+    Rendered,
+    dashboard,
+    parse_manifests,
+    render,
+)
+from pki import health_server, service_tls, tls_secret
 
-from asymptote.config import load_config
+from asymptote.config import TlsSettings, load_config
 from services.broker.config import BrokerConfig
 from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
@@ -82,6 +96,7 @@ def test_service_configs_load_with_the_services_models(
         assert config.nats.creds_file is not None and config.nats.creds_file.parent.as_posix() in mounts
     if values["nats"]["tls"].get("caSecret"):
         assert config.nats.tls_ca_file is not None and config.nats.tls_ca_file.parent.as_posix() in mounts
+    assert config.grpc_tls == expected_grpc_tls(rendered, container(rendered, component), spec, values)
     # The user's typed values arrive unchanged.
     for key, value in values[component]["config"].items():
         if isinstance(value, dict):
@@ -110,6 +125,22 @@ def test_service_configs_load_with_the_services_models(
         assert config.run_dir.as_posix() in mounts
         assert config.run_name == (values["run"]["name"] or RELEASE)
     assert spec["automountServiceAccountToken"] is False
+
+
+def expected_grpc_tls(rendered: Rendered, main: dict[str, Any], spec: dict[str, Any], values: dict[str, Any]) -> TlsSettings:
+    """A service's grpc_tls under ``values``: off, or the files of grpcTls.secretName where ``main`` mounts it."""
+    tls = values["grpcTls"]
+    volumes = [v for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == tls["secretName"]]
+    if not tls["enabled"]:
+        assert not volumes and "grpc-tls" not in {m["name"] for m in main.get("volumeMounts", [])}
+        return TlsSettings()
+    (volume,) = volumes
+    assert volume["secret"]["items"] == [{"key": k, "path": k} for k in ("tls.crt", "tls.key", "ca.crt")]
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    folder = Path(mount["mountPath"])
+    return TlsSettings(cert_file=folder / "tls.crt", key_file=folder / "tls.key", ca_file=folder / "ca.crt",
+                       require_client_cert=tls["requireClientCert"], server_name=tls["serverName"] or None)
 
 
 def render_values(value_set: str) -> dict[str, Any]:
@@ -325,6 +356,75 @@ def test_helm_test_checks_every_services_grpc_health(rendered: Rendered) -> None
         expected.append(f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}")
     assert sorted(targets) == sorted(expected)
     assert check["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_helm_test_dials_grpc_as_the_services_do(rendered: Rendered, value_set: str, tmp_path: Path) -> None:
+    """The test pod's TLS flags, read by the real CLI, are the services' grpc_tls as a client."""
+    from services.kube import _health_tls, _parser
+
+    pod = rendered.get("Pod", f"{FULLNAME}-health-test")
+    (check,) = pod["spec"]["containers"]
+    args = _parser().parse_args(check["args"][1:])
+    tls = expected_grpc_tls(rendered, check, pod["spec"], render_values(value_set))
+    assert _health_tls(args) == tls.model_copy(update={"require_client_cert": False})
+    # The services dial each other the same way.
+    learner = load_service_config(rendered, "learner", tmp_path)
+    generator = load_service_config(rendered, "generator", tmp_path)
+    assert learner.grpc_tls == generator.grpc_tls == tls
+    assert tls.client_enabled is tls.server_enabled is render_values(value_set)["grpcTls"]["enabled"]
+
+
+def dialled_hosts(rendered: Rendered, tmp_path: Path) -> set[str]:
+    """Every host a gRPC client of the release dials: the helm test's targets, the learner's broker
+    endpoint, the learner's advertise_host (where generators pull weights)."""
+    (check,) = rendered.get("Pod", f"{FULLNAME}-health-test")["spec"]["containers"]
+    hosts = {a.rsplit(":", 1)[0] for a in check["args"] if not a.startswith("-") and ":" in a}
+    learner = load_service_config(rendered, "learner", tmp_path)
+    return hosts | {learner.broker_endpoint.rsplit(":", 1)[0], learner.advertise_host}
+
+
+def test_cert_manager_certifies_every_name_peers_dial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Certificate cert-manager issues names every host dialled, serves and dials (mTLS), lands in
+    the mounted Secret; a certificate with those names passes the helm test's real TLS handshake."""
+    from services.cli import main as cli
+
+    rendered = render("grpc-mtls-cert-manager")
+    values = render_values("grpc-mtls-cert-manager")["grpcTls"]
+    spec = rendered.component("Certificate", "grpc-tls")["spec"]
+    hosts = dialled_hosts(rendered, tmp_path)
+    service_hosts = [f"{FULLNAME}-{c}.{NAMESPACE}.svc" for c in MODELS]
+    assert hosts == set(service_hosts)
+    assert spec["dnsNames"] == service_hosts + values["certManager"]["extraDnsNames"]
+    assert spec["secretName"] == values["secretName"]
+    assert spec["issuerRef"] == {"name": "cluster-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert {"server auth", "client auth"} <= set(spec["usages"])
+    for component in MODELS:
+        assert {"name": "grpc-tls", "mountPath": "/etc/asymptote/grpc-tls", "readOnly": True} in container(
+            rendered, component)["volumeMounts"]
+    assert not render("grpc-tls-secret").of_kind("Certificate") and not render("defaults").of_kind("Certificate")
+
+    # The helm test pod's own arguments, its Secret at a local folder, against an mTLS server
+    # answering with a certificate of those names: each dialled name passes the handshake.
+    secret = tls_secret(tmp_path / "grpc-tls", spec["dnsNames"])
+    (check,) = rendered.get("Pod", f"{FULLNAME}-health-test")["spec"]["containers"]
+    flags = [a.replace("/etc/asymptote/grpc-tls", str(secret)) for a in check["args"][2:] if a.startswith("--")]
+    with health_server(service_tls(secret, require_client_cert=values["requireClientCert"])) as target:
+        for host in sorted(hosts):
+            assert cli(["kube", "health", *flags, f"--server-name={host}", target]) == 0, host
+        assert capsys.readouterr().out.splitlines() == [f"{target}: SERVING"] * len(hosts)
+        assert cli(["kube", "health", *flags, f"--server-name={FULLNAME}-broker.elsewhere.svc", target]) == 1
+
+
+def test_notes_name_what_the_certificate_must_carry(tmp_path: Path) -> None:
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render({"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}, name=RELEASE, namespace=NAMESPACE)
+    rendered = Rendered(files, parse_manifests(files))
+    notes = files["asymptote/templates/NOTES.txt"]
+    assert "gRPC        TLS, certificate from Secret grpc-tls" in notes
+    listed = {line.strip() for line in notes.split("the names peers dial")[1].splitlines()[1:5]}
+    assert listed == dialled_hosts(rendered, tmp_path)
+    assert "plaintext" in render("defaults").files["asymptote/templates/NOTES.txt"]
+    assert "mTLS" in render("grpc-mtls-cert-manager").files["asymptote/templates/NOTES.txt"]
 
 
 def test_service_monitors_scrape_every_service() -> None:

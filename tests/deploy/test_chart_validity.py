@@ -1,7 +1,8 @@
 """The chart is valid: Helm lints it clean, its values schema is the services'
 own config models and refuses bad values, every rendered object validates
 against the Kubernetes schemas in strict mode (custom resources against
-models generated from KEDA's and the Prometheus Operator's CRDs), and
+models generated from KEDA's, the Prometheus Operator's and cert-manager's
+CRDs), and
 checkov finds nothing it does not skip for a written reason.
 """
 
@@ -19,12 +20,14 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_render import CHART, NAMESPACE, RELEASE, REPO, VALUE_SETS, Rendered, render
+from cloudcoil.models.cert_manager.v1 import Certificate
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
 KUBE_VERSION = kubernetes_validate.latest_version()
 CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
-                    ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor}
+                    ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
+                    ("cert-manager.io/v1", "Certificate"): Certificate}
 
 
 def validate_object(obj: dict[str, Any]) -> None:
@@ -72,6 +75,10 @@ def test_strict_validation_catches_a_misspelled_field() -> None:
     scaled["spec"]["maxReplicas"] = scaled["spec"].pop("maxReplicaCount")
     with pytest.raises(AssertionError, match="fields its CRD does not define"):
         validate_object(scaled)
+    certificate = json.loads(json.dumps(render("grpc-mtls-cert-manager").component("Certificate", "grpc-tls")))
+    certificate["spec"]["dnsName"] = certificate["spec"].pop("dnsNames")
+    with pytest.raises(AssertionError, match="fields its CRD does not define"):
+        validate_object(certificate)
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -112,6 +119,13 @@ BAD_VALUES = [
     ({"generator": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
      "/generator/resources/requests"),
     ({"replicaCount": 3}, "additional properties 'replicaCount'"),
+    # gRPC TLS: the chart owns each service's grpc_tls; TLS needs its Secret, and its details need TLS.
+    ({"learner": {"config": {"grpc_tls": {"ca_file": "/etc/ca.crt"}}}}, "additional properties 'grpc_tls'"),
+    ({"grpcTls": {"enabled": True}}, "/grpcTls/secretName"),
+    ({"grpcTls": {"requireClientCert": True}}, "/grpcTls/enabled"),
+    ({"grpcTls": {"serverName": "asymptote.internal"}}, "/grpcTls/enabled"),
+    ({"grpcTls": {"certManager": {"issuerRef": {"name": "cluster-ca"}}}}, "/grpcTls/enabled"),
+    ({"grpcTls": {"enabled": True, "secretName": "tls", "serverName": "https://broker"}}, "/grpcTls/serverName"),
 ]
 
 

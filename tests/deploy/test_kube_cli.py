@@ -5,7 +5,7 @@ responses in the API's JSON format (tests/deploy/kube_api/) to the real
 `kubernetes` client, configured from a kubeconfig file as a user's would
 be; the services' /metrics bodies behind the API server's proxy come from
 the services' own metric definitions. ``kube health`` checks real gRPC
-health servers.
+health servers, plaintext and with TLS and mTLS.
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import grpc
 import pytest
 import yaml
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from pki import health_server, service_tls, tls_secret
 from prometheus_client import generate_latest
 
 from asymptote.contracts.v1 import services_pb2
@@ -237,20 +236,8 @@ def test_unknown_release_and_unreachable_api(
 
 @pytest.fixture
 def health_servers() -> Iterator[dict[str, str]]:
-    servers, targets = [], {}
-    for name, status in (("serving", health_pb2.HealthCheckResponse.SERVING),
-                         ("draining", health_pb2.HealthCheckResponse.NOT_SERVING)):
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        servicer = health.HealthServicer()
-        servicer.set("", status)
-        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        servers.append(server)
-        targets[name] = f"127.0.0.1:{port}"
-    yield targets
-    for server in servers:
-        server.stop(grace=None)
+    with health_server() as serving, health_server(status=health_pb2.HealthCheckResponse.NOT_SERVING) as draining:
+        yield {"serving": serving, "draining": draining}
 
 
 def test_health_checks_every_target(health_servers: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,3 +249,33 @@ def test_health_checks_every_target(health_servers: dict[str, str], capsys: pyte
     assert lines[0] == f"{serving}: SERVING"
     assert lines[1] == f"{draining}: NOT_SERVING"
     assert lines[2].startswith("127.0.0.1:9: UNAVAILABLE")
+
+
+def test_health_dials_tls_and_mtls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ca-file`` dials TLS and verifies the server; ``--cert-file``/``--key-file`` satisfy mTLS."""
+    secret = tls_secret(tmp_path / "grpc-tls", ["localhost"])
+    other = tls_secret(tmp_path / "other", ["localhost"], ca_name="another CA")
+    ca, cert, key = (f"--{flag}={secret / name}" for flag, name in
+                     (("ca-file", "ca.crt"), ("cert-file", "tls.crt"), ("key-file", "tls.key")))
+    with health_server(service_tls(secret, require_client_cert=False)) as tls, \
+            health_server(service_tls(secret, require_client_cert=True)) as mtls:
+        assert cli(["kube", "health", ca, "--server-name=localhost", tls]) == 0
+        assert capsys.readouterr().out.strip() == f"{tls}: SERVING"
+        assert cli(["kube", "health", ca, cert, key, "--server-name=localhost", tls, mtls]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"{tls}: SERVING", f"{mtls}: SERVING"]
+        refused = [
+            ["--timeout-s=2", tls],  # plaintext against TLS
+            ["--timeout-s=2", ca, "--server-name=localhost", mtls],  # no client certificate
+            ["--timeout-s=2", f"--ca-file={other / 'ca.crt'}", "--server-name=localhost", tls],  # another CA
+            ["--timeout-s=2", ca, "--server-name=broker.example", tls],  # a name the certificate lacks
+        ]
+        for args in refused:
+            assert cli(["kube", "health", *args]) == 1, args
+            assert capsys.readouterr().out.startswith(f"{args[-1]}: UNAVAILABLE"), args
+    # Half-set or unreadable TLS flags stop the check, naming the flag.
+    assert cli(["kube", "health", cert, tls]) == 2
+    assert "--cert-file and --key-file go together" in capsys.readouterr().err
+    assert cli(["kube", "health", f"--ca-file={tmp_path / 'missing.crt'}", tls]) == 2
+    assert "--ca-file: cannot read" in capsys.readouterr().err
+    assert cli(["kube", "health", "--server-name=localhost", tls]) == 2
+    assert "--server-name applies only with TLS" in capsys.readouterr().err

@@ -53,10 +53,51 @@ helm.sh/chart: {{ include "asymptote.chart" .ctx }}
 {{- end }}
 {{- end }}
 
+{{/* DNS name of a component's Service, which peers dial (the learner's is its advertise_host). */}}
+{{- define "asymptote.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "asymptote.componentName" .) .ctx.Release.Namespace }}
+{{- end }}
+
 {{/* host:port of a component's gRPC service, fully qualified. */}}
 {{- define "asymptote.grpcEndpoint" -}}
 {{- $values := index .ctx.Values .component }}
-{{- printf "%s.%s.svc:%v" (include "asymptote.componentName" .) .ctx.Release.Namespace $values.ports.grpc }}
+{{- printf "%s:%v" (include "asymptote.serviceHost" .) $values.ports.grpc }}
+{{- end }}
+
+{{/*
+gRPC TLS: every pod mounts grpcTls.secretName (cert-manager's layout: tls.crt,
+tls.key, ca.crt) here; one certificate serves and dials for every service.
+*/}}
+{{- define "asymptote.grpcTlsDir" -}}
+/etc/asymptote/grpc-tls
+{{- end }}
+
+{{/* The names the gRPC certificate must carry: what peers and the helm test dial. */}}
+{{- define "asymptote.grpcTlsDnsNames" -}}
+{{- $names := list }}
+{{- with .Values.grpcTls.serverName }}
+{{- $names = append $names . }}
+{{- end }}
+{{- range $component := list "broker" "generator" "learner" "fitter" }}
+{{- $names = append $names (include "asymptote.serviceHost" (dict "ctx" $ "component" $component)) }}
+{{- end }}
+{{- toYaml (uniq (concat $names .Values.grpcTls.certManager.extraDnsNames)) }}
+{{- end }}
+
+{{- define "asymptote.grpcTlsVolume" -}}
+- name: grpc-tls
+  secret:
+    secretName: {{ .Values.grpcTls.secretName }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+
+{{- define "asymptote.grpcTlsVolumeMount" -}}
+- name: grpc-tls
+  mountPath: {{ include "asymptote.grpcTlsDir" . }}
+  readOnly: true
 {{- end }}
 
 {{/* image reference of a role: repository, then @digest or :tag */}}
@@ -83,7 +124,7 @@ helm.sh/chart: {{ include "asymptote.chart" .ctx }}
 
 {{/*
 The settings the chart owns in every service's config: NATS, the run prefix,
-listeners on the pod's interfaces, JSON logs. (dict "ctx" $ "component" "broker")
+listeners on the pod's interfaces, gRPC TLS, JSON logs. (dict "ctx" $ "component" "broker")
 */}}
 {{- define "asymptote.ownedConfig" -}}
 {{- $ctx := .ctx -}}
@@ -95,12 +136,27 @@ listeners on the pod's interfaces, JSON logs. (dict "ctx" $ "component" "broker"
 {{- if $ctx.Values.nats.tls.caSecret }}
 {{- $_ := set $nats "tls_ca_file" "/etc/asymptote/nats/tls/ca.crt" }}
 {{- end }}
-{{- toYaml (dict
+{{- $owned := dict
   "nats" $nats
   "prefix" $ctx.Values.run.prefix
   "grpc" (dict "host" "0.0.0.0" "port" $values.ports.grpc)
   "http" (dict "host" "0.0.0.0" "port" $values.ports.http)
-  "log_format" "json") }}
+  "log_format" "json" }}
+{{- with $ctx.Values.grpcTls }}
+{{- if .enabled }}
+{{- $dir := include "asymptote.grpcTlsDir" $ctx }}
+{{- $tls := dict
+  "cert_file" (printf "%s/tls.crt" $dir)
+  "key_file" (printf "%s/tls.key" $dir)
+  "ca_file" (printf "%s/ca.crt" $dir)
+  "require_client_cert" .requireClientCert }}
+{{- with .serverName }}
+{{- $_ := set $tls "server_name" . }}
+{{- end }}
+{{- $_ := set $owned "grpc_tls" $tls }}
+{{- end }}
+{{- end }}
+{{- toYaml $owned }}
 {{- end }}
 
 {{/*
@@ -147,7 +203,7 @@ data:
 {{- end }}
 {{- end }}
 
-{{/* Volumes every service mounts: config, /tmp, NATS creds and CA. */}}
+{{/* Volumes every service mounts: config, /tmp, NATS creds and CA, the gRPC certificate. */}}
 {{- define "asymptote.volumes" -}}
 - name: config
   configMap:
@@ -171,6 +227,9 @@ data:
       - key: {{ .ctx.Values.nats.tls.caKey }}
         path: ca.crt
 {{- end }}
+{{- if .ctx.Values.grpcTls.enabled }}
+{{ include "asymptote.grpcTlsVolume" .ctx }}
+{{- end }}
 {{- end }}
 
 {{- define "asymptote.volumeMounts" -}}
@@ -188,6 +247,9 @@ data:
 - name: nats-ca
   mountPath: /etc/asymptote/nats/tls
   readOnly: true
+{{- end }}
+{{- if .ctx.Values.grpcTls.enabled }}
+{{ include "asymptote.grpcTlsVolumeMount" .ctx }}
 {{- end }}
 {{- end }}
 
