@@ -47,12 +47,17 @@ class Ledger:
     """
 
     def __init__(
-        self, js: JetStreamContext, names: Names, service: str, max_known: int = 200_000
+        self,
+        js: JetStreamContext,
+        names: Names,
+        service: str,
+        publisher: Publisher | None = None,
+        max_known: int = 200_000,
     ) -> None:
         self.js = js
         self.names = names
         self.service = service
-        self.publisher = Publisher(js)
+        self.publisher = publisher or Publisher(js)
         self.max_known = max_known
         self._ended: OrderedDict[str, bool] = OrderedDict()
         """Whether a task has an outcome, for the tasks this ledger recorded or looked up (oldest first)."""

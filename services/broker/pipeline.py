@@ -23,7 +23,7 @@ from asymptote.errors import PayloadError
 from asymptote.ledger import Event, Ledger
 from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import watch_policy
-from asymptote.streams import Names, Outgoing, durable_puller
+from asymptote.streams import Names, Outgoing, Publisher, durable_puller
 from asymptote.tasks import Problem, get_task
 from services.broker.batcher import Ackable, Batcher, pass_rate, validate_group
 from services.broker.config import BrokerConfig
@@ -65,7 +65,8 @@ class BrokerPipeline:
             self.heldout = self.heldout[: config.eval.num_prompts]
         self._train = list(task.problems("train"))
         self.curriculum: Curriculum | None = None
-        self.ledger = Ledger(js, names, "broker")
+        self.publisher = Publisher(js)
+        self.ledger = Ledger(js, names, "broker", self.publisher)
         self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger, _stream_seq)
         self.pending_tasks = 0
         # Flow measurements behind the outstanding-task limit (EWMAs).
@@ -210,7 +211,7 @@ class BrokerPipeline:
                     self.ledger.entry(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
                     for t in tasks
                 ))
-                await self.ledger.publisher.publish_all([
+                await self.publisher.publish_all([
                     Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks
                 ])
             except BaseException:
@@ -325,7 +326,7 @@ class BrokerPipeline:
                 await wait_or_stop(stop, 0.5)
                 continue
             # In slices, letting the event loop run in between: the learner's
-            # NextBatch stream needs a turn of it for every group it sends.
+            # NextBatch and Ack calls wait for turns of it.
             for start in range(0, len(msgs), ADMIT_SLICE):
                 await self._on_groups(msgs[start:start + ADMIT_SLICE])
                 await asyncio.sleep(0)
