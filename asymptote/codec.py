@@ -8,17 +8,28 @@ its raw 2-byte words under the dtype name "bfloat16".
 
 The digest covers, for each tensor in name order, its name, dtype, shape
 and bytes, so a renamed or reshaped tensor changes it too.
+
+Both directions avoid copying weights more than the wire needs:
+``encode_frames`` gives each part already serialized (a chunk's bytes are
+copied once, into its frame), and ``WeightsDecoder`` checks a stream as it
+arrives, writing each chunk in place into one buffer for the whole version
+and hashing it there while the next chunk is received.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
 
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import WeightsError
@@ -44,15 +55,21 @@ Signature = dict[str, tuple[str, tuple[int, ...]]]
 
 @dataclass(frozen=True)
 class WireTensor:
-    """A tensor as it travels: dtype name, shape and little-endian bytes."""
+    """A tensor as it travels: dtype name, shape and little-endian bytes.
+
+    ``data`` is ``bytes`` or a flat byte ``memoryview``; a decoded tensor
+    holds a view into its version's buffer (see WeightsDecoder).
+    """
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
 
     def __post_init__(self) -> None:
         if self.dtype not in _WIRE_DTYPES:
             raise WeightsError(f"unsupported dtype {self.dtype!r}; accepted: {sorted(_WIRE_DTYPES)}")
+        if isinstance(self.data, memoryview) and (self.data.format != "B" or self.data.ndim != 1):
+            raise WeightsError(f"tensor data must be bytes or a flat byte memoryview, got format {self.data.format!r}")
         expected = math.prod(self.shape) * _WIRE_DTYPES[self.dtype].itemsize
         if len(self.data) != expected:
             raise WeightsError(
@@ -69,18 +86,27 @@ class WireTensor:
         return np.frombuffer(self.data, dtype=_WIRE_DTYPES[self.dtype]).reshape(self.shape)
 
 
+def _digest_prefix(name: str, dtype: str, shape: tuple[int, ...]) -> bytes:
+    """What the digest reads before a tensor's bytes."""
+    return f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode()
+
+
 def digest(tensors: Mapping[str, WireTensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
-        h.update(f"{name}\0{t.dtype}\0{','.join(map(str, t.shape))}\0".encode())
+        h.update(_digest_prefix(name, t.dtype, t.shape))
         h.update(t.data)
     return h.hexdigest()
 
 
-def encode(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[tensors_pb2.WeightsPart]:
-    """Frame a version as one header then ≤1 MiB chunks in name order."""
-    yield tensors_pb2.WeightsPart(
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+
+def _header(version: int, tensors: Mapping[str, WireTensor], sha256: str | None) -> tensors_pb2.WeightsPart:
+    return tensors_pb2.WeightsPart(
         header=tensors_pb2.WeightsHeader(
             version=version,
             num_tensors=len(tensors),
@@ -88,21 +114,67 @@ def encode(version: int, tensors: Mapping[str, WireTensor], sha256: str | None =
             sha256=sha256 or digest(tensors),
         )
     )
+
+
+def _chunks(tensors: Mapping[str, WireTensor]) -> Iterator[tuple[tensors_pb2.TensorChunk, memoryview]]:
+    """Each chunk in wire order: its fields but ``data``, and the bytes ``data`` holds."""
     for name in sorted(tensors):
         t = tensors[name]
         view = memoryview(t.data)
-        offsets = range(0, max(len(t.data), 1), CHUNK_BYTES)
-        for offset in offsets:
-            yield tensors_pb2.WeightsPart(
-                chunk=tensors_pb2.TensorChunk(
-                    name=name,
-                    dtype=t.dtype,
-                    shape=t.shape,
-                    offset=offset,
-                    tensor_num_bytes=len(t.data),
-                    data=bytes(view[offset : offset + CHUNK_BYTES]),
-                )
+        # An empty tensor still travels as one (empty) chunk, so it is announced.
+        for offset in range(0, max(len(view), 1), CHUNK_BYTES):
+            meta = tensors_pb2.TensorChunk(
+                name=name, dtype=t.dtype, shape=t.shape, offset=offset, tensor_num_bytes=len(view)
             )
+            yield meta, view[offset : offset + CHUNK_BYTES]
+
+
+def encode(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[tensors_pb2.WeightsPart]:
+    """Frame a version as one header then ≤1 MiB chunks in name order."""
+    yield _header(version, tensors, sha256)
+    for meta, data in _chunks(tensors):
+        meta.data = bytes(data)
+        yield tensors_pb2.WeightsPart(chunk=meta)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _length_delimited_key(field: FieldDescriptor) -> bytes:
+    """The key protobuf writes before a length-delimited (wire type 2) field's length."""
+    return _varint(field.number << 3 | 2)
+
+
+_CHUNK_KEY = _length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"])
+_DATA_KEY = _length_delimited_key(tensors_pb2.TensorChunk.DESCRIPTOR.fields_by_name["data"])
+
+
+def encode_frames(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[bytes]:
+    """``encode``'s parts, serialized: the same bytes ``SerializeToString`` gives.
+
+    A chunk's small fields are serialized by protobuf and its ``data``
+    field (the last field number, where protobuf puts it) is appended by
+    hand, so the weights are copied once, into the frame, instead of into
+    a message and again into its serialization.
+    """
+    yield _header(version, tensors, sha256).SerializeToString()
+    for meta, data in _chunks(tensors):
+        fields = meta.SerializeToString()
+        # An empty data field is left out, as protobuf leaves out proto3 fields at their default.
+        data_field = (_DATA_KEY, _varint(len(data))) if len(data) else ()
+        size = len(fields) + sum(map(len, data_field)) + len(data)
+        yield b"".join((_CHUNK_KEY, _varint(size), fields, *data_field, data))
+
+
+# --------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -116,60 +188,215 @@ class DecodedWeights:
         return sum(len(t.data) for t in self.tensors.values())
 
 
-def decode(parts: Iterable[tensors_pb2.WeightsPart]) -> DecodedWeights:
-    """Reassemble a framed version and verify it; raises WeightsError.
+def _new_buffer(num_bytes: int) -> np.ndarray:
+    # numpy (unlike bytearray) asks the kernel for huge pages on large
+    # buffers, which makes first-touching them several times cheaper.
+    return np.empty(num_bytes, dtype=np.uint8)
 
-    Checks: a header first, chunks contiguous and consistent per tensor,
-    the announced counts and byte total, the sha256, and that floating
-    tensors hold no NaN or Inf.
+
+class BufferPool:
+    """Keeps a decoded version's buffer for the next version, once nothing views it.
+
+    Writing a version into fresh memory makes the kernel fault in and zero
+    every page of it first (measured: about half the CPU of hashing it). A
+    buffer taken from the pool is handed out as a view (its lease); the
+    decoded tensors view the lease, so when the last of them is gone the
+    buffer comes back, and the next version that fits is written into it.
+    A buffer something still views is never handed out again. Holds at
+    most one spare buffer, so a process pulling versions keeps about one
+    version's worth of memory between pulls.
     """
-    it = iter(parts)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise WeightsError("weights stream must start with a header")
-    header = first.header
-    buffers: dict[str, bytearray] = {}
-    meta: dict[str, tuple[str, tuple[int, ...], int]] = {}
-    for part in it:
-        if part.WhichOneof("part") != "chunk":
-            raise WeightsError("weights stream holds a second header")
-        c = part.chunk
-        shape = tuple(int(d) for d in c.shape)
-        if c.name not in buffers:
-            buffers[c.name] = bytearray()
-            meta[c.name] = (c.dtype, shape, c.tensor_num_bytes)
-        elif meta[c.name] != (c.dtype, shape, c.tensor_num_bytes):
+
+    def __init__(self) -> None:
+        self._spare: np.ndarray | None = None
+        # Leases end in whichever thread drops the last view.
+        self._lock = threading.Lock()
+
+    def take(self, num_bytes: int) -> np.ndarray:
+        """A writable buffer of ``num_bytes``; MemoryError (or ValueError) if it cannot be had."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        buffer = spare if spare is not None and len(spare) >= num_bytes else _new_buffer(num_bytes)
+        lease = buffer[:num_bytes]
+        weakref.finalize(lease, self._give_back, buffer)
+        return lease
+
+    def _give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._spare = buffer
+
+
+@dataclass
+class _Incoming:
+    """The tensor whose chunks are arriving."""
+
+    name: str
+    meta: tuple[str, tuple[int, ...], int]  # dtype, shape, byte size, as its first chunk announced
+    view: memoryview  # its slice of the version's buffer
+    filled: int = 0
+
+
+class WeightsDecoder:
+    """Reassemble and verify a weights stream part by part, as it arrives.
+
+    ``feed`` the parts in order, then ``finish`` once; use it as a context
+    manager (or call ``close``) so its worker thread stops when a stream is
+    abandoned. Each chunk's bytes are written in place into one buffer sized
+    by the header's byte total (from ``buffers`` when given) and hashed
+    there (the stream's order is the digest's order), and each tensor is
+    scanned for NaN/Inf once complete.
+    ``feed`` raises WeightsError at the first part whose framing is wrong (no
+    header first, a second header, a chunk out of order, missing, running
+    past its tensor or disagreeing on dtype, shape or size, tensors out of
+    name order or beyond the announced bytes); ``finish`` raises it for an
+    incomplete last tensor, the announced counts, the sha256 and non-finite
+    values, in that order, so corrupted bytes are reported as such even
+    when the corruption made a NaN.
+    """
+
+    def __init__(self, buffers: BufferPool | None = None) -> None:
+        self._buffers = buffers
+        self._header: tensors_pb2.WeightsHeader | None = None
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._num_used = 0  # bytes of the buffer handed to tensors so far
+        self._hash = hashlib.sha256()
+        self._tensors: dict[str, WireTensor] = {}
+        self._incoming: _Incoming | None = None
+        # sha256 and the NaN/Inf scans release the GIL, so a worker runs them
+        # on bytes already in place while the caller receives the next chunk.
+        # One worker: it hashes in submission order, the digest's order.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-verify")
+        self._hashed: list[Future[None]] = []
+        self._finite: list[tuple[str, Future[bool]]] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the verifying worker, dropping work not yet started; ``finish`` does it too."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    def feed(self, part: tensors_pb2.WeightsPart) -> None:
+        kind = part.WhichOneof("part")
+        if self._header is None:
+            if kind != "header":
+                raise WeightsError("weights stream must start with a header")
+            self._start(part.header)
+            return
+        if kind != "chunk":
+            raise WeightsError("weights stream holds a second header" if kind == "header" else "weights stream holds an empty part")
+        self._place(part.chunk)
+
+    def _place(self, c: tensors_pb2.TensorChunk) -> None:
+        """Write chunk ``c`` into its tensor's place and queue its hashing."""
+        data = c.data
+        meta = (c.dtype, tuple(int(d) for d in c.shape), int(c.tensor_num_bytes))
+        t = self._incoming
+        if t is None or c.name != t.name:
+            t = self._open(c.name, meta)
+        elif meta != t.meta:
             raise WeightsError(f"tensor {c.name!r}: chunks disagree on dtype, shape or size")
-        buf = buffers[c.name]
-        if c.offset != len(buf):
-            raise WeightsError(f"tensor {c.name!r}: chunk at offset {c.offset}, expected {len(buf)}")
-        buf.extend(c.data)
-    tensors: dict[str, WireTensor] = {}
-    for name, buf in buffers.items():
-        dtype, shape, size = meta[name]
-        if len(buf) != size:
-            raise WeightsError(f"tensor {name!r}: got {len(buf)} bytes of {size}")
-        tensors[name] = WireTensor(dtype, shape, bytes(buf))
-    if len(tensors) != header.num_tensors:
-        raise WeightsError(f"header announced {header.num_tensors} tensors, stream held {len(tensors)}")
-    actual = digest(tensors)
-    if actual != header.sha256:
-        raise WeightsError(f"sha256 mismatch for version {header.version}: header {header.sha256[:12]}…, data {actual[:12]}…")
-    check_finite(tensors)
-    return DecodedWeights(int(header.version), actual, tensors)
+        if c.offset != t.filled:
+            raise WeightsError(f"tensor {c.name!r}: chunk at offset {c.offset}, expected {t.filled}")
+        end = t.filled + len(data)
+        if end > len(t.view):
+            raise WeightsError(f"tensor {c.name!r}: got {end} bytes of {len(t.view)}")
+        window = t.view[t.filled : end]
+        window[:] = data
+        self._hashed.append(self._worker.submit(self._hash.update, window))
+        t.filled = end
+
+    def finish(self) -> DecodedWeights:
+        """The verified version; WeightsError if the stream was incomplete or is refused."""
+        header = self._header
+        if header is None:
+            raise WeightsError("weights stream must start with a header")
+        try:
+            self._close()
+        except WeightsError:
+            self.close()
+            raise
+        self._worker.shutdown(wait=True)  # all queued hashing and scans run before their results are read
+        for future in self._hashed:
+            future.result()
+        if len(self._tensors) != header.num_tensors:
+            raise WeightsError(f"header announced {header.num_tensors} tensors, stream held {len(self._tensors)}")
+        if self._num_used != header.num_bytes:
+            raise WeightsError(f"header announced {header.num_bytes} bytes, stream held {self._num_used}")
+        actual = self._hash.hexdigest()
+        if actual != header.sha256:
+            raise WeightsError(f"sha256 mismatch for version {header.version}: header {header.sha256[:12]}…, data {actual[:12]}…")
+        for name, finite in self._finite:
+            if not finite.result():
+                raise WeightsError(f"tensor {name!r} holds NaN or Inf")
+        return DecodedWeights(int(header.version), actual, self._tensors)
+
+    def _start(self, header: tensors_pb2.WeightsHeader) -> None:
+        self._header = header
+        try:
+            n = header.num_bytes
+            self._buffer = self._buffers.take(n) if self._buffers is not None else _new_buffer(n)
+        except (MemoryError, ValueError) as exc:
+            raise WeightsError(f"header announced {header.num_bytes} bytes, more than can be held: {exc}") from exc
+
+    def _open(self, name: str, meta: tuple[str, tuple[int, ...], int]) -> _Incoming:
+        """Start the next tensor, after closing the one before it."""
+        previous = self._incoming.name if self._incoming is not None else None
+        self._close()
+        if previous is not None and name <= previous:
+            raise WeightsError(f"tensor {name!r} arrived after {previous!r}: tensors come once each, in name order")
+        dtype, shape, size = meta
+        if dtype not in _WIRE_DTYPES:
+            raise WeightsError(f"tensor {name!r}: unsupported dtype {dtype!r}; accepted: {sorted(_WIRE_DTYPES)}")
+        expected = math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        if any(d < 0 for d in shape) or size != expected:
+            raise WeightsError(f"tensor {name!r} of dtype {dtype} and shape {list(shape)} needs {expected} bytes, chunks announce {size}")
+        if self._num_used + size > len(self._buffer):
+            raise WeightsError(f"tensor {name!r} does not fit in the {len(self._buffer)} bytes the header announced")
+        self._hashed.append(self._worker.submit(self._hash.update, _digest_prefix(name, dtype, shape)))
+        view = self._buffer.data[self._num_used : self._num_used + size]
+        self._num_used += size
+        self._incoming = _Incoming(name, meta, view)
+        return self._incoming
+
+    def _close(self) -> None:
+        """Check the incoming tensor is complete and keep it."""
+        t = self._incoming
+        if t is None:
+            return
+        self._incoming = None
+        if t.filled != len(t.view):
+            raise WeightsError(f"tensor {t.name!r}: got {t.filled} bytes of {len(t.view)}")
+        dtype, shape, _ = t.meta
+        tensor = WireTensor(dtype, shape, t.view)
+        self._tensors[t.name] = tensor
+        self._finite.append((t.name, self._worker.submit(_is_finite, tensor)))
+
+
+def decode(parts: Iterable[tensors_pb2.WeightsPart]) -> DecodedWeights:
+    """Reassemble a framed version and verify it; raises WeightsError (see WeightsDecoder)."""
+    with WeightsDecoder() as decoder:
+        for part in parts:
+            decoder.feed(part)
+        return decoder.finish()
+
+
+def _is_finite(t: WireTensor) -> bool:
+    if t.dtype not in FLOAT_DTYPES:
+        return True
+    arr = t.to_numpy()
+    if t.dtype == "bfloat16":
+        # bf16 is the top half of a float32: exponent all ones = Inf/NaN.
+        return not bool(((arr & 0x7F80) == 0x7F80).any())
+    return bool(np.isfinite(arr).all())
 
 
 def check_finite(tensors: Mapping[str, WireTensor]) -> None:
     for name, t in tensors.items():
-        if t.dtype not in FLOAT_DTYPES:
-            continue
-        arr = t.to_numpy()
-        if t.dtype == "bfloat16":
-            # bf16 is the top half of a float32: exponent all ones = Inf/NaN.
-            bad = bool(((arr & 0x7F80) == 0x7F80).any())
-        else:
-            bad = not bool(np.isfinite(arr).all())
-        if bad:
+        if not _is_finite(t):
             raise WeightsError(f"tensor {name!r} holds NaN or Inf")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -10,20 +11,34 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from asymptote.codec import CHUNK_BYTES, WireTensor, decode, digest, encode, read_signature
+from asymptote.codec import (
+    CHUNK_BYTES,
+    BufferPool,
+    DecodedWeights,
+    WeightsDecoder,
+    WireTensor,
+    decode,
+    digest,
+    encode,
+    encode_frames,
+    read_signature,
+)
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import WeightsError
 
-DTYPES = ("float32", "float16", "int64")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 
 
 def make_tensor(dtype: str, shape: tuple[int, ...], seed: int) -> WireTensor:
+    """Finite random values of any wire dtype; bfloat16 as the top half of float32 words."""
     rng = np.random.default_rng(seed)
-    if dtype == "int64":
-        array = rng.integers(-(2**40), 2**40, size=shape, dtype=np.int64)
-    else:
-        array = rng.standard_normal(size=shape).astype(dtype)
-    return WireTensor.from_numpy(array)
+    if dtype == "bfloat16":
+        words = (rng.standard_normal(size=shape).astype("<f4").view("<u4") >> 16).astype("<u2")
+        return WireTensor("bfloat16", shape, words.tobytes())
+    if dtype in ("int64", "int32"):
+        return WireTensor.from_numpy(rng.integers(-(2**30), 2**30, size=shape).astype(dtype))
+    return WireTensor.from_numpy(rng.standard_normal(size=shape).astype(dtype))
 
 
 @st.composite
@@ -32,7 +47,7 @@ def tensor_dicts(draw: st.DrawFn) -> dict[str, WireTensor]:
     out: dict[str, WireTensor] = {}
     for name in names:
         dtype = draw(st.sampled_from(DTYPES))
-        itemsize = np.dtype(dtype).itemsize
+        itemsize = ITEMSIZE[dtype]
         kind = draw(st.sampled_from(["empty", "small", "small", "big"]))
         if kind == "empty":
             shape: tuple[int, ...] = draw(st.sampled_from([(0,), (3, 0), (0, 4, 2)]))
@@ -259,3 +274,221 @@ def test_read_signature(tmp_path: Path) -> None:
 def test_read_signature_without_weights(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="no \\*.safetensors"):
         read_signature(tmp_path)
+
+
+# --------------------------------------------------------------------------
+# Serialized frames and the streaming decoder
+# --------------------------------------------------------------------------
+
+def reference_decode(parts: list[tensors_pb2.WeightsPart]) -> tuple[int, str, dict[str, WireTensor]]:
+    """The obvious reassembly of an intact stream: each tensor's chunk bytes joined, hashed by ``digest``."""
+    header = parts[0].header
+    data: dict[str, list[bytes]] = {}
+    meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for p in parts[1:]:
+        data.setdefault(p.chunk.name, []).append(p.chunk.data)
+        meta[p.chunk.name] = (p.chunk.dtype, tuple(p.chunk.shape))
+    tensors = {name: WireTensor(*meta[name], b"".join(chunks)) for name, chunks in data.items()}
+    return int(header.version), digest(tensors), tensors
+
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), version=st.integers(0, 2**63))
+def test_frames_are_the_serialized_parts(tensors: dict[str, WireTensor], version: int) -> None:
+    parts = list(encode(version, tensors))
+    frames = list(encode_frames(version, tensors))
+    assert frames == [p.SerializeToString() for p in parts]
+    assert [tensors_pb2.WeightsPart.FromString(f) for f in frames] == parts
+
+
+@SETTINGS
+@given(tensors=tensor_dicts())
+def test_streaming_decode_is_bit_identical_to_the_reference(tensors: dict[str, WireTensor]) -> None:
+    parts = list(encode(5, tensors))
+    version, sha256, expected = reference_decode(parts)
+    with WeightsDecoder() as decoder:
+        for part in parts:
+            decoder.feed(part)
+        got = decoder.finish()
+    assert (got.version, got.sha256) == (version, sha256) == (5, digest(tensors))
+    assert list(got.tensors) == sorted(tensors)
+    for name, t in expected.items():
+        g = got.tensors[name]
+        assert (g.dtype, g.shape, bytes(g.data)) == (t.dtype, t.shape, t.data) == (
+            tensors[name].dtype, tensors[name].shape, tensors[name].data)
+        assert g.to_numpy().tobytes() == tensors[name].to_numpy().tobytes()
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), data=st.data())
+def test_every_truncated_stream_is_refused(tensors: dict[str, WireTensor], data: st.DataObject) -> None:
+    parts = list(encode(1, tensors))
+    cut = data.draw(st.integers(0, len(parts) - 1), label="parts kept")
+    with pytest.raises(WeightsError):
+        decode(parts[:cut])
+    # A last chunk cut short is refused too.
+    last = parts[-1].chunk
+    if last.data:
+        keep = data.draw(st.integers(0, len(last.data) - 1), label="bytes kept")
+        short = tensors_pb2.WeightsPart()
+        short.CopyFrom(parts[-1])
+        short.chunk.data = last.data[:keep]
+        with pytest.raises(WeightsError, match=f"got {last.offset + keep} bytes of {last.tensor_num_bytes}"):
+            decode([*parts[:-1], short])
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), data=st.data())
+def test_every_flipped_bit_is_refused_as_a_digest_mismatch(tensors: dict[str, WireTensor], data: st.DataObject) -> None:
+    parts = list(encode(3, tensors))
+    with_data = [i for i, p in enumerate(parts) if p.WhichOneof("part") == "chunk" and p.chunk.data]
+    if not with_data:
+        return
+    i = data.draw(st.sampled_from(with_data), label="chunk")
+    flipped = bytearray(parts[i].chunk.data)
+    at = data.draw(st.integers(0, len(flipped) - 1), label="byte")
+    flipped[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+    parts[i].chunk.data = bytes(flipped)
+    # Reported as corruption even where the flip made a NaN or Inf.
+    with pytest.raises(WeightsError, match="sha256 mismatch for version 3"):
+        decode(parts)
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), data=st.data())
+def test_every_swap_of_two_parts_is_refused_when_it_arrives(tensors: dict[str, WireTensor], data: st.DataObject) -> None:
+    parts = list(encode(1, tensors))
+    if len(parts) < 3:
+        return
+    i = data.draw(st.integers(0, len(parts) - 2), label="first")
+    j = data.draw(st.integers(i + 1, len(parts) - 1), label="second")
+    parts[i], parts[j] = parts[j], parts[i]
+    with WeightsDecoder() as decoder, pytest.raises(WeightsError):
+        for part in parts[: j + 1]:  # refused by the time the second swapped part has arrived
+            decoder.feed(part)
+
+
+def test_decoder_refuses_a_chunk_out_of_order_as_it_arrives(stream: list[tensors_pb2.WeightsPart]) -> None:
+    with WeightsDecoder() as decoder:
+        decoder.feed(stream[0])
+        decoder.feed(stream[1])
+        with pytest.raises(WeightsError, match=f"'a': chunk at offset {2 * CHUNK_BYTES}, expected {CHUNK_BYTES}"):
+            decoder.feed(stream[3])
+
+
+def test_decoder_refuses_tensors_out_of_name_order_or_twice() -> None:
+    tensors = {"a": make_tensor("float32", (3,), 0), "b": make_tensor("float32", (2,), 1)}
+    header, a, b = encode(1, tensors)
+    with pytest.raises(WeightsError, match="tensor 'a' arrived after 'b': tensors come once each, in name order"):
+        decode([header, b, a])
+    with pytest.raises(WeightsError, match="tensor 'a' arrived after 'b'"):
+        decode([header, a, b, a])
+
+
+def test_decoder_refuses_a_chunk_past_its_tensor(stream: list[tensors_pb2.WeightsPart]) -> None:
+    stream[4].chunk.data += b"\0" * 8
+    with pytest.raises(WeightsError, match="'b': got 48 bytes of 40"):
+        decode(stream)
+
+
+def test_decoder_refuses_sizes_that_disagree_with_the_header_or_the_shape(stream: list[tensors_pb2.WeightsPart]) -> None:
+    total = stream[0].header.num_bytes
+    stream[0].header.num_bytes = total - 1
+    with pytest.raises(WeightsError, match=f"tensor 'b' does not fit in the {total - 1} bytes the header announced"):
+        decode(stream)
+    stream[0].header.num_bytes = total + 8
+    with pytest.raises(WeightsError, match=f"header announced {total + 8} bytes, stream held {total}"):
+        decode(stream)
+    stream[0].header.num_bytes = 2**62
+    with pytest.raises(WeightsError, match=f"header announced {2**62} bytes, more than can be held"):
+        decode(stream)
+    stream[0].header.num_bytes = total
+    stream[4].chunk.shape[:] = [6]
+    with pytest.raises(WeightsError, match="'b' of dtype int64 and shape \\[6\\] needs 48 bytes, chunks announce 40"):
+        decode(stream)
+
+
+def test_decoder_refuses_an_unknown_dtype_and_an_empty_part(stream: list[tensors_pb2.WeightsPart]) -> None:
+    bad = [*stream]
+    bad[4] = tensors_pb2.WeightsPart()
+    bad[4].CopyFrom(stream[4])
+    bad[4].chunk.dtype = "complex64"
+    with pytest.raises(WeightsError, match="'b': unsupported dtype 'complex64'"):
+        decode(bad)
+    with pytest.raises(WeightsError, match="empty part"):
+        decode([*stream, tensors_pb2.WeightsPart()])
+
+
+def test_decoded_tensors_are_views_into_one_buffer(stream: list[tensors_pb2.WeightsPart]) -> None:
+    weights = decode(stream)
+    a, b = weights.tensors["a"], weights.tensors["b"]
+    assert isinstance(a.data, memoryview) and isinstance(b.data, memoryview)
+    assert bytes(a.data) == b"".join(p.chunk.data for p in stream[1:4])
+    assert bytes(b.data) == stream[4].chunk.data
+    start = np.frombuffer(a.data, dtype=np.uint8).ctypes.data
+    assert np.frombuffer(b.data, dtype=np.uint8).ctypes.data == start + len(a.data)  # back to back, name order
+
+
+def test_wire_tensor_takes_a_flat_byte_view_only() -> None:
+    words = np.arange(6, dtype="<f4")
+    t = WireTensor("float32", (2, 3), memoryview(words.tobytes()))
+    np.testing.assert_array_equal(t.to_numpy(), words.reshape(2, 3))
+    with pytest.raises(WeightsError, match="flat byte memoryview, got format 'f'"):
+        WireTensor("float32", (6,), words.data)
+
+
+def test_an_abandoned_decoder_stops_its_worker(stream: list[tensors_pb2.WeightsPart]) -> None:
+    def workers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("weights-verify")]
+
+    before = workers()
+    with pytest.raises(WeightsError), WeightsDecoder() as decoder:
+        for part in [stream[0], stream[1], stream[3]]:
+            decoder.feed(part)
+    assert workers() == before
+    decode(stream)
+    assert workers() == before
+
+
+def test_a_pooled_buffer_is_written_again_only_once_nothing_views_it() -> None:
+    def version(seed: int) -> list[tensors_pb2.WeightsPart]:
+        return list(encode(seed, {"a": make_tensor("float32", (CHUNK_BYTES // 4 + 3,), seed),
+                                  "b": make_tensor("bfloat16", (40,), seed)}))
+
+    def address(weights: DecodedWeights) -> int:
+        return int(np.frombuffer(weights.tensors["a"].data, dtype=np.uint8).ctypes.data)
+
+    pool = BufferPool()
+
+    def pull(parts: list[tensors_pb2.WeightsPart]) -> DecodedWeights:
+        with WeightsDecoder(pool) as decoder:
+            for part in parts:
+                decoder.feed(part)
+            return decoder.finish()
+
+    first = pull(version(1))
+    at = address(first)
+    still_used = first.tensors["a"].to_numpy()  # one array viewing the version outlives it
+    expected = still_used.copy()
+    del first
+    second = pull(version(2))
+    assert address(second) != at
+    np.testing.assert_array_equal(still_used, expected)  # never overwritten while viewed
+
+    del still_used  # nothing views the first version's buffer now: the next pull writes into it
+    third = pull(version(3))
+    assert address(third) == at
+    assert third.sha256 == digest(reference_decode(version(3))[2])
+    assert bytes(third.tensors["a"].data) == make_tensor("float32", (CHUNK_BYTES // 4 + 3,), 3).data
+    assert bytes(second.tensors["a"].data) == make_tensor("float32", (CHUNK_BYTES // 4 + 3,), 2).data
+
+    # A refused stream gives its buffer back too.
+    del third
+    corrupted = version(4)
+    corrupted[1].chunk.data = b"\xff" * 8 + corrupted[1].chunk.data[8:]
+    with pytest.raises(WeightsError, match="sha256 mismatch"):
+        pull(corrupted)
+    assert address(pull(version(5))) == at

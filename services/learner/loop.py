@@ -39,7 +39,7 @@ from services.learner.config import LearnerConfig
 from services.learner.distributed import DataParallel
 from services.learner.metrics import LearnerMetrics
 from services.learner.model import load_model, load_tokenizer
-from services.learner.server import LearnerServicer
+from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.trainer import Trainer, collate
 from services.learner.weights import Version, WeightStore
 
@@ -275,7 +275,7 @@ class Learner:
         servicer = LearnerServicer(self.store, self.rt.health, self.rt.instance_id, self.gauges)
         server, self.grpc_port = await start_server(
             c.grpc, self.rt.health,
-            lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+            lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
             c.grpc_tls,
         )

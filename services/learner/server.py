@@ -1,4 +1,11 @@
-"""The learner's gRPC face: Learner.PullWeights and Learner.Status."""
+"""The learner's gRPC face: Learner.PullWeights and Learner.Status.
+
+``add_learner_to_server`` registers them: Status as the generated code
+would, PullWeights with a response serializer that passes bytes through,
+because the servicer yields each ``WeightsPart`` already serialized
+(``asymptote.codec.encode_frames``): a chunk's bytes are copied once into
+its frame instead of into a message and again into its serialization.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,12 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from asymptote.codec import encode
-from asymptote.contracts.v1 import services_pb2, services_pb2_grpc, tensors_pb2
+from asymptote.codec import encode_frames
+from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
 from services.learner.weights import WeightStore
+
+_DESCRIPTOR = services_pb2.DESCRIPTOR.services_by_name["Learner"]
 
 
 class LearnerServicer(services_pb2_grpc.LearnerServicer):
@@ -23,7 +32,8 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
 
     async def PullWeights(
         self, request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[tensors_pb2.WeightsPart]:
+    ) -> AsyncIterator[bytes]:
+        """A held version as serialized ``WeightsPart`` frames; NOT_FOUND if it is not held."""
         version = self.store.get(int(request.version))
         if version is None:
             newest = self.store.get(0)
@@ -32,8 +42,8 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
                 f"version {request.version} is not held; newest is {newest.version if newest else 'none'}",
             )
             return
-        for part in encode(version.version, version.tensors, version.sha256):
-            yield part
+        for frame in encode_frames(version.version, version.tensors, version.sha256):
+            yield frame
 
     async def Status(
         self, request: services_pb2.StatusRequest, context: grpc.aio.ServicerContext
@@ -47,3 +57,26 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
             policy_version=newest.version if newest else 0,
             gauges=self.gauges(),
         )
+
+
+def _already_serialized(frame: bytes) -> bytes:
+    return frame
+
+
+def add_learner_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
+    """Register the Learner service; use instead of ``add_LearnerServicer_to_server`` (see the module docstring)."""
+    handlers = {
+        "PullWeights": grpc.unary_stream_rpc_method_handler(
+            servicer.PullWeights,
+            request_deserializer=services_pb2.PullWeightsRequest.FromString,
+            response_serializer=_already_serialized,
+        ),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            servicer.Status,
+            request_deserializer=services_pb2.StatusRequest.FromString,
+            response_serializer=services_pb2.ServiceStatus.SerializeToString,
+        ),
+    }
+    assert set(handlers) == set(_DESCRIPTOR.methods_by_name), "every Learner RPC is registered"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_DESCRIPTOR.full_name, handlers),))
+    server.add_registered_method_handlers(_DESCRIPTOR.full_name, handlers)

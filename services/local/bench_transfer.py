@@ -29,6 +29,7 @@ import json
 import math
 import multiprocessing
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -58,11 +59,10 @@ def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
     import torch
     from transformers.utils.logging import disable_progress_bar
 
-    from asymptote.contracts.v1 import services_pb2_grpc
     from asymptote.health import Health
     from asymptote.rpc import start_server
     from services.learner.model import load_model
-    from services.learner.server import LearnerServicer
+    from services.learner.server import LearnerServicer, add_learner_to_server
     from services.learner.weights import WeightStore
 
     torch.set_num_threads(1)
@@ -75,7 +75,7 @@ def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
         servicer = LearnerServicer(store, health, "transfer-bench", lambda: {})
         server, _ = await start_server(
             ListenSettings(port=port), health,
-            lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+            lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
         )
         conn.send((version.sha256, version.num_bytes))
@@ -88,10 +88,25 @@ def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
     asyncio.run(run())
 
 
+def wait_for_server(conn: Connection, server: multiprocessing.process.BaseProcess, timeout_s: float) -> bool:
+    """Whether the server reported ready within ``timeout_s``; False as soon as its process is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if conn.poll(0.2):
+            return True
+        if not server.is_alive():
+            return conn.poll()
+    return False
+
+
 async def pull_and_stage(
     source: GrpcWeightSource, endpoint: str, sha256: str, signature: Signature, model_dir: Path, staging: Path
 ) -> tuple[float, float]:
     """One pull as the swapper does it; (pull-and-verify seconds, staging seconds)."""
+    # The swapper deletes a replaced version after the swap, outside its pull
+    # time; without this, staging the same version again would time deleting
+    # the last copy.
+    shutil.rmtree(staging / f"v{VERSION}", ignore_errors=True)
     started = time.perf_counter()
     weights = await source.pull(endpoint, VERSION)
     if weights.sha256 != sha256:
@@ -126,7 +141,7 @@ async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any
     )
     server.start()
     try:
-        if not await asyncio.to_thread(parent.poll, 120.0):
+        if not await asyncio.to_thread(wait_for_server, parent, server, 120.0):
             raise RuntimeError(f"the weight server did not start within 120 s (exit code {server.exitcode})")
         sha256, num_bytes = parent.recv()
         endpoint = f"127.0.0.1:{port}"

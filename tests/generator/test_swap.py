@@ -36,7 +36,7 @@ from services.generator.metrics import GeneratorMetrics
 from services.generator.swapper import Swapper
 from services.generator.weights import GrpcWeightSource, stage
 from services.learner.model import ModelSpec, build_model, build_tokenizer, load_model, save_model_dir
-from services.learner.server import LearnerServicer
+from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore, to_wire
 
 pytestmark = [pytest.mark.vllm]
@@ -200,7 +200,7 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
     server, port = await start_server(
         ListenSettings(host="127.0.0.1", port=0),
         health,
-        lambda s: services_pb2_grpc.add_LearnerServicer_to_server(servicer, s),
+        lambda s: add_learner_to_server(servicer, s),
         ["asymptote.v1.Learner"],
     )
     metrics = GeneratorMetrics()

@@ -25,7 +25,7 @@ from asymptote.streams import Names, connect, ensure_bucket
 from asymptote.tasks import TaskSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
-from services.learner.server import LearnerServicer
+from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore
 
 SEED = 8
@@ -80,7 +80,7 @@ async def servers(nats: NatsServer) -> AsyncIterator[dict[str, int]]:
     health = Health("learner")
     learner, learner_port = await start_server(
         ListenSettings(host="127.0.0.1", port=0), health,
-        lambda s: services_pb2_grpc.add_LearnerServicer_to_server(
+        lambda s: add_learner_to_server(
             LearnerServicer(store, health, "test", lambda: {}), s),
         ["asymptote.contracts.v1.Learner"],
     )

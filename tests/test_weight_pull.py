@@ -1,0 +1,253 @@
+"""A version pulled over real gRPC: the learner's server, the generator's pull and staging.
+
+The learner's ``PullWeights`` sends pre-serialized frames that must be
+exactly the codec's parts; the generator's pull verifies them as they
+arrive, so a bad stream is refused at its first bad part and named; staging
+writes the verified bytes unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import platform
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from asymptote.codec import CHUNK_BYTES, DecodedWeights, WireTensor, decode, digest, encode, encode_frames
+from asymptote.config import ListenSettings
+from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
+from asymptote.errors import WeightsError
+from asymptote.health import Health
+from asymptote.rpc import start_server
+from services.generator.weights import GrpcWeightSource, reuse_freed_message_buffers, stage
+from services.learner.server import LearnerServicer, add_learner_to_server
+from services.learner.weights import Version, WeightStore
+
+PULL_WEIGHTS = "/asymptote.contracts.v1.Learner/PullWeights"
+
+
+def random_tensors(seed: int) -> dict[str, WireTensor]:
+    rng = np.random.default_rng(seed)
+    return {
+        "big": WireTensor.from_numpy(rng.standard_normal(CHUNK_BYTES // 4 * 2 + 11).astype(np.float32)),
+        "embed": WireTensor.from_numpy(rng.standard_normal((64, 16)).astype(np.float16)),
+        "ids": WireTensor.from_numpy(rng.integers(-(2**40), 2**40, size=(5,))),
+        "norm": WireTensor("bfloat16", (16,), (rng.standard_normal(16).astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()),
+        "nothing": WireTensor.from_numpy(np.zeros((0, 4), dtype=np.float32)),
+        "scale": WireTensor.from_numpy(np.array(0.5, dtype=np.float64)),
+    }
+
+
+def version_of(number: int, tensors: dict[str, WireTensor]) -> Version:
+    return Version(number, tensors, digest(tensors))
+
+
+@asynccontextmanager
+async def learner(store: WeightStore) -> AsyncIterator[str]:
+    """The learner's real weight server on loopback; yields its endpoint."""
+    health = Health("learner")
+    servicer = LearnerServicer(store, health, "test", dict)
+    server, port = await start_server(
+        ListenSettings(host="127.0.0.1", port=0), health, lambda s: add_learner_to_server(servicer, s),
+        ["asymptote.contracts.v1.Learner"],
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+@asynccontextmanager
+async def raw_learner(stream: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[str]:
+    """A PullWeights server sending whatever frames ``stream`` yields; yields its endpoint."""
+
+    async def pull(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for frame in stream():
+            yield frame
+
+    handler = grpc.unary_stream_rpc_method_handler(pull)  # bytes in and out
+    health = Health("learner")
+    server, port = await start_server(
+        ListenSettings(host="127.0.0.1", port=0), health,
+        lambda s: s.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("asymptote.contracts.v1.Learner", {"PullWeights": handler}),)),
+        [],
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def frames_of(parts: Iterable[object]) -> Callable[[], AsyncIterator[bytes]]:
+    async def stream() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part.SerializeToString()  # type: ignore[attr-defined]
+
+    return stream
+
+
+def assert_same(weights: DecodedWeights, tensors: dict[str, WireTensor]) -> None:
+    assert list(weights.tensors) == sorted(tensors)
+    for name, t in tensors.items():
+        got = weights.tensors[name]
+        assert (got.dtype, got.shape, bytes(got.data)) == (t.dtype, t.shape, t.data), name
+
+
+# -- the learner's server ------------------------------------------------------------
+
+
+async def test_the_server_sends_the_codec_parts_and_the_generator_gets_the_same_bytes() -> None:
+    tensors = random_tensors(1)
+    store = WeightStore({})
+    v = store.put(version_of(4, tensors))
+    async with learner(store) as endpoint:
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            call = ch.unary_stream(PULL_WEIGHTS)  # raw bytes, as they travel
+            frames = [f async for f in call(services_pb2.PullWeightsRequest(version=4).SerializeToString())]
+        assert frames == [p.SerializeToString() for p in encode(4, tensors, v.sha256)]
+        assert frames == list(encode_frames(4, tensors))
+
+        weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 4)
+        assert (weights.version, weights.sha256) == (4, v.sha256)
+        assert_same(weights, tensors)
+        assert weights.num_bytes == v.num_bytes
+
+
+async def test_a_version_not_held_is_not_found_and_status_is_still_served() -> None:
+    store = WeightStore({}, keep=2)
+    for number in (1, 2, 3):
+        store.put(version_of(number, random_tensors(number)))
+    async with learner(store) as endpoint:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await GrpcWeightSource(timeout_s=10).pull(endpoint, 1)  # dropped: only the newest two are held
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.details() == "version 1 is not held; newest is 3"
+        newest = await GrpcWeightSource(timeout_s=10).pull(endpoint, 3)
+        assert_same(newest, random_tensors(3))
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            status = await services_pb2_grpc.LearnerStub(ch).Status(services_pb2.StatusRequest(), timeout=10)
+        assert (status.service, status.instance_id, status.policy_version) == ("learner", "test", 3)
+
+
+# -- the generator's pull: refusals ----------------------------------------------------
+
+
+async def test_a_stream_cut_short_is_refused_naming_the_tensor() -> None:
+    parts = list(encode(2, random_tensors(2)))
+    assert [p.chunk.name for p in parts[1:4]] == ["big", "big", "big"]
+    async with raw_learner(frames_of(parts[:3])) as endpoint:  # ends after two of big's three chunks
+        with pytest.raises(WeightsError, match=f"tensor 'big': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 44}"):
+            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+    async with raw_learner(frames_of(parts[:-1])) as endpoint:  # ends before the last tensor
+        with pytest.raises(WeightsError, match="header announced 6 tensors, stream held 5"):
+            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+
+
+async def test_a_corrupted_byte_is_refused() -> None:
+    parts = list(encode(2, random_tensors(2)))
+    data = bytearray(parts[2].chunk.data)
+    data[777] ^= 0x04
+    parts[2].chunk.data = bytes(data)
+    async with raw_learner(frames_of(parts)) as endpoint:
+        with pytest.raises(WeightsError, match="sha256 mismatch for version 2"):
+            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+
+
+async def test_a_bad_part_is_refused_when_it_arrives_not_when_the_stream_ends() -> None:
+    parts = list(encode(2, random_tensors(2)))
+    ended = asyncio.Event()
+
+    async def stream() -> AsyncIterator[bytes]:
+        for part in [parts[0], parts[2]]:  # big's second chunk first
+            yield part.SerializeToString()
+        try:
+            await asyncio.sleep(3600)  # the rest never comes
+        finally:
+            ended.set()
+        yield b""
+
+    async with raw_learner(stream) as endpoint:
+        with pytest.raises(WeightsError, match=f"tensor 'big': chunk at offset {CHUNK_BYTES}, expected 0"):
+            await asyncio.wait_for(GrpcWeightSource(timeout_s=60).pull(endpoint, 2), 20)
+        await asyncio.wait_for(ended.wait(), 20)  # and the call was cancelled on the server
+
+
+async def test_a_version_other_than_the_one_asked_for_is_refused() -> None:
+    async with raw_learner(frames_of(encode(8, random_tensors(2)))) as endpoint:
+        with pytest.raises(WeightsError, match="asked for version 2, learner sent 8"):
+            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+
+
+# -- staging -------------------------------------------------------------------------
+
+
+def test_staging_writes_the_verified_bytes_unchanged(tmp_path: Path) -> None:
+    tensors = random_tensors(3)
+    weights = decode(list(encode(9, tensors)))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama"}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when handed read-only memory
+        folder = stage(weights, tmp_path / "staged", model_dir)
+    assert folder == tmp_path / "staged" / "v9"
+    assert (folder / "config.json").read_text() == '{"model_type": "llama"}'
+    torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                    "float64": torch.float64, "int64": torch.int64}
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "pt", "version": "9"}
+        assert sorted(f.keys()) == sorted(tensors)
+        for name, t in tensors.items():
+            staged = f.get_tensor(name)
+            assert staged.dtype == torch_dtypes[t.dtype] and tuple(staged.shape) == t.shape, name
+            raw = staged.view(torch.int16) if t.dtype == "bfloat16" else staged
+            assert raw.numpy().tobytes() == t.data, name
+    # Staged again (a restarted generator), the folder is replaced; bytes that
+    # are not a pulled version's (read-only) are staged the same.
+    from_bytes = DecodedWeights(9, weights.sha256, tensors)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stage(from_bytes, tmp_path / "staged", model_dir) == folder
+    assert sorted(p.name for p in (tmp_path / "staged").iterdir()) == ["v9"]
+    with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
+        assert f.get_tensor("big").tobytes() == tensors["big"].data
+
+
+# -- the allocator ---------------------------------------------------------------------
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's allocator")
+def test_message_sized_buffers_come_from_the_heap_and_stay_there() -> None:
+    reuse_freed_message_buffers()
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+
+    def mapped_blocks() -> int:
+        return int(libc.mallinfo2().hblks)
+
+    libc.malloc_trim(0)  # the heap's free top handed back: what follows grows it
+    before = mapped_blocks()
+    message = bytearray(CHUNK_BYTES + 4096)  # a chunk and its fields
+    assert mapped_blocks() == before, "a message-sized buffer is not mmapped"
+    heap = int(libc.mallinfo2().arena)
+    del message
+    assert int(libc.mallinfo2().arena) == heap, "freeing it does not shrink the heap"
+    version = bytearray(64 << 20)  # far larger buffers are still mapped, and unmapped when freed
+    assert mapped_blocks() == before + 1
+    del version
+    assert mapped_blocks() == before
