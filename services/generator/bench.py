@@ -9,7 +9,7 @@ publishing around it. ``asymptote bench`` runs it in a process pinned to the
 generator's cores and compares the tokens per second a generator achieves
 inside a running RL loop against it.
 
-    python -m services.generator.bench --model-dir DIR --output FILE [--groups 400]
+    python -m services.generator.bench --model-dir DIR --output FILE [--window-s 8]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,18 @@ async def standalone_tokens_per_s(
     group_size: int,
     max_tokens: int,
     concurrency_groups: int,
-    num_groups: int,
+    window_s: float,
+    num_windows: int = 3,
     temperature: float = 1.0,
 ) -> dict[str, Any]:
-    """Completion tokens per second over ``num_groups`` groups, ``concurrency_groups`` at a time.
+    """Completion tokens per second with ``concurrency_groups`` groups always in flight.
 
-    One warm-up round of ``concurrency_groups`` groups runs first and is not
-    timed; the groups are then timed in three windows and the median window's
-    rate is reported (a busy machine slows single windows, not the median).
+    Each of ``concurrency_groups`` workers samples one group after another,
+    as a generator's rollout loop keeps its engine full. After a warm-up of
+    ``window_s``, the tokens of groups finishing within each of
+    ``num_windows`` consecutive windows of ``window_s`` are counted; the
+    median window's rate is reported (a busy machine slows single windows,
+    not the median).
     """
     problems = list(get_task(task.name, task).problems("train"))
     prompts = itertools.cycle(p.prompt for p in problems)
@@ -48,29 +53,37 @@ async def standalone_tokens_per_s(
     started = time.monotonic()
     await engine.start()
     start_s = time.monotonic() - started
-    slots = asyncio.Semaphore(concurrency_groups)
+    tokens = groups = 0
+    stop = asyncio.Event()
 
-    async def one(prompt: str) -> int:
-        async with slots:
-            _, samples = await engine.sample(prompt, group_size, temperature, 1.0, max_tokens)
-        return sum(len(s.token_ids) for s in samples)
+    async def worker() -> None:
+        nonlocal tokens, groups
+        while not stop.is_set():
+            _, samples = await engine.sample(next(prompts), group_size, temperature, 1.0, max_tokens)
+            tokens += sum(len(s.token_ids) for s in samples)
+            groups += 1
 
-    windows: list[tuple[int, float]] = []
+    windows: list[tuple[int, int, float]] = []
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency_groups)]
     try:
-        await asyncio.gather(*(one(next(prompts)) for _ in range(concurrency_groups)))
-        for _ in range(3):
-            t0 = time.perf_counter()
-            counts = await asyncio.gather(*(one(next(prompts)) for _ in range(max(1, num_groups // 3))))
-            windows.append((sum(counts), time.perf_counter() - t0))
+        await asyncio.sleep(window_s)  # warm-up: the engine full, its caches and threads settled
+        for _ in range(num_windows):
+            t0, tokens0, groups0 = time.perf_counter(), tokens, groups
+            await asyncio.sleep(window_s)
+            windows.append((tokens - tokens0, groups - groups0, time.perf_counter() - t0))
+        stop.set()
+        await asyncio.gather(*workers)
     finally:
+        for w in workers:
+            w.cancel()
         await engine.shutdown()
-    rates = sorted(tokens / wall for tokens, wall in windows)
+    rates = sorted(t / wall for t, _, wall in windows)
     return {
-        "tokens_per_s": rates[1],
+        "tokens_per_s": statistics.median(rates),
         "window_tokens_per_s": rates,
-        "tokens": sum(t for t, _ in windows),
-        "groups": 3 * max(1, num_groups // 3),
-        "wall_s": sum(w for _, w in windows),
+        "tokens": sum(t for t, _, _ in windows),
+        "groups": sum(g for _, g, _ in windows),
+        "wall_s": sum(w for _, _, w in windows),
         "engine_start_s": start_s,
         "concurrency_groups": concurrency_groups,
         "group_size": group_size,
@@ -82,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.generator.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True, help="JSON file for the result")
-    parser.add_argument("--groups", type=int, default=400)
+    parser.add_argument("--window-s", type=float, default=8.0, help="length of each of the three timed windows")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=32, help="groups in flight (the generator's max_inflight_groups)")
@@ -92,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(standalone_tokens_per_s(
         EngineSettings(model_dir=args.model_dir, max_num_seqs=args.max_num_seqs),
         TaskSettings.model_validate(json.loads(args.task)),
-        args.group_size, args.max_tokens, args.concurrency, args.groups,
+        args.group_size, args.max_tokens, args.concurrency, args.window_s,
     ))
     args.output.write_text(json.dumps(result, indent=2))
     print(f"standalone engine: {result['tokens_per_s']:.0f} tokens/s over {result['groups']} groups "

@@ -5,9 +5,9 @@ Asserts what the run directory and the services' endpoints say, never
 log text: the learner consumed generator-produced groups, the policy version
 advanced, generators loaded the new weights (the versions on the tokens of
 the groups they published), eval points and a fit were written, every
-listening socket is on loopback, the NATS password is in no file of the run,
-and when a dependency dies the survivors report it on /readyz. Nothing is
-left running.
+listening socket is on loopback, the NATS password is in no file of the run
+and on no command line, and when a dependency dies the survivors report it
+on /readyz. Nothing is left running.
 """
 
 from __future__ import annotations
@@ -54,18 +54,25 @@ def group_alive(pgid: int) -> bool:
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
-def listening_sockets(stack: LocalStack) -> list[tuple[str, str, int]]:
-    """(process, address, port) of every TCP listener and bound UDP socket of every process the stack started.
-
-    Each service runs in its own process group (vLLM's engine processes and
-    torchrun's ranks included), so a group's members are the service's processes.
-    """
+def stack_processes(stack: LocalStack) -> list[psutil.Process]:
+    """Every live process the stack started: each service runs in its own process
+    group (vLLM's engine processes and torchrun's ranks included)."""
     groups = {p.popen.pid for p in stack.procs}
     found = []
     for proc in psutil.process_iter():
         try:
-            if os.getpgid(proc.pid) not in groups:
-                continue
+            if os.getpgid(proc.pid) in groups:
+                found.append(proc)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    return found
+
+
+def listening_sockets(stack: LocalStack) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every TCP listener and bound UDP socket of every process the stack started."""
+    found = []
+    for proc in stack_processes(stack):
+        try:
             for conn in proc.net_connections(kind="inet"):
                 if conn.status == psutil.CONN_LISTEN or (conn.type == socket.SOCK_DGRAM and conn.laddr):
                     found.append((" ".join(proc.cmdline()[:4]), conn.laddr.ip, conn.laddr.port))
@@ -112,6 +119,9 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         listeners = listening_sockets(stack)
         assert len({port for _, _, port in listeners}) >= 9  # nats + gRPC and HTTP of the four services
         assert not [s for s in listeners if s[1] not in LOOPBACK], listeners
+        # Command lines are readable by every local user: no process has the password on its own.
+        cmdlines = [" ".join(p.cmdline()) for p in stack_processes(stack)]
+        assert len(cmdlines) >= 8 and not [c for c in cmdlines if stack.nats_password in c]
         stack.save_final_metrics()  # metrics/<service>.prom, searched for the password below
 
         # A dependency dies: every service says so on /readyz.

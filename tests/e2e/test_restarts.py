@@ -190,8 +190,11 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
     with launch(
         max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=24, checkpoint_every_steps=4,
         failpoints=",".join(f"{name}:file" for name in FAILPOINTS),
-        # Kubernetes never gives up on a pod; faults a minute apart are not a crash loop.
-        max_restarts=3, restart_backoff_reset_s=20.0,
+        # Kubernetes never gives up on a pod. Faults here come seconds apart and
+        # may strike one service several times in a row, each soon after its
+        # restart: allow each service its share of the plan, no more.
+        max_restarts=max(Counter(f.service for f in plan).values()) + 1,
+        restart_backoff_s=0.5, restart_backoff_reset_s=20.0,
     ) as (stack, progress):
         injector = threading.Thread(target=inject, args=(stack, plan, stop, struck), daemon=True)
         injector.start()
