@@ -24,6 +24,9 @@ from services.generator.config import EngineSettings
 
 log = logging.getLogger(__name__)
 
+STAGE_POLL_S = 0.005
+"""How often a swap asks the worker whether the checkpoint is read."""
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -157,8 +160,8 @@ class Engine:
     async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
         """Load ``weights_path`` as ``version`` into the running engine.
 
-        The checkpoint is first read into the worker's memory while generation
-        continues; then the scheduler is paused between two engine steps, the
+        The checkpoint is first read into the worker's memory, on a thread of
+        the worker's, while generation continues; then the scheduler is paused between two engine steps, the
         staged tensors are loaded, the engine's weight version is set and the
         scheduler resumes. inflight: requests and their KV cache are kept, so
         sequences in flight continue under the new weights (PipelineRL).
@@ -170,6 +173,10 @@ class Engine:
             path = str(weights_path)
             started = time.monotonic()
             await self._llm.collective_rpc("stage_weights", kwargs={"weights_path": path})
+            # The worker reads on a thread of its own while the engine steps;
+            # asking whether it is done is a short call between two steps.
+            while not all(await self._llm.collective_rpc("staged", kwargs={"weights_path": path})):
+                await asyncio.sleep(STAGE_POLL_S)
             staged = time.monotonic()
             # The engine core takes the pause between two steps; the step under
             # way when it is asked still completes, so the stall starts on return.

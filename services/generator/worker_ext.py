@@ -1,8 +1,9 @@
 """Code that runs inside vLLM's worker process (``worker_extension_cls``).
 
 Owns splitting a weight swap in two so that the engine pauses only for the
-part that must be atomic, and keeping tied LM heads tied across reloads: ``stage_weights`` reads a verified safetensors
-checkpoint into the worker's memory while generation continues, and
+part that must be atomic, and keeping tied LM heads tied across reloads:
+``stage_weights`` reads a verified safetensors checkpoint into the worker's
+memory on a thread while generation continues, and
 ``apply_staged_weights`` (called with the scheduler paused) loads those
 tensors through vLLM's in-place layerwise reload, which repacks CPU
 kernels' weights the way loading from disk does. Safetensors only: no
@@ -11,34 +12,57 @@ pickle ever reaches the worker.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 
-class StagedWeightsExtension:
-    """Mixed into vLLM's worker; methods are reached through ``collective_rpc``."""
+def _read(files: list[Path]) -> dict[str, Any]:
+    from safetensors.torch import load_file
 
-    _staged: dict[str, Any] | None = None
-    _staged_path: str | None = None
+    tensors: dict[str, Any] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    return tensors
+
+
+class StagedWeightsExtension:
+    """Mixed into vLLM's worker; methods are reached through ``collective_rpc``.
+
+    A worker answers one RPC at a time and the engine core waits for each
+    answer before its next step, so ``stage_weights`` only starts the read (on
+    a thread of the worker's own) and returns: the engine keeps stepping while
+    the checkpoint is read, and ``staged`` says when it is in memory.
+    """
+
+    _staging: tuple[str, Future[dict[str, Any]]] | None = None
+    _reader: ThreadPoolExecutor | None = None
 
     def stage_weights(self, weights_path: str) -> int:
-        """Read ``weights_path``/*.safetensors into memory; returns bytes staged."""
-        from pathlib import Path
+        """Start reading ``weights_path``/*.safetensors into memory; returns the bytes it holds.
 
-        from safetensors.torch import load_file
-
+        WeightsError at once if the folder holds no safetensors checkpoint
+        (pickle-only folders included).
+        """
         from asymptote.codec import safetensors_files
 
-        tensors: dict[str, Any] = {}
-        for file in safetensors_files(Path(weights_path)):
-            tensors.update(load_file(str(file), device="cpu"))
-        self._staged, self._staged_path = tensors, weights_path
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        files = safetensors_files(Path(weights_path))
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-weights")
+        self._staging = (weights_path, self._reader.submit(_read, files))
+        return sum(f.stat().st_size for f in files)
+
+    def staged(self, weights_path: str) -> bool:
+        """Whether the read of ``weights_path`` has ended (a failed read too: applying raises it)."""
+        if self._staging is None or self._staging[0] != weights_path:
+            raise RuntimeError(f"weights from {weights_path} are not being staged in this worker")
+        return self._staging[1].done()
 
     def apply_staged_weights(self, weights_path: str) -> None:
         """Load the tensors staged from ``weights_path`` into the running model."""
-        if self._staged is None or self._staged_path != weights_path:
+        if self._staging is None or self._staging[0] != weights_path:
             raise RuntimeError(f"weights from {weights_path} were not staged in this worker")
-        staged, self._staged, self._staged_path = self._staged, None, None
+        staged, self._staging = self._staging[1].result(), None
         runner = self.model_runner  # type: ignore[attr-defined]
         runner.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
         self._retie_lm_head(runner)

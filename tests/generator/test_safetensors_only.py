@@ -102,7 +102,12 @@ def test_worker_loads_only_the_safetensors_beside_pickles(tmp_path: Path) -> Non
     weights = {"model.embed_tokens.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
     save_file(weights, str(version / "model.safetensors"))
     worker = StagedWeightsExtension()
-    assert worker.stage_weights(str(version)) == 6 * 4
-    assert worker._staged is not None and list(worker._staged) == ["model.embed_tokens.weight"]
-    torch.testing.assert_close(worker._staged["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
+    assert worker.stage_weights(str(version)) == (version / "model.safetensors").stat().st_size
+    assert worker._staging is not None
+    staged = worker._staging[1].result(timeout=30)
+    assert worker.staged(str(version))
+    assert list(staged) == ["model.embed_tokens.weight"]
+    torch.testing.assert_close(staged["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
     assert not marker.exists()
+    with pytest.raises(RuntimeError, match="are not being staged"):
+        worker.staged(str(tmp_path / "v5"))
