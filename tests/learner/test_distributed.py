@@ -67,6 +67,7 @@ def test_two_ranks_equal_one_rank(runs: dict[int, Path], config: str) -> None:
     moved = max(float((one[k] - init[k]).abs().max()) for k in one)
     assert moved > 1e-2, f"the steps barely changed the weights ({moved:.2e}): the comparison would be vacuous"
     worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"{config}: two ranks vs one, largest parameter difference {worst:.2e} (weights moved {moved:.2e})")
     assert worst <= PARITY, f"{config}: two ranks differ from one by {worst:.3e} (> {PARITY})"
     # Every rank holds the same weights (rank 1 took the same optimizer steps).
     assert max(float((two[k] - two_rank1[k]).abs().max()) for k in two) == 0.0
