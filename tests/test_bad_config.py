@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from badinput import BAD_INPUTS, BadInputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -25,24 +26,24 @@ SERVICES: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
     "ASY_LEARNER": (LearnerConfig, {"ASY_LEARNER__MODEL_DIR": "/models/tiny"}),
     "ASY_UP": (StackConfig, {}),
 }
-TRIED: dict[str, int] = {}
+INTERFACE = "config"
 
 key_names = st.from_regex(r"[A-Z][A-Z0-9]{2,14}", fullmatch=True)
 
 
-def _count(kind: str) -> None:
-    TRIED[kind] = TRIED.get(kind, 0) + 1
+def refuse_setting(prefix: str, key: str, value: str, named: str) -> None:
+    """``{prefix}__{key}={value}`` in the environment is a ConfigError naming ``named``."""
+    model, base = SERVICES[prefix]
+    with BAD_INPUTS.trying(INTERFACE, f"{prefix}__{key}={value!r}"), pytest.raises(ConfigError, match=named):
+        load_config(model, None, prefix, {**base, f"{prefix}__{key}": value})
 
 
 @settings(max_examples=60, deadline=None)
 @given(prefix=st.sampled_from(sorted(SERVICES)), key=key_names, value=st.text(max_size=20))
 def test_unknown_keys_are_named(prefix: str, key: str, value: str) -> None:
-    model, base = SERVICES[prefix]
-    if key.lower() in model.model_fields:
+    if key.lower() in SERVICES[prefix][0].model_fields:
         return  # a real field: not an unknown key
-    _count(f"{prefix} unknown key")
-    with pytest.raises(ConfigError, match=key.lower()):
-        load_config(model, None, prefix, {**base, f"{prefix}__{key}": value})
+    refuse_setting(prefix, key, value, key.lower())
 
 
 NUMERIC_BOUNDS: list[tuple[str, str, Any]] = [
@@ -64,11 +65,7 @@ NUMERIC_BOUNDS: list[tuple[str, str, Any]] = [
 @given(case=st.sampled_from(NUMERIC_BOUNDS).flatmap(lambda c: st.tuples(st.just(c[:2]), c[2])))
 def test_out_of_range_values_are_named(case: tuple[tuple[str, str], Any]) -> None:
     (prefix, key), value = case
-    model, base = SERVICES[prefix]
-    _count(f"{prefix} out of range")
-    field = key.lower().replace("__", ".")
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        load_config(model, None, prefix, {**base, f"{prefix}__{key}": str(value)})
+    refuse_setting(prefix, key, str(value), key.lower().replace("__", r"\."))
 
 
 @settings(max_examples=40, deadline=None)
@@ -77,15 +74,27 @@ def test_malformed_config_files_are_refused(tmp_path_factory: pytest.TempPathFac
     model, base = SERVICES[prefix]
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
     path.write_text(text)
-    _count(f"{prefix} malformed file")
-    try:
-        load_config(model, path, prefix, base)
-    except ConfigError as exc:
-        assert str(path) in str(exc) or "configuration" in str(exc)
+    with BAD_INPUTS.trying(INTERFACE, f"{prefix} file {text!r}"):
+        try:
+            load_config(model, path, prefix, base)
+        except ConfigError as exc:
+            assert str(path) in str(exc) or "configuration" in str(exc)
     # Text that happens to be an empty or valid mapping may load; anything else must be a ConfigError.
 
 
-def test_report_distinct_bad_configs() -> None:
-    total = sum(TRIED.values())
-    print("bad config inputs tried:", TRIED, "total", total)
-    assert total >= 150
+def test_the_report_counts_each_distinct_bad_config_once() -> None:
+    # Keys with an underscore: the generated ones have none, so these are new to the report.
+    cases = [(prefix, f"NOT_A_{field}", "1") for prefix in sorted(SERVICES) for field in ("KEY", "SETTING")]
+    before = BAD_INPUTS.num_tried(INTERFACE)
+    for prefix, key, value in cases + cases:
+        refuse_setting(prefix, key, value, key.lower())
+    assert BAD_INPUTS.num_tried(INTERFACE) == before + len(cases)
+
+
+def test_an_exception_other_than_the_refusal_is_reported_as_a_crash() -> None:
+    tally = BadInputs()
+    with pytest.raises(TypeError), tally.trying(INTERFACE, "raises TypeError"), pytest.raises(ConfigError):
+        raise TypeError("not a ConfigError")
+    with pytest.raises(AssertionError), tally.trying(INTERFACE, "wrong message"), pytest.raises(ConfigError, match="x"):
+        raise ConfigError("y")
+    assert tally.counts() == {INTERFACE: {"distinct": 2, "crashes": 1}}

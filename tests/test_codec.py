@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from badinput import BAD_INPUTS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,7 @@ from asymptote.errors import WeightsError
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+WEIGHTS = "weights"
 
 
 def make_tensor(dtype: str, shape: tuple[int, ...], seed: int) -> WireTensor:
@@ -59,6 +61,12 @@ def tensor_dicts(draw: st.DrawFn) -> dict[str, WireTensor]:
             shape = (2, num_bytes // itemsize // 2) if num_bytes // itemsize % 2 == 0 else (num_bytes // itemsize,)
         out[name] = make_tensor(dtype, shape, draw(st.integers(0, 2**32 - 1)))
     return out
+
+
+def refused(parts: list[tensors_pb2.WeightsPart], match: str | None = None) -> None:
+    """The stream is refused with a WeightsError matching ``match``; recorded in the bad-input report."""
+    with BAD_INPUTS.trying(WEIGHTS, [p.SerializeToString() for p in parts]), pytest.raises(WeightsError, match=match):
+        decode(parts)
 
 
 def chunks(parts: list[tensors_pb2.WeightsPart]) -> list[tensors_pb2.TensorChunk]:
@@ -142,46 +150,37 @@ def stream() -> list[tensors_pb2.WeightsPart]:
 
 
 def test_decode_refuses_a_stream_without_header(stream: list[tensors_pb2.WeightsPart]) -> None:
-    with pytest.raises(WeightsError, match="must start with a header"):
-        decode(stream[1:])
-    with pytest.raises(WeightsError, match="must start with a header"):
-        decode([])
-    with pytest.raises(WeightsError, match="second header"):
-        decode([*stream, stream[0]])
+    refused(stream[1:], "must start with a header")
+    refused([], "must start with a header")
+    refused([*stream, stream[0]], "second header")
 
 
 def test_decode_refuses_a_corrupted_byte(stream: list[tensors_pb2.WeightsPart]) -> None:
     data = bytearray(stream[2].chunk.data)
     data[1234] ^= 0x10
     stream[2].chunk.data = bytes(data)
-    with pytest.raises(WeightsError, match="sha256 mismatch for version 7"):
-        decode(stream)
+    refused(stream, "sha256 mismatch for version 7")
 
 
 def test_decode_refuses_a_missing_chunk(stream: list[tensors_pb2.WeightsPart]) -> None:
-    with pytest.raises(WeightsError, match=f"'a': chunk at offset {2 * CHUNK_BYTES}, expected {CHUNK_BYTES}"):
-        decode([stream[0], stream[1], stream[3], stream[4]])
-    with pytest.raises(WeightsError, match=f"'a': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 32}"):
-        decode([stream[0], stream[1], stream[2], stream[4]])
-    with pytest.raises(WeightsError, match="header announced 2 tensors, stream held 1"):
-        decode(stream[:4])
+    refused([stream[0], stream[1], stream[3], stream[4]],
+            f"'a': chunk at offset {2 * CHUNK_BYTES}, expected {CHUNK_BYTES}")
+    refused([stream[0], stream[1], stream[2], stream[4]], f"'a': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 32}")
+    refused(stream[:4], "header announced 2 tensors, stream held 1")
 
 
 def test_decode_refuses_chunks_out_of_order(stream: list[tensors_pb2.WeightsPart]) -> None:
-    with pytest.raises(WeightsError, match=f"'a': chunk at offset {CHUNK_BYTES}, expected 0"):
-        decode([stream[0], stream[2], stream[1], stream[3], stream[4]])
+    refused([stream[0], stream[2], stream[1], stream[3], stream[4]], f"'a': chunk at offset {CHUNK_BYTES}, expected 0")
 
 
 def test_decode_refuses_a_wrong_tensor_count(stream: list[tensors_pb2.WeightsPart]) -> None:
     stream[0].header.num_tensors = 3
-    with pytest.raises(WeightsError, match="header announced 3 tensors, stream held 2"):
-        decode(stream)
+    refused(stream, "header announced 3 tensors, stream held 2")
 
 
 def test_decode_refuses_chunks_that_disagree(stream: list[tensors_pb2.WeightsPart]) -> None:
     stream[2].chunk.dtype = "int32"
-    with pytest.raises(WeightsError, match="'a': chunks disagree"):
-        decode(stream)
+    refused(stream, "'a': chunks disagree")
 
 
 FLOAT32_BAD = {"NaN": np.float32("nan"), "+Inf": np.float32("inf"), "-Inf": np.float32("-inf")}
@@ -194,8 +193,7 @@ def test_decode_refuses_non_finite_float32(label: str) -> None:
     array = np.ones((3, 4), dtype=np.float32)
     array[2, 1] = FLOAT32_BAD[label]
     parts = list(encode(1, {"good": make_tensor("float32", (4,), 0), "bad": WireTensor.from_numpy(array)}))
-    with pytest.raises(WeightsError, match="'bad' holds NaN or Inf"):
-        decode(parts)
+    refused(parts, "'bad' holds NaN or Inf")
 
 
 @pytest.mark.parametrize("label", list(BF16_BAD))
@@ -206,14 +204,12 @@ def test_decode_refuses_non_finite_bfloat16(label: str) -> None:
     assert decode(parts).tensors["w"].data == words.tobytes()
     words[2] = BF16_BAD[label]
     parts = list(encode(1, {"w": WireTensor("bfloat16", (4,), words.tobytes())}))
-    with pytest.raises(WeightsError, match="'w' holds NaN or Inf"):
-        decode(parts)
+    refused(parts, "'w' holds NaN or Inf")
 
 
 def test_decode_refuses_non_finite_float16() -> None:
     array = np.array([1.0, np.inf], dtype=np.float16)
-    with pytest.raises(WeightsError, match="holds NaN or Inf"):
-        decode(list(encode(1, {"h": WireTensor.from_numpy(array)})))
+    refused(list(encode(1, {"h": WireTensor.from_numpy(array)})), "holds NaN or Inf")
 
 
 def test_integers_are_not_checked_for_finiteness() -> None:
@@ -327,8 +323,7 @@ def test_streaming_decode_is_bit_identical_to_the_reference(tensors: dict[str, W
 def test_every_truncated_stream_is_refused(tensors: dict[str, WireTensor], data: st.DataObject) -> None:
     parts = list(encode(1, tensors))
     cut = data.draw(st.integers(0, len(parts) - 1), label="parts kept")
-    with pytest.raises(WeightsError):
-        decode(parts[:cut])
+    refused(parts[:cut])
     # A last chunk cut short is refused too.
     last = parts[-1].chunk
     if last.data:
@@ -336,8 +331,7 @@ def test_every_truncated_stream_is_refused(tensors: dict[str, WireTensor], data:
         short = tensors_pb2.WeightsPart()
         short.CopyFrom(parts[-1])
         short.chunk.data = last.data[:keep]
-        with pytest.raises(WeightsError, match=f"got {last.offset + keep} bytes of {last.tensor_num_bytes}"):
-            decode([*parts[:-1], short])
+        refused([*parts[:-1], short], f"got {last.offset + keep} bytes of {last.tensor_num_bytes}")
 
 
 @SETTINGS
@@ -353,8 +347,7 @@ def test_every_flipped_bit_is_refused_as_a_digest_mismatch(tensors: dict[str, Wi
     flipped[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
     parts[i].chunk.data = bytes(flipped)
     # Reported as corruption even where the flip made a NaN or Inf.
-    with pytest.raises(WeightsError, match="sha256 mismatch for version 3"):
-        decode(parts)
+    refused(parts, "sha256 mismatch for version 3")
 
 
 @SETTINGS
@@ -366,9 +359,30 @@ def test_every_swap_of_two_parts_is_refused_when_it_arrives(tensors: dict[str, W
     i = data.draw(st.integers(0, len(parts) - 2), label="first")
     j = data.draw(st.integers(i + 1, len(parts) - 1), label="second")
     parts[i], parts[j] = parts[j], parts[i]
-    with WeightsDecoder() as decoder, pytest.raises(WeightsError):
-        for part in parts[: j + 1]:  # refused by the time the second swapped part has arrived
+    fed = parts[: j + 1]  # refused by the time the second swapped part has arrived
+    with (
+        BAD_INPUTS.trying(WEIGHTS, [p.SerializeToString() for p in fed]),
+        WeightsDecoder() as decoder,
+        pytest.raises(WeightsError),
+    ):
+        for part in fed:
             decoder.feed(part)
+
+
+def test_the_report_counts_each_distinct_bad_stream_once(stream: list[tensors_pb2.WeightsPart]) -> None:
+    # Tensor 'b' with one of its first 16 bits flipped: no other test sends these.
+    corrupted = []
+    for bit in range(16):
+        flipped = bytearray(stream[4].chunk.data)
+        flipped[bit // 8] ^= 1 << bit % 8
+        part = tensors_pb2.WeightsPart()
+        part.CopyFrom(stream[4])
+        part.chunk.data = bytes(flipped)
+        corrupted.append([*stream[:4], part])
+    before = BAD_INPUTS.num_tried(WEIGHTS)
+    for parts in corrupted + corrupted:
+        refused(parts, "sha256 mismatch for version 7")
+    assert BAD_INPUTS.num_tried(WEIGHTS) == before + len(corrupted)
 
 
 def test_decoder_refuses_a_chunk_out_of_order_as_it_arrives(stream: list[tensors_pb2.WeightsPart]) -> None:
@@ -382,33 +396,26 @@ def test_decoder_refuses_a_chunk_out_of_order_as_it_arrives(stream: list[tensors
 def test_decoder_refuses_tensors_out_of_name_order_or_twice() -> None:
     tensors = {"a": make_tensor("float32", (3,), 0), "b": make_tensor("float32", (2,), 1)}
     header, a, b = encode(1, tensors)
-    with pytest.raises(WeightsError, match="tensor 'a' arrived after 'b': tensors come once each, in name order"):
-        decode([header, b, a])
-    with pytest.raises(WeightsError, match="tensor 'a' arrived after 'b'"):
-        decode([header, a, b, a])
+    refused([header, b, a], "tensor 'a' arrived after 'b': tensors come once each, in name order")
+    refused([header, a, b, a], "tensor 'a' arrived after 'b'")
 
 
 def test_decoder_refuses_a_chunk_past_its_tensor(stream: list[tensors_pb2.WeightsPart]) -> None:
     stream[4].chunk.data += b"\0" * 8
-    with pytest.raises(WeightsError, match="'b': got 48 bytes of 40"):
-        decode(stream)
+    refused(stream, "'b': got 48 bytes of 40")
 
 
 def test_decoder_refuses_sizes_that_disagree_with_the_header_or_the_shape(stream: list[tensors_pb2.WeightsPart]) -> None:
     total = stream[0].header.num_bytes
     stream[0].header.num_bytes = total - 1
-    with pytest.raises(WeightsError, match=f"tensor 'b' does not fit in the {total - 1} bytes the header announced"):
-        decode(stream)
+    refused(stream, f"tensor 'b' does not fit in the {total - 1} bytes the header announced")
     stream[0].header.num_bytes = total + 8
-    with pytest.raises(WeightsError, match=f"header announced {total + 8} bytes, stream held {total}"):
-        decode(stream)
+    refused(stream, f"header announced {total + 8} bytes, stream held {total}")
     stream[0].header.num_bytes = 2**62
-    with pytest.raises(WeightsError, match=f"header announced {2**62} bytes, more than can be held"):
-        decode(stream)
+    refused(stream, f"header announced {2**62} bytes, more than can be held")
     stream[0].header.num_bytes = total
     stream[4].chunk.shape[:] = [6]
-    with pytest.raises(WeightsError, match="'b' of dtype int64 and shape \\[6\\] needs 48 bytes, chunks announce 40"):
-        decode(stream)
+    refused(stream, "'b' of dtype int64 and shape \\[6\\] needs 48 bytes, chunks announce 40")
 
 
 def test_decoder_refuses_an_unknown_dtype_and_an_empty_part(stream: list[tensors_pb2.WeightsPart]) -> None:
@@ -416,10 +423,8 @@ def test_decoder_refuses_an_unknown_dtype_and_an_empty_part(stream: list[tensors
     bad[4] = tensors_pb2.WeightsPart()
     bad[4].CopyFrom(stream[4])
     bad[4].chunk.dtype = "complex64"
-    with pytest.raises(WeightsError, match="'b': unsupported dtype 'complex64'"):
-        decode(bad)
-    with pytest.raises(WeightsError, match="empty part"):
-        decode([*stream, tensors_pb2.WeightsPart()])
+    refused(bad, "'b': unsupported dtype 'complex64'")
+    refused([*stream, tensors_pb2.WeightsPart()], "empty part")
 
 
 def test_decoded_tensors_are_views_into_one_buffer(stream: list[tensors_pb2.WeightsPart]) -> None:

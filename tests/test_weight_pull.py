@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import platform
+import random
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from badinput import BAD_INPUTS
 from safetensors import safe_open
 
 from asymptote.codec import CHUNK_BYTES, DecodedWeights, WireTensor, decode, digest, encode, encode_frames
@@ -88,10 +90,10 @@ async def raw_learner(stream: Callable[[], AsyncIterator[bytes]]) -> AsyncIterat
         await server.stop(None)
 
 
-def frames_of(parts: Iterable[object]) -> Callable[[], AsyncIterator[bytes]]:
+def frames_of(frames: list[bytes]) -> Callable[[], AsyncIterator[bytes]]:
     async def stream() -> AsyncIterator[bytes]:
-        for part in parts:
-            yield part.SerializeToString()  # type: ignore[attr-defined]
+        for frame in frames:
+            yield frame
 
     return stream
 
@@ -142,15 +144,23 @@ async def test_a_version_not_held_is_not_found_and_status_is_still_served() -> N
 # -- the generator's pull: refusals ----------------------------------------------------
 
 
+async def refuse_pull(frames: list[bytes], version: int, match: str, source: GrpcWeightSource | None = None) -> None:
+    """A learner sending ``frames`` gets the generator's pull of ``version`` refused with ``match``; recorded."""
+    async with raw_learner(frames_of(frames)) as endpoint:
+        with (
+            BAD_INPUTS.trying("weights", [f"PullWeights version {version}".encode(), *frames]),
+            pytest.raises(WeightsError, match=match),
+        ):
+            await (source or GrpcWeightSource(timeout_s=10)).pull(endpoint, version)
+
+
 async def test_a_stream_cut_short_is_refused_naming_the_tensor() -> None:
     parts = list(encode(2, random_tensors(2)))
     assert [p.chunk.name for p in parts[1:4]] == ["big", "big", "big"]
-    async with raw_learner(frames_of(parts[:3])) as endpoint:  # ends after two of big's three chunks
-        with pytest.raises(WeightsError, match=f"tensor 'big': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 44}"):
-            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
-    async with raw_learner(frames_of(parts[:-1])) as endpoint:  # ends before the last tensor
-        with pytest.raises(WeightsError, match="header announced 6 tensors, stream held 5"):
-            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+    frames = [p.SerializeToString() for p in parts]
+    # Ends after two of big's three chunks, then before the last tensor.
+    await refuse_pull(frames[:3], 2, f"tensor 'big': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 44}")
+    await refuse_pull(frames[:-1], 2, "header announced 6 tensors, stream held 5")
 
 
 async def test_a_corrupted_byte_is_refused() -> None:
@@ -158,18 +168,29 @@ async def test_a_corrupted_byte_is_refused() -> None:
     data = bytearray(parts[2].chunk.data)
     data[777] ^= 0x04
     parts[2].chunk.data = bytes(data)
-    async with raw_learner(frames_of(parts)) as endpoint:
-        with pytest.raises(WeightsError, match="sha256 mismatch for version 2"):
-            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+    await refuse_pull([p.SerializeToString() for p in parts], 2, "sha256 mismatch for version 2")
+
+
+async def test_bytes_that_are_not_a_part_are_refused_and_the_next_pull_works() -> None:
+    tensors = random_tensors(2)
+    frames = list(encode_frames(2, tensors))
+    source = GrpcWeightSource(timeout_s=10)
+    rng = random.Random(5)
+    for bad in [b"\xff", b"\xff" + rng.randbytes(100), frames[1][: len(frames[1]) // 2], frames[0][:-1]]:
+        await refuse_pull([frames[0], bad, *frames[1:]], 2, "the learner sent bytes that are not a WeightsPart", source)
+    await refuse_pull([b"\x0a\xff\xff\xff\xff\x0f"], 2, "not a WeightsPart", source)
+    async with raw_learner(frames_of(frames)) as endpoint:
+        assert_same(await source.pull(endpoint, 2), tensors)
 
 
 async def test_a_bad_part_is_refused_when_it_arrives_not_when_the_stream_ends() -> None:
     parts = list(encode(2, random_tensors(2)))
     ended = asyncio.Event()
+    sent = [parts[0].SerializeToString(), parts[2].SerializeToString()]  # big's second chunk first
 
     async def stream() -> AsyncIterator[bytes]:
-        for part in [parts[0], parts[2]]:  # big's second chunk first
-            yield part.SerializeToString()
+        for frame in sent:
+            yield frame
         try:
             await asyncio.sleep(3600)  # the rest never comes
         finally:
@@ -177,15 +198,16 @@ async def test_a_bad_part_is_refused_when_it_arrives_not_when_the_stream_ends() 
         yield b""
 
     async with raw_learner(stream) as endpoint:
-        with pytest.raises(WeightsError, match=f"tensor 'big': chunk at offset {CHUNK_BYTES}, expected 0"):
+        with (
+            BAD_INPUTS.trying("weights", [b"PullWeights version 2", *sent]),
+            pytest.raises(WeightsError, match=f"tensor 'big': chunk at offset {CHUNK_BYTES}, expected 0"),
+        ):
             await asyncio.wait_for(GrpcWeightSource(timeout_s=60).pull(endpoint, 2), 20)
         await asyncio.wait_for(ended.wait(), 20)  # and the call was cancelled on the server
 
 
 async def test_a_version_other_than_the_one_asked_for_is_refused() -> None:
-    async with raw_learner(frames_of(encode(8, random_tensors(2)))) as endpoint:
-        with pytest.raises(WeightsError, match="asked for version 2, learner sent 8"):
-            await GrpcWeightSource(timeout_s=10).pull(endpoint, 2)
+    await refuse_pull(list(encode_frames(8, random_tensors(2))), 2, "asked for version 2, learner sent 8")
 
 
 # -- staging -------------------------------------------------------------------------

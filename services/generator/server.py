@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
@@ -11,6 +13,7 @@ from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import completion
 
 MAX_SAMPLES = 256
+MAX_TOKENS_CAP = 65_536
 
 
 def _request_errors() -> tuple[type[Exception], ...]:
@@ -20,7 +23,6 @@ def _request_errors() -> tuple[type[Exception], ...]:
     except ImportError:
         return (ValueError,)
     return (ValueError, VLLMValidationError)
-MAX_TOKENS_CAP = 65_536
 
 
 class GeneratorServicer(services_pb2_grpc.GeneratorServicer):
@@ -43,6 +45,16 @@ class GeneratorServicer(services_pb2_grpc.GeneratorServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"num_samples must be <= {MAX_SAMPLES} and max_tokens <= {MAX_TOKENS_CAP}",
+            )
+        # Zero means the default; a negative or NaN value is a mistake, not a request for it.
+        if not (math.isfinite(s.temperature) and s.temperature >= 0):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"temperature is {s.temperature}: must be a finite number >= 0 (0 takes the default, 1.0)",
+            )
+        if not 0.0 <= s.top_p <= 1.0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"top_p is {s.top_p}: must be in [0, 1] (0 or 1: no nucleus truncation)"
             )
         if not self.health.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"generator not ready: {self.health.detail}")

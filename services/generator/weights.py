@@ -88,6 +88,8 @@ class GrpcWeightSource:
                 # Each part is checked as it lands: a bad stream is refused (and
                 # the call cancelled) at its first bad part, not after the last.
                 async for part in stub.PullWeights(request, timeout=self.timeout_s):
+                    if part is None:  # grpc.aio's answer to response bytes that do not parse
+                        raise WeightsError(f"version {version}: the learner sent bytes that are not a WeightsPart")
                     decoder.feed(part)
             weights = decoder.finish()
         if weights.version != version:

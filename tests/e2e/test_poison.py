@@ -6,6 +6,7 @@ restarts, and the good traffic is all trained (the ledger balances).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import threading
@@ -15,11 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from badinput import BAD_INPUTS
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.streams import Names, connect
 from services.local.progress import read_jsonl
+
+INTERFACE = "NATS subjects"
 MAX_STEPS = 20
 RANDOM_PER_SUBJECT = 60
 SEED = 20261122
@@ -61,8 +65,8 @@ def invalid_rollouts() -> list[bytes]:
 
 
 def invalid_tasks() -> list[bytes]:
-    base = dict(task_id="poison-task", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic",
-                prompt_id="p", prompt="1+2=", reference="3")
+    base = {"task_id": "poison-task", "kind": rollout_pb2.TASK_KIND_TRAIN, "task_name": "arithmetic",
+            "prompt_id": "p", "prompt": "1+2=", "reference": "3"}
     sampling = rollout_pb2.SamplingParams(num_samples=4, temperature=1.0, max_tokens=4)
     cases = [
         rollout_pb2.GenerationTask(**{**base, "task_id": ""}, sampling=sampling),
@@ -78,7 +82,8 @@ def invalid_tasks() -> list[bytes]:
 
 
 def invalid_evals() -> list[bytes]:
-    ok = dict(eval_id="eval-v999", task_id="t", prompt_id="p", num_samples=4, num_correct=1, eval_num_prompts=10)
+    ok = {"eval_id": "eval-v999", "task_id": "t", "prompt_id": "p", "num_samples": 4, "num_correct": 1,
+          "eval_num_prompts": 10}
     cases = [
         rollout_pb2.EvalResult(**{**ok, "eval_id": ""}),
         rollout_pb2.EvalResult(**{**ok, "task_id": ""}),
@@ -90,8 +95,8 @@ def invalid_evals() -> list[bytes]:
 
 
 def invalid_telemetry() -> list[bytes]:
-    ok = dict(service="generator", instance_id="x", num_devices=1, device_seconds_total=10.0,
-              busy_seconds_total=5.0, unix_s=time.time())
+    ok = {"service": "generator", "instance_id": "x", "num_devices": 1, "device_seconds_total": 10.0,
+          "busy_seconds_total": 5.0, "unix_s": time.time()}
     cases = [
         rollout_pb2.ComputeTelemetry(**{**ok, "service": ""}),
         rollout_pb2.ComputeTelemetry(**{**ok, "service": "toaster"}),
@@ -128,6 +133,7 @@ async def inject(nats: NatsSettings, names: Names) -> Counter[str]:
             rng.shuffle(payloads)
             for data in payloads:
                 await js.publish(subject, data)
+                BAD_INPUTS.record(INTERFACE, [subject.encode(), data])
                 sent[source] += 1
                 await asyncio.sleep(0.005)  # interleaved with the live traffic
     finally:
@@ -167,13 +173,17 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch
 
         thread = threading.Thread(target=injector, daemon=True)
         thread.start()
-        assert progress.follow(stack, config) == 0, progress.outcome
+        outcome = progress.follow(stack, config)
         thread.join(60)
+        restarts = stack.run_dir / "restarts.jsonl"
+        for restart in read_jsonl(restarts):
+            BAD_INPUTS.record_crash(INTERFACE, json.dumps(restart, sort_keys=True))
+        assert outcome == 0, progress.outcome
         got = asyncio.run(deadletters(stack.nats_settings(), names))
         print("sent:", dict(sent), "dead-lettered:", dict(got))
         assert sum(sent.values()) >= 200
         assert got == sent
-        assert not (stack.run_dir / "restarts.jsonl").exists(), "a service crashed on bad input"
+        assert not restarts.exists(), "a service crashed on bad input"
 
         ledger = stack.audit_ledger()
         assert ledger is not None and ledger["ok"], ledger

@@ -2,7 +2,8 @@
 
 Submit points and read the projection with intervals; the live run's
 projection built from eval results through the collector; bad points get
-INVALID_ARGUMENT naming the field and the service keeps answering; every
+INVALID_ARGUMENT naming the field, malformed and oversized requests on both
+methods a status naming the problem, and the service keeps answering; every
 scrape sees one fit, even while refits run concurrently.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from badinput import send_bad_request, send_bad_requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,6 +39,8 @@ from services.fitter.server import FitterServicer
 A, B, C_MID, R0 = 0.61, 1.92, 2542.0, 0.2
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=50)
 Fitter = tuple[services_pb2_grpc.FitterStub, grpc.aio.Channel, Collector]
+SUBMIT_POINTS = "/asymptote.contracts.v1.Fitter/SubmitPoints"
+GET_PROJECTION = "/asymptote.contracts.v1.Fitter/GetProjection"
 
 
 def points(n: int = 30) -> list[services_pb2.CurvePoint]:
@@ -148,10 +153,9 @@ async def test_bad_points_are_invalid_argument_naming_the_field_and_the_service_
     stub, channel, _ = fitter
     for case in BAD_CASES:
         request, expected = _bad(case)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.SubmitPoints(request)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
-        assert err.value.details().startswith(expected), (case, err.value.details())
+        answer = await send_bad_request(channel, "gRPC Fitter", SUBMIT_POINTS, request.SerializeToString())
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT, case
+        assert answer.details.startswith(expected), (case, answer.details)
     # A refused request stores nothing.
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.GetProjection(services_pb2.GetProjectionRequest(run="bad"))
@@ -173,6 +177,58 @@ async def test_bad_points_are_invalid_argument_naming_the_field_and_the_service_
     assert status.status == health_pb2.HealthCheckResponse.SERVING
     good = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="after", points=points()))
     assert good.ok and good.a == pytest.approx(A, abs=1e-4)
+
+
+BAD_VALUES = {
+    "compute": [float("nan"), float("inf"), float("-inf"), -1.0, -5e-324],
+    "pass_rate": [float("nan"), float("inf"), float("-inf"), -0.5, -5e-324, 1.0000001, 2.0, 1e308],
+}
+
+
+async def test_a_point_with_a_bad_value_is_refused_naming_it(fitter: Fitter) -> None:
+    stub, channel, _ = fitter
+    rng = random.Random(12)
+    for _ in range(60):
+        pts = points(rng.randint(1, 30))
+        i = rng.randrange(len(pts))
+        field = rng.choice(sorted(BAD_VALUES))
+        setattr(pts[i], field, rng.choice(BAD_VALUES[field]))
+        request = services_pb2.SubmitPointsRequest(run=f"run-{rng.randrange(1000)}", points=pts)
+        answer = await send_bad_request(channel, "gRPC Fitter", SUBMIT_POINTS, request.SerializeToString())
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT, (i, field, answer.code, answer.details)
+        assert answer.details.startswith(f"points[{i}].{field} is "), (i, field, answer.details)
+    good = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="after", points=points()))
+    assert good.ok
+
+
+# What INVALID_ARGUMENT and NOT_FOUND name: the run, the points, or one point's field.
+NAMED_FIELD = re.compile(r"(run|points)(\[\d+\]\.(compute|pass_rate|policy_version))?[: ]")
+
+
+async def test_malformed_requests_on_every_method_get_a_status_naming_the_problem(fitter: Fitter) -> None:
+    stub, channel, _ = fitter
+    rng = random.Random(11)
+    valid = {
+        SUBMIT_POINTS: services_pb2.SubmitPointsRequest(run="mutated", points=points(8)).SerializeToString(),
+        GET_PROJECTION: services_pb2.GetProjectionRequest(run="mutated").SerializeToString(),
+    }
+    for method, good in valid.items():
+        *answers, too_big = await send_bad_requests(channel, "gRPC Fitter", method, good, rng, 60, timeout_s=30)
+        for answer in answers:
+            what = (method, answer.request[:40], answer.code, answer.details)
+            if answer.code == grpc.StatusCode.OK:
+                continue  # the corruption left a valid request (e.g. another run name)
+            if answer.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+                assert NAMED_FIELD.match(answer.details), what
+            else:
+                assert answer.unparsable and "asymptote.contracts.v1." in answer.details, what
+        assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, too_big.code, too_big.details)
+        assert "larger than max" in too_big.details
+
+    # Still serving: a good request is fitted.
+    good = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="after", points=points()))
+    assert good.ok and good.a == pytest.approx(A, abs=1e-4)
+    assert await stub.GetProjection(services_pb2.GetProjectionRequest(run="after")) == good
 
 
 def _eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[rollout_pb2.EvalResult]:

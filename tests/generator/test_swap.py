@@ -16,13 +16,16 @@ the engine keeps serving the version it had.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import torch
+from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
 
 from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature
 from asymptote.config import ListenSettings
@@ -152,7 +155,7 @@ async def test_mid_sequence_swap_continues_under_new_weights(engine: Engine, mod
 
 def _corrupt(good: Version, kind: str) -> tuple[Version, str]:
     """A bad version of ``kind`` and the error text the swapper must give."""
-    name = sorted(good.tensors)[0]
+    name = min(good.tensors)
     t = good.tensors[name]
     tensors = dict(good.tensors)
     if kind == "nan":
@@ -196,7 +199,7 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
     signature = read_signature(models["v0"])
     store = WeightStore(signature, keep=64)
     health = Health("learner")
-    servicer = LearnerServicer(store, health, "test", lambda: {})
+    servicer = LearnerServicer(store, health, "test", dict)
     server, port = await start_server(
         ListenSettings(host="127.0.0.1", port=0),
         health,
@@ -217,11 +220,12 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
             store.put(bad)
             announced = "0" * 64 if kind == "announced" else bad.sha256
             policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=endpoint, sha256=announced)
-            assert await swapper.update(policy) is False, kind
-            assert message in swapper.refused[version], (kind, swapper.refused[version])
-            assert engine.version == start, f"{kind}: the engine left the version it had"
-            # Still serving: a request completes under the version it had.
-            _, samples = await engine.sample("12+34=", 2, 1.0, 1.0, 5, seed=i + 1)
+            with BAD_INPUTS.trying("weights", f"swapper update: {kind}"):
+                assert await swapper.update(policy) is False, kind
+                assert message in swapper.refused[version], (kind, swapper.refused[version])
+                assert engine.version == start, f"{kind}: the engine left the version it had"
+                # Still serving: a request completes under the version it had.
+                _, samples = await engine.sample("12+34=", 2, 1.0, 1.0, 5, seed=i + 1)
             assert all(s.version_spans == [(start, 0, 5)] for s in samples), (kind, samples[0].version_spans)
 
         refused = metrics.swaps_refused.labels("invalid")._value.get()
@@ -278,6 +282,14 @@ async def test_tied_head_follows_the_swap(tmp_path: Path) -> None:
 # -- Generate over gRPC ------------------------------------------------------------
 
 
+GENERATE = "/asymptote.contracts.v1.Generator/Generate"
+STATUS = "/asymptote.contracts.v1.Generator/Status"
+
+
+def _generate(prompt: str = "1+2=", **sampling: Any) -> bytes:
+    return services_pb2.GenerateRequest(prompt=prompt, sampling=rollout_pb2.SamplingParams(**sampling)).SerializeToString()
+
+
 async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -> None:
     from services.generator.server import GeneratorServicer
 
@@ -288,31 +300,44 @@ async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -
         ListenSettings(host="127.0.0.1", port=0), health,
         lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s), ["asymptote.contracts.v1.Generator"],
     )
+    nan, inf = float("nan"), float("inf")
     bad = {
-        "empty prompt": services_pb2.GenerateRequest(prompt=""),
-        "too many samples": services_pb2.GenerateRequest(
-            prompt="1+2=", sampling=rollout_pb2.SamplingParams(num_samples=10_000)),
-        "too many tokens": services_pb2.GenerateRequest(
-            prompt="1+2=", sampling=rollout_pb2.SamplingParams(max_tokens=1_000_000)),
-        "prompt longer than the model": services_pb2.GenerateRequest(
-            prompt="1+" * 100 + "=", sampling=rollout_pb2.SamplingParams(max_tokens=4)),
+        "empty prompt": (_generate(""), "prompt is empty"),
+        "too many samples": (_generate(num_samples=10_000), "num_samples must be <= 256"),
+        "too many tokens": (_generate(max_tokens=1_000_000), "max_tokens <= 65536"),
+        "prompt longer than the model": (_generate("1+" * 100 + "=", max_tokens=4), "request refused by the engine"),
+        "NaN temperature": (_generate(temperature=nan), "temperature is nan"),
+        "infinite temperature": (_generate(temperature=inf), "temperature is inf"),
+        "negative temperature": (_generate(temperature=-1.0), "temperature is -1.0"),
+        "NaN top_p": (_generate(top_p=nan), "top_p is nan"),
+        "infinite top_p": (_generate(top_p=-inf), "top_p is -inf"),
+        "negative top_p": (_generate(top_p=-0.5), "top_p is -0.5"),
+        "top_p above 1": (_generate(top_p=2.0), "top_p is 2.0"),
     }
+    rng = random.Random(13)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = services_pb2_grpc.GeneratorStub(ch)
-            for what, request in bad.items():
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await stub.Generate(request, timeout=60)
-                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, err.value.details())
-            raw = ch.unary_unary("/asymptote.contracts.v1.Generator/Generate",
-                                 request_serializer=lambda x: x, response_deserializer=lambda x: x)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await raw(b"\xff\xff\xff", timeout=10)
-            assert "Error parsing message with type" in str(err.value.details())
+            for what, (request, named) in bad.items():
+                answer = await send_bad_request(ch, "gRPC Generator", GENERATE, request, timeout_s=60)
+                assert answer.code == grpc.StatusCode.INVALID_ARGUMENT and named in answer.details, (what, answer)
+            # Random bytes, truncations and bit flips of a small valid request: a flip that leaves
+            # it valid is served (at most 127 samples of the model's length), anything else refused.
+            valid = {GENERATE: _generate(num_samples=1, max_tokens=3, seed=1),
+                     STATUS: services_pb2.StatusRequest().SerializeToString()}
+            for method, good in valid.items():
+                *answers, too_big = await send_bad_requests(ch, "gRPC Generator", method, good, rng, 40, timeout_s=60)
+                for answer in answers:
+                    assert answer.code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT) or answer.unparsable, (
+                        method, answer.request[:40], answer.code, answer.details)
+                    assert answer.code == grpc.StatusCode.OK or answer.details
+                assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, too_big.code, too_big.details)
             # Still serving, and it says which version sampled.
+            stub = services_pb2_grpc.GeneratorStub(ch)
             good = await stub.Generate(services_pb2.GenerateRequest(
                 prompt="12+34=", sampling=rollout_pb2.SamplingParams(num_samples=2, max_tokens=5)), timeout=60)
             assert len(good.completions) == 2 and good.policy_version == engine.version
             assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in good.completions)
+            status = await stub.Status(services_pb2.StatusRequest(), timeout=10)
+            assert (status.service, status.ready) == ("generator", True)
     finally:
         await server.stop(None)
