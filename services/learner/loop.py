@@ -74,6 +74,9 @@ class BrokerClient:
                 timeout=timeout_s + 30.0,
             )
             async for part in call:
+                if part is None:  # grpc.aio's answer to response bytes that do not parse
+                    call.cancel()
+                    raise PayloadError("the broker sent NextBatch bytes that are not a BatchPart")
                 kind = part.WhichOneof("part")
                 if kind == "header":
                     header = part.header
@@ -196,8 +199,17 @@ class Learner:
         last_wait_log = time.monotonic()
         while self.step < c.max_steps and not stop.is_set():
             t0 = time.perf_counter()
-            got = await broker.next_batch(self.version, c.batch_prompts, c.batch_wait_s)
-            waited += time.perf_counter() - t0
+            try:
+                got = await broker.next_batch(self.version, c.batch_prompts, c.batch_wait_s)
+            except PayloadError as exc:
+                # Nothing of it is trained or acked: the broker's lease on its
+                # groups runs out and JetStream delivers them again.
+                self.metrics.bad_batches.inc()
+                log.error("refused a batch from the broker: %s", exc)
+                await wait_or_stop(stop, 1.0)
+                continue
+            finally:
+                waited += time.perf_counter() - t0
             if got is None:
                 if time.monotonic() - last_wait_log > 30.0:
                     log.info("waiting for data at version %d (%.0fs so far)", self.version, waited)
