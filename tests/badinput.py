@@ -14,11 +14,15 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import grpc
+
+from asymptote.config import ListenSettings
+from asymptote.health import Health
+from asymptote.rpc import start_server
 
 BadInput = str | bytes | Sequence[bytes]
 """Canonical text, the bytes sent, or a stream of messages (each message's bytes)."""
@@ -181,3 +185,27 @@ async def send_bad_requests(
     """``num`` corrupted copies of ``valid`` then an oversized one, each sent and recorded; their answers."""
     return [await send_bad_request(channel, interface, method, request, streaming=streaming, timeout_s=timeout_s)
             for request in [*corrupted(rng, valid, num), oversized(valid)]]
+
+
+@asynccontextmanager
+async def raw_stream_server(service: str, method: str, stream: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[str]:
+    """A server whose ``service``/``method`` streams whatever bytes ``stream()`` yields; yields its endpoint.
+
+    The peer of a client under test that misbehaves on the wire.
+    """
+
+    async def handle(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for frame in stream():
+            yield frame
+
+    handler = grpc.unary_stream_rpc_method_handler(handle)  # bytes in and out
+    server, port = await start_server(
+        ListenSettings(host="127.0.0.1", port=0), Health(service),
+        lambda s: s.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(f"asymptote.contracts.v1.{service}", {method: handler}),)),
+        [],
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)

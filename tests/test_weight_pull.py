@@ -14,14 +14,14 @@ import platform
 import random
 import warnings
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import torch
-from badinput import BAD_INPUTS
+from badinput import BAD_INPUTS, raw_stream_server
 from safetensors import safe_open
 
 from asymptote.codec import CHUNK_BYTES, DecodedWeights, WireTensor, decode, digest, encode, encode_frames
@@ -68,26 +68,9 @@ async def learner(store: WeightStore) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-@asynccontextmanager
-async def raw_learner(stream: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[str]:
+def raw_learner(stream: Callable[[], AsyncIterator[bytes]]) -> AbstractAsyncContextManager[str]:
     """A PullWeights server sending whatever frames ``stream`` yields; yields its endpoint."""
-
-    async def pull(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        async for frame in stream():
-            yield frame
-
-    handler = grpc.unary_stream_rpc_method_handler(pull)  # bytes in and out
-    health = Health("learner")
-    server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), health,
-        lambda s: s.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("asymptote.contracts.v1.Learner", {"PullWeights": handler}),)),
-        [],
-    )
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    return raw_stream_server("Learner", "PullWeights", stream)
 
 
 def frames_of(frames: list[bytes]) -> Callable[[], AsyncIterator[bytes]]:

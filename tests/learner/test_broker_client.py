@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
-import grpc
-from badinput import BAD_INPUTS, corrupted
+from badinput import BAD_INPUTS, corrupted, raw_stream_server
 
-from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
 from asymptote.health import Health
-from asymptote.rpc import start_server
 from services.learner.loop import BrokerClient
 
 INTERFACE = "gRPC Broker replies (learner)"
@@ -36,25 +33,14 @@ HEADER = services_pb2.BatchHeader(batch_id="b1", num_groups=2)
 GOOD = [part(header=HEADER), part(groups=services_pb2.RolloutGroups(groups=[group(0), group(1)]))]
 
 
-@asynccontextmanager
-async def raw_broker(replies: Callable[[], list[bytes]]) -> AsyncIterator[str]:
+def raw_broker(replies: Callable[[], list[bytes]]) -> AbstractAsyncContextManager[str]:
     """A Broker.NextBatch server sending the frames ``replies()`` gives each call; yields its endpoint."""
 
-    async def next_batch(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def stream() -> AsyncIterator[bytes]:
         for frame in replies():
             yield frame
 
-    handler = grpc.unary_stream_rpc_method_handler(next_batch)  # bytes in and out
-    server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), Health("broker"),
-        lambda s: s.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("asymptote.contracts.v1.Broker", {"NextBatch": handler}),)),
-        [],
-    )
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    return raw_stream_server("Broker", "NextBatch", stream)
 
 
 async def test_bad_replies_are_refused_and_a_good_one_is_taken_after() -> None:
