@@ -8,6 +8,8 @@ local stack, the integration and end-to-end tests and the benchmarks.
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -75,6 +77,30 @@ class NatsServer:
                 self.process.wait(5)
 
 
+_CONFIG_STRING = re.compile(r"[A-Za-z][A-Za-z0-9_.~-]*")
+_CONFIG_KEYWORDS = {"true", "false", "yes", "no", "on", "off"}
+
+
+def check_config_string(what: str, value: str) -> None:
+    """Refuse a credential nats-server's config parser would not read back as the same string.
+
+    The server reads credentials from environment variables its config file
+    names, and parses their values as config values: one starting with a
+    digit or "-" is read as a number, "true" or "on" as a boolean, and
+    spaces or quotes end it early.
+    """
+    if not _CONFIG_STRING.fullmatch(value) or value.lower() in _CONFIG_KEYWORDS:
+        raise ValueError(
+            f"the local nats-server cannot take this {what}: it must start with a letter and hold only "
+            "letters, digits and _ . ~ - (and not be a word such as true or on)"
+        )
+
+
+def new_password() -> str:
+    """A random password (192 bits) the local nats-server reads back unchanged."""
+    return "asy-" + secrets.token_urlsafe(24)
+
+
 def start_nats(
     store_dir: Path,
     port: int | None = None,
@@ -89,6 +115,9 @@ def start_nats(
     ``tls`` every client must speak TLS (and, with ``tls.verify``, present a
     certificate signed by ``tls.ca_file``).
     """
+    if user and password:
+        check_config_string("user name", user)
+        check_config_string("password", password)
     port = port or free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or store_dir / "nats-server.log"

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 from asymptote.config import NatsSettings, dump_config
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
-from asymptote.nats_local import free_port, start_nats
+from asymptote.nats_local import free_port, new_password, start_nats
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
 from services.generator.config import EngineSettings, GeneratorConfig
@@ -76,7 +75,7 @@ class LocalStack:
         # environment (as a Kubernetes Secret would be), never written to
         # their config files or logs.
         self.nats_user = "asymptote" if config.nats_auth else None
-        self.nats_password = secrets.token_urlsafe(24) if config.nats_auth else None
+        self.nats_password = new_password() if config.nats_auth else None
 
     # -- set-up ------------------------------------------------------------
 
