@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-
 USER_ENV = "ASY_NATS_SERVER_USER"
 PASSWORD_ENV = "ASY_NATS_SERVER_PASSWORD"
 """Where a password-protected local nats-server reads its credentials (its environment)."""

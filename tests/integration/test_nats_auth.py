@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from nats.errors import NoServersError
+from raw_nats import session
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.nats_local import NatsServer, check_config_string, new_password, start_nats
 from asymptote.streams import Names, connect, ensure_streams
-from raw_nats import session
 
 USER, PASSWORD = "asymptote", "s3cret-for-this-test"
 
