@@ -137,7 +137,8 @@ def encode(version: int, tensors: Mapping[str, WireTensor], sha256: str | None =
         yield tensors_pb2.WeightsPart(chunk=meta)
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf base-128 varint."""
     out = bytearray()
     while n >= 0x80:
         out.append(n & 0x7F | 0x80)
@@ -148,7 +149,7 @@ def _varint(n: int) -> bytes:
 
 def _length_delimited_key(field: FieldDescriptor) -> bytes:
     """The key protobuf writes before a length-delimited (wire type 2) field's length."""
-    return _varint(field.number << 3 | 2)
+    return varint(field.number << 3 | 2)
 
 
 _CHUNK_KEY = _length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"])
@@ -167,9 +168,9 @@ def encode_frames(version: int, tensors: Mapping[str, WireTensor], sha256: str |
     for meta, data in _chunks(tensors):
         fields = meta.SerializeToString()
         # An empty data field is left out, as protobuf leaves out proto3 fields at their default.
-        data_field = (_DATA_KEY, _varint(len(data))) if len(data) else ()
+        data_field = (_DATA_KEY, varint(len(data))) if len(data) else ()
         size = len(fields) + sum(map(len, data_field)) + len(data)
-        yield b"".join((_CHUNK_KEY, _varint(size), fields, *data_field, data))
+        yield b"".join((_CHUNK_KEY, varint(size), fields, *data_field, data))
 
 
 # --------------------------------------------------------------------------
@@ -392,12 +393,6 @@ def _is_finite(t: WireTensor) -> bool:
         # bf16 is the top half of a float32: exponent all ones = Inf/NaN.
         return not bool(((arr & 0x7F80) == 0x7F80).any())
     return bool(np.isfinite(arr).all())
-
-
-def check_finite(tensors: Mapping[str, WireTensor]) -> None:
-    for name, t in tensors.items():
-        if not _is_finite(t):
-            raise WeightsError(f"tensor {name!r} holds NaN or Inf")
 
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})

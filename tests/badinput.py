@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from asymptote.codec import varint
 from asymptote.config import ListenSettings
 from asymptote.health import Health
 from asymptote.rpc import start_server
@@ -125,18 +126,9 @@ def corrupted(rng: random.Random, valid: bytes, num: int) -> list[bytes]:
     return out
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def oversized(valid: bytes) -> bytes:
     """``valid`` plus an unknown length-delimited field 15 that takes it past OVERSIZED_BYTES: parses, too big."""
-    return valid + bytes([15 << 3 | 2]) + _varint(OVERSIZED_BYTES) + bytes(OVERSIZED_BYTES)
+    return valid + bytes([15 << 3 | 2]) + varint(OVERSIZED_BYTES) + bytes(OVERSIZED_BYTES)
 
 
 @dataclass(frozen=True)
