@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import load_config, log_resolved
@@ -73,6 +74,17 @@ async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> 
         stream=rt.names.evals_stream,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_deliver=5),
     )
+    try:
+        await _collect_evals(sub, rt, collector, stop)
+    finally:
+        # nats-py's connection drain waits on a pull subscription's inbox for
+        # good; unacked results are redelivered to the next fitter.
+        await sub.unsubscribe()
+
+
+async def _collect_evals(
+    sub: JetStreamContext.PullSubscription, rt: Runtime, collector: Collector, stop: asyncio.Event
+) -> None:
     held: dict[str, list[Msg]] = {}
     last_heartbeat = time.monotonic()
     while not stop.is_set():

@@ -28,6 +28,14 @@ STAGE_POLL_S = 0.005
 """How often a swap asks the worker whether the checkpoint is read."""
 
 
+UNFINISHED = frozenset({"abort", "error"})
+"""vLLM finish reasons of a request cut short by the engine (shutting down, or failing), not by the model."""
+
+
+class GenerationCut(RuntimeError):
+    """The engine ended a request before the model did: its completions are not rollouts."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One completion as the engine produced it."""
@@ -128,19 +136,33 @@ class Engine:
             seed=seed or None,
             output_kind=RequestOutputKind.FINAL_ONLY if on_progress is None else RequestOutputKind.CUMULATIVE,
         )
-        final = None
+        prompt_ids: list[int] | None = None
+        # Each completion's newest state, by index: streamed (CUMULATIVE)
+        # outputs of a parallel request carry only the completions that moved.
+        latest: dict[int, Any] = {}
         self.num_running += num_samples
         try:
             async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
-                final = out
-                if on_progress is not None and len(out.outputs) == num_samples:
-                    on_progress(min(len(c.token_ids) for c in out.outputs))
+                prompt_ids = list(out.prompt_token_ids or [])
+                for c in out.outputs:
+                    latest[c.index] = c
+                if on_progress is not None and len(latest) == num_samples:
+                    on_progress(min(len(c.token_ids) for c in latest.values()))
         finally:
             self.num_running -= num_samples
-        if final is None:
+        if prompt_ids is None:
             raise RuntimeError("vLLM returned no output")
-        samples = [self._sample(c) for c in final.outputs]
-        return list(final.prompt_token_ids or []), samples
+        outputs = [latest[i] for i in sorted(latest)]
+        cut = sorted({str(c.finish_reason) for c in outputs if str(c.finish_reason) in UNFINISHED})
+        unfinished = [c for c in outputs if c.finish_reason is None]
+        if cut or unfinished or len(outputs) != num_samples:
+            # An engine shutting down aborts what it holds: such a completion
+            # (often no tokens at all) must go back as a task, not out as data.
+            raise GenerationCut(
+                f"vLLM ended the request early ({', '.join(cut) or 'no finish reason'}): "
+                f"{len(outputs) - len(unfinished)} of {num_samples} completions finished"
+            )
+        return prompt_ids, [self._sample(c) for c in outputs]
 
     def _sample(self, c: Any) -> Sample:
         token_ids = list(c.token_ids)

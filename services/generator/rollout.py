@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 MAX_DELIVER = 5
 """Deliveries of a task before JetStream stops retrying it."""
+HAND_BACK_DELAY_S = 1.5
+"""Redelivery delay of a task a draining generator hands back. Not zero: the
+server may still hold a pull request of this generator's for up to a fetch
+timeout (1 s) after its fetch returned, and a task redelivered into it would
+wait out its lease."""
 
 
 def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
@@ -86,7 +91,7 @@ class RolloutLoop:
         self._waiting: deque[Msg] = deque()
         """Tasks leased and not started yet (at most ``prefetch``)."""
         self.prefetch = max(1, max_inflight_groups // 4)
-        self._draining = False
+        self._drain = asyncio.Event()
 
     def _task(self, name: str) -> Task:
         if name not in self._tasks:
@@ -131,12 +136,19 @@ class RolloutLoop:
                 self.meter.add_busy(now - busy_since)
             busy_since = now if self._inflight else None
             self.metrics.inflight_groups.set(len(self._inflight))
+        # nats-py's connection drain waits on a pull subscription's inbox for
+        # good (tasks a lingering pull request brought in would sit there):
+        # close it first; anything it held is redelivered after its lease.
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:
+            log.debug("unsubscribe from the task queue failed: %s", exc)
         # Hand leased tasks that never started back at once (another generator
         # takes them now rather than after the lease expires).
-        self._draining = True
+        self._drain.set()
         while self._waiting:
             try:
-                await self._waiting.popleft().nak()
+                await self._waiting.popleft().nak(delay=HAND_BACK_DELAY_S)
             except Exception as exc:
                 log.debug("nak of an unstarted task failed: %s", exc)
         # Drain: let in-flight groups finish and publish (they are leased).
@@ -146,7 +158,7 @@ class RolloutLoop:
 
     def _start_waiting(self) -> None:
         """Start leased tasks while the engine has room (also called as each group finishes)."""
-        while self._waiting and len(self._inflight) < self.max_inflight and not self._draining:
+        while self._waiting and len(self._inflight) < self.max_inflight and not self._drain.is_set():
             t = asyncio.create_task(self._handle(self._waiting.popleft()))
             self._inflight.add(t)
             t.add_done_callback(self._finished)
@@ -167,7 +179,18 @@ class RolloutLoop:
             if task.require_version > self.engine.version:
                 # Eval rounds and synchronous mode: sample only from the
                 # version the task names (the lease is kept alive meanwhile).
-                await self.engine.wait_for_version(int(task.require_version))
+                # A generator draining hands such a task back at once: the
+                # version may come only after it is gone.
+                waiting = asyncio.create_task(self.engine.wait_for_version(int(task.require_version)))
+                draining = asyncio.create_task(self._drain.wait())
+                try:
+                    await asyncio.wait({waiting, draining}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+                    draining.cancel()
+                if self._drain.is_set() and task.require_version > self.engine.version:
+                    await msg.nak(delay=HAND_BACK_DELAY_S)
+                    return
             started = time.time()
             s = task.sampling
             prompt_ids, samples = await self.engine.sample(

@@ -8,7 +8,7 @@ import grpc
 
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
-from services.generator.engine import Engine
+from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import completion
 
@@ -64,6 +64,8 @@ class GeneratorServicer(services_pb2_grpc.GeneratorServicer):
             )
         except _request_errors() as exc:  # vLLM's own checks: prompt too long for the model, and the like
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request refused by the engine: {exc}")
+        except GenerationCut as exc:  # the engine is shutting down or failed: try again elsewhere
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return services_pb2.GenerateResponse(
             completions=[completion(x, 0.0) for x in samples],
             policy_version=self.engine.version,

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from nats.js.kv import KeyValue
 
+from asymptote.codec import read_signature
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import WeightsError
 from asymptote.policy import watch_policy
 from asymptote.streams import Names
 from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics
-from asymptote.codec import read_signature
 from services.generator.weights import WeightSource, check_signature, prune, stage
 
 log = logging.getLogger(__name__)

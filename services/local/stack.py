@@ -354,8 +354,14 @@ class LocalStack:
 
     @staticmethod
     def _signal(p: Proc, sig: signal.Signals) -> None:
+        """As Kubernetes signals a container: SIGTERM to its main process, which
+        shuts down its children itself (vLLM's engine core, torchrun's ranks);
+        any other signal (SIGKILL) to the whole process group."""
         try:
-            os.killpg(p.popen.pid, sig)
+            if sig == signal.SIGTERM:
+                os.kill(p.popen.pid, sig)
+            else:
+                os.killpg(p.popen.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 

@@ -149,7 +149,7 @@ async def test_next_batch_times_out_with_none() -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await batcher.next_batch(learner_version=0, num_groups=2, timeout_s=0.05) is None
-    assert 0.04 <= loop.time() - started < 1.0
+    assert 0.04 <= loop.time() - started < 5.0  # returned at its timeout, not at the next admit
     assert ids(batcher.ready) == ["only"]  # nothing taken
     assert batcher.handed_out == {}
 

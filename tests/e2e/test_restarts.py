@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,11 @@ from asymptote.streams import Names, connect
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
 
-MAX_STEPS = 176
+MAX_STEPS = 990
+"""A cap only: the run ends TAIL_STEPS after the stack recovered from the last fault."""
+TAIL_STEPS = 8
+RECOVERY_TIMEOUT_S = 180.0
+"""A struck service that is not back (restarted, every service ready) by then fails the test."""
 REPEATS = 2
 """Times each fault kind strikes in one run."""
 SIGNALS = [
@@ -63,8 +67,8 @@ FAILPOINTS = {
 
 @dataclass(frozen=True)
 class Fault:
-    step: int
-    """Learner step at (or after) which it strikes."""
+    gap: int
+    """Learner steps trained, after the stack recovered from the fault before, until this one strikes."""
     service: str
     how: str
     """A signal's name, or ``failpoint <name>``."""
@@ -75,12 +79,12 @@ class Fault:
 
 
 def schedule(seed: int) -> list[Fault]:
-    """Every fault REPEATS times, in a seeded order, at seeded steps 5 or 6 apart.
+    """Every fault REPEATS times, in a seeded order, each a seeded 2 to 5 steps after the last recovery.
 
-    The last strikes at least 40 steps before the end: a fault waits for the
-    stack to recover from the last one, and meanwhile the learner may train
-    a backlog the broker holds (up to 30 steps measured), which must not end
-    the run with faults still to come.
+    Faults are paced by recovery, not by fixed steps: while a service
+    restarts the learner may train a backlog the broker holds (30 steps in
+    10 s measured), so a fixed step could pass before the fault before it
+    had recovered.
     """
     rng = random.Random(seed)
     faults = [(service, sig.name) for service, sig in SIGNALS] + [
@@ -88,50 +92,72 @@ def schedule(seed: int) -> list[Fault]:
     ]
     order = faults * REPEATS
     rng.shuffle(order)
-    step, plan = 2, []
-    for service, how in order:
-        step += rng.randint(5, 6)
-        plan.append(Fault(step, service, how))
-    assert plan[-1].step <= MAX_STEPS - 40
-    return plan
+    return [Fault(rng.randint(2, 5), service, how) for service, how in order]
 
 
-def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, struck: list[tuple[Fault, float]]) -> None:
-    """Strike each fault once its step is reached and the stack has recovered from the last.
+@dataclass
+class Injection:
+    """What the injector did: faults struck (with when), and where it stopped."""
+
+    struck: list[tuple[Fault, float]] = field(default_factory=list)
+    recovered_at_step: int | None = None
+    """Learner step when the stack had recovered from the last fault (None until then)."""
+    error: str | None = None
+
+
+def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Injection) -> None:
+    """Strike each fault once the stack recovered from the last and the learner trained its gap.
 
     A signal is sent from here; a failpoint is armed from here and fires
     inside its service the next time the service reaches it. No two faults
-    overlap.
+    overlap. Recovered: the struck process was restarted and every service
+    reports ready since.
     """
 
     def step() -> int:
         rows = read_jsonl(stack.run_dir / "metrics.jsonl")
         return int(rows[-1]["step"]) if rows else 0
 
-    pending = list(plan)
-    not_before = 0
-    while pending and not stop.is_set():
-        time.sleep(0.2)
-        fault = pending[0]
-        if step() < max(fault.step, not_before) or not all(p.ready for p in stack.procs if p.http_port):
-            continue
-        pending.pop(0)
+    def wait(what: str, done: Callable[[], bool], timeout_s: float = RECOVERY_TIMEOUT_S) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            if done():
+                return True
+            if time.monotonic() > deadline:
+                waiting = ", ".join(
+                    f"{p.name} ({p.extra.get('detail') or 'not ready'}, restarts {p.restarts})"
+                    for p in stack.procs if not p.ready
+                )
+                out.error = f"{what}: not done in {timeout_s:.0f}s at step {step()}; not ready: {waiting or 'none'}"
+                stop.set()
+                return False
+            time.sleep(0.2)
+        return False
+
+    def all_ready() -> bool:
+        return all(p.ready for p in stack.procs if p.http_port)
+
+    last = 0
+    for i, fault in enumerate(plan):
+        if not wait(f"the stack before fault {i} ({fault.kind})", lambda gap=fault.gap, last=last: step() >= last + gap and all_ready()):
+            return
         proc = next(p for p in stack.procs if p.name == fault.service)
         restarts = proc.restarts
         if fault.how.startswith("failpoint"):
-            marker = arm(stack.run_dir / "failpoints", fault.how.removeprefix("failpoint "), str(fault.step))
-            while not stop.is_set() and not marker.exists():
-                time.sleep(0.05)
-            struck.append((fault, marker.stat().st_mtime if marker.exists() else math.inf))
+            marker = arm(stack.run_dir / "failpoints", fault.how.removeprefix("failpoint "), str(i))
+            if not wait(f"fault {i} ({fault.kind}) to fire", marker.exists):
+                return
+            out.struck.append((fault, marker.stat().st_mtime))
         else:
-            struck.append((fault, time.time()))
+            out.struck.append((fault, time.time()))
             stack.kill(fault.service, signal.Signals[fault.how])
-        # Recovered: the process was restarted, every service reported ready
-        # since, and the learner moved on.
-        while not stop.is_set() and proc.restarts == restarts:
-            time.sleep(0.2)
+        if not wait(f"{fault.service} to restart after fault {i} ({fault.kind})", lambda proc=proc, n=restarts: proc.restarts > n):
+            return
         time.sleep(1.0)  # let the readiness poll see the restarted process
-        not_before = step() + 2
+        if not wait(f"every service ready after fault {i} ({fault.kind})", all_ready):
+            return
+        last = step()
+    out.recovered_at_step = last
 
 
 def ledger_state(stack: LocalStack) -> tuple[list[rollout_pb2.LedgerEntry], Audit]:
@@ -190,9 +216,15 @@ def kept_rows(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any], tmp_path: Path) -> None:
     seed = int(os.environ.get("ASY_FAULT_SEED", random.SystemRandom().randrange(1 << 30)))
     plan = schedule(seed)
-    print(f"fault seed {seed} (replay with ASY_FAULT_SEED={seed}): " + ", ".join(f"{f.kind}@{f.step}" for f in plan))
+    print(f"fault seed {seed} (replay with ASY_FAULT_SEED={seed}): " + ", ".join(f"{f.kind}+{f.gap}" for f in plan))
     stop = threading.Event()
-    struck: list[tuple[Fault, float]] = []
+    injection = Injection()
+
+    def until(snap: dict[str, Any]) -> bool:
+        """The injector gave up, or the learner trained TAIL_STEPS past the last recovery."""
+        done = injection.recovered_at_step
+        return injection.error is not None or (done is not None and snap["step"] >= done + TAIL_STEPS)
+
     with launch(
         max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=22, checkpoint_every_steps=4,
         failpoints=",".join(f"{name}:file" for name in FAILPOINTS),
@@ -202,11 +234,18 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         max_restarts=max(Counter(f.service for f in plan).values()) + 1,
         restart_backoff_s=0.5, restart_backoff_reset_s=20.0,
     ) as (stack, progress):
-        injector = threading.Thread(target=inject, args=(stack, plan, stop, struck), daemon=True)
+        injector = threading.Thread(target=inject, args=(stack, plan, stop, injection), daemon=True)
         injector.start()
-        completed = progress.follow(stack, stack.config) == 0
+        followed = progress.follow(stack, stack.config, until=until) == 0
         stop.set()
         injector.join(5)
+        # The run ends as a deployment is scaled down: the learner drains,
+        # checkpoints and acks what it trained; nothing restarts it now. Then
+        # the ledger and the metrics hold still for the audit.
+        learner = next(p for p in stack.procs if p.name == "learner")
+        stack.kill("learner", signal.SIGTERM)
+        learner.popen.wait(timeout=60)
+        struck = injection.struck
 
         entries, result = ledger_state(stack)
         ledger = result.as_dict()
@@ -217,7 +256,8 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
             "groups_issued": result.issued,
             "groups_lost": len(result.lost),
             "groups_trained_twice": len(result.trained_twice),
-            "run_completed": completed,
+            "run_completed": followed,
+            "steps": progress.snapshot()["step"],
             "ledger": {k: v for k, v in ledger.items() if k != "examples"},
         }
         (tmp_path / "fault-report.json").write_text(json.dumps(report, indent=2))
@@ -226,8 +266,10 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         for kind, row in kinds.items():
             print(f"{kind:<48} {row['faults_injected']:>8} {row['groups_in_flight']:>9} "
                   f"{row['groups_lost']:>5} {row['groups_trained_twice']:>5}")
-        assert completed, progress.outcome
+        assert injection.error is None, injection.error
+        assert followed, progress.outcome
         assert [f for f, _ in struck] == plan, "a fault was not injected"
+        assert learner.popen.returncode == 0, learner.tail()
         expected_kinds = {f.kind for f in plan}
         assert set(kinds) == expected_kinds and all(row["faults_injected"] == REPEATS for row in kinds.values())
         # Each fault struck a running pipeline: some groups were in flight.
@@ -239,7 +281,9 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         versions = [r["policy_version"] for r in rows]
         assert versions == sorted(set(versions)), "the policy version went backwards or repeated"
         kept = kept_rows(rows)
-        assert [r["step"] for r in kept] == list(range(1, MAX_STEPS + 1))
+        last_step = int(kept[-1]["step"])
+        assert injection.recovered_at_step is not None and last_step >= injection.recovered_at_step + TAIL_STEPS
+        assert [r["step"] for r in kept] == list(range(1, last_step + 1))
         assert ledger["lost"] == 0, ledger["examples"]
         assert ledger["trained_twice"] == 0, ledger["examples"]
         assert ledger["ended_twice"] == 0, ledger["examples"]

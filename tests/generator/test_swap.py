@@ -11,6 +11,11 @@ is visible in the text.
 Refusals go through the real path: a real gRPC ``Learner.PullWeights``
 server streams each bad update, the swapper verifies and refuses it, and
 the engine keeps serving the version it had.
+
+A request the engine cuts short (aborted, as vLLM's engine core does when
+it shuts down) is an error, never a completion; the rollout loop over a
+real nats-server hands such a task back, and when draining publishes what
+it has in flight and hands back at once what waits for a later version.
 """
 
 from __future__ import annotations
@@ -28,14 +33,18 @@ import torch
 from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
 
 from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature
+from asymptote.compute import ComputeMeter
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
+from asymptote.nats_local import nats_server
 from asymptote.rpc import start_server
+from asymptote.streams import Names, ensure_streams
 from asymptote.tasks import ALPHABET
 from services.generator.config import EngineSettings
-from services.generator.engine import Engine
+from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
+from services.generator.rollout import RolloutLoop
 from services.generator.swapper import Swapper
 from services.generator.weights import GrpcWeightSource, stage
 from services.learner.model import ModelSpec, build_model, build_tokenizer, load_model, save_model_dir
@@ -341,3 +350,123 @@ async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -
             assert (status.service, status.ready) == ("generator", True)
     finally:
         await server.stop(None)
+
+
+# -- requests the engine cuts short, and draining --------------------------------
+
+
+async def _sampling_under_way(engine: Engine, num_tokens: int = 5) -> asyncio.Task[Any]:
+    under_way = asyncio.Event()
+
+    def progress(n: int) -> None:
+        if n >= num_tokens:
+            under_way.set()
+
+    task = asyncio.create_task(engine.sample("1+2=", 4, 1.0, 1.0, MAX_TOKENS, seed=5, on_progress=progress))
+    await asyncio.wait_for(under_way.wait(), 120)
+    return task
+
+
+async def test_a_request_the_engine_cuts_short_is_refused_not_returned(engine: Engine) -> None:
+    """An engine shutting down aborts what it holds; those stubs (often no tokens) are no completions."""
+    task = await _sampling_under_way(engine)
+    await engine._llm.pause_generation(mode="abort")  # what vLLM's engine core does on SIGTERM
+    try:
+        with pytest.raises(GenerationCut, match=r"ended the request early \(abort\)"):
+            await asyncio.wait_for(task, 60)
+    finally:
+        await engine._llm.resume_generation()
+    # The engine serves on; EOS is suppressed, so a request runs to its length.
+    _, samples = await engine.sample("1+2=", 2, 1.0, 1.0, 8, seed=1)
+    assert [(len(s.token_ids), s.finish_reason) for s in samples] == [(8, "length"), (8, "length")]
+
+
+def _task(task_id: str, kind: int, require_version: int = 0, num_samples: int = 4) -> rollout_pb2.GenerationTask:
+    return rollout_pb2.GenerationTask(
+        task_id=task_id, kind=kind, task_name="arithmetic", prompt_id=task_id, prompt="1+2=", reference="3",
+        sampling=rollout_pb2.SamplingParams(
+            num_samples=num_samples, temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS
+        ),
+        require_version=require_version, eval_id="eval-x" if kind == rollout_pb2.TASK_KIND_EVAL else "",
+        eval_num_prompts=1 if kind == rollout_pb2.TASK_KIND_EVAL else 0,
+    )
+
+
+async def _fetch_groups(sub: Any, num: int) -> list[rollout_pb2.RolloutGroup]:
+    groups: list[rollout_pb2.RolloutGroup] = []
+    while len(groups) < num:
+        try:
+            groups += [rollout_pb2.RolloutGroup.FromString(m.data) for m in await sub.fetch(num, timeout=1)]
+        except TimeoutError:
+            pass
+    return groups
+
+
+async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a real nats-server: a group the engine cuts short is not published but generated again;
+    a draining loop publishes the group it has in flight and hands back at once a task waiting
+    for a version it does not serve, instead of holding its lease until the drain times out."""
+    import nats as nats_py
+
+    names = Names("draintest")
+    with nats_server(tmp_path / "nats") as server:
+        nc = await nats_py.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, names)
+            metrics = GeneratorMetrics()
+            loop = RolloutLoop(
+                engine, js, names, "gen-test", max_inflight_groups=4, ack_wait_s=30.0, metrics=metrics,
+                meter=ComputeMeter("generator", "gen-test", "cpu", 1),
+            )
+            # The real engine, watched: tell when the first group's tokens are under way.
+            under_way = asyncio.Event()
+            sample = engine.sample
+
+            async def watched(*args: Any, **kwargs: Any) -> Any:
+                return await sample(*args, **kwargs, on_progress=lambda n: n >= 5 and under_way.set())
+
+            monkeypatch.setattr(engine, "sample", watched)
+            stop = asyncio.Event()
+            running = asyncio.create_task(loop.run(stop))
+            cut = _task("train-cut", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
+            await js.publish(names.train_tasks, cut.SerializeToString(), headers={"Nats-Msg-Id": cut.task_id})
+            await asyncio.wait_for(under_way.wait(), 120)
+            await engine._llm.pause_generation(mode="abort")  # as vLLM's engine core does on SIGTERM
+            await engine._llm.resume_generation()
+
+            # The cut task's second go is published whole.
+            rollouts = await js.pull_subscribe(names.rollouts, durable="check", stream=names.rollouts_stream)
+            groups = await asyncio.wait_for(_fetch_groups(rollouts, 1), 120)
+            assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
+
+            # Draining with a group generating and a task waiting for a later version.
+            later = _task("eval-later", rollout_pb2.TASK_KIND_EVAL, require_version=engine.version + 1000)
+            await js.publish(names.eval_tasks, later.SerializeToString(), headers={"Nats-Msg-Id": later.task_id})
+            drained = _task("train-drained", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
+            await js.publish(names.train_tasks, drained.SerializeToString(), headers={"Nats-Msg-Id": drained.task_id})
+
+            async def both_in() -> None:
+                while len(loop._inflight) < 2 or engine.num_running == 0:
+                    await asyncio.sleep(0.002)
+
+            await asyncio.wait_for(both_in(), 60)
+            stop.set()
+            await asyncio.wait_for(running, 60)
+            groups += await asyncio.wait_for(_fetch_groups(rollouts, 1), 10)
+
+            assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
+            assert [g.group_id for g in groups] == ["train-cut", "train-drained"]
+            for g in groups:  # whole groups only: every completion ran to its length
+                assert [len(c.token_ids) for c in g.completions] == [MAX_TOKENS] * g.task.sampling.num_samples
+            # The unservable task is back in the queue, now: its second delivery, not after a lease.
+            tasks = await js.pull_subscribe(
+                names.all_tasks, durable=names.generators_consumer, stream=names.tasks_stream
+            )
+            [again] = await tasks.fetch(1, timeout=5)
+            assert rollout_pb2.GenerationTask.FromString(again.data).task_id == "eval-later"
+            assert again.metadata.num_delivered == 2
+        finally:
+            await nc.close()
