@@ -84,6 +84,7 @@ async def standalone_tokens_per_s(
         "tokens": sum(t for t, _, _ in windows),
         "groups": sum(g for _, g, _ in windows),
         "wall_s": sum(w for _, _, w in windows),
+        "window_s": window_s,
         "engine_start_s": start_s,
         "concurrency_groups": concurrency_groups,
         "group_size": group_size,
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.generator.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True, help="JSON file for the result")
-    parser.add_argument("--window-s", type=float, default=8.0, help="length of each of the three timed windows")
+    parser.add_argument("--window-s", type=float, default=8.0, help="length of the warm-up and of each timed window")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=32, help="groups in flight (the generator's max_inflight_groups)")

@@ -183,10 +183,11 @@ class Engine:
         """Load ``weights_path`` as ``version`` into the running engine.
 
         The checkpoint is first read into the worker's memory, on a thread of
-        the worker's, while generation continues; then the scheduler is paused between two engine steps, the
-        staged tensors are loaded, the engine's weight version is set and the
-        scheduler resumes. inflight: requests and their KV cache are kept, so
-        sequences in flight continue under the new weights (PipelineRL).
+        the worker's, while generation continues; then the scheduler is paused
+        between two engine steps, the staged tensors are loaded, the engine's
+        weight version is set and the scheduler resumes. inflight: requests
+        and their KV cache are kept, so sequences in flight continue under the
+        new weights (PipelineRL).
         drain: running requests finish first (conventional on-policy RL).
         The load goes through vLLM's in-place layerwise reload, which repacks
         CPU kernels' weights; copying tensors into parameters corrupts them on CPU.

@@ -143,8 +143,8 @@ class RolloutLoop:
             await sub.unsubscribe()
         except Exception as exc:
             log.debug("unsubscribe from the task queue failed: %s", exc)
-        # Hand leased tasks that never started back at once (another generator
-        # takes them now rather than after the lease expires).
+        # Hand back leased tasks that never started (another generator takes
+        # them after HAND_BACK_DELAY_S rather than after the lease expires).
         self._drain.set()
         while self._waiting:
             try:
@@ -179,7 +179,7 @@ class RolloutLoop:
             if task.require_version > self.engine.version:
                 # Eval rounds and synchronous mode: sample only from the
                 # version the task names (the lease is kept alive meanwhile).
-                # A generator draining hands such a task back at once: the
+                # A generator draining hands such a task back instead: the
                 # version may come only after it is gone.
                 waiting = asyncio.create_task(self.engine.wait_for_version(int(task.require_version)))
                 draining = asyncio.create_task(self._drain.wait())
