@@ -47,7 +47,14 @@ _WIRE_DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype("<i4"),
 }
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
-_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64", "I32": "int32"}
+_SAFETENSORS_DTYPES = {
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+}
 
 Signature = dict[str, tuple[str, tuple[int, ...]]]
 """Tensor name -> (wire dtype, shape): what a model's weights must look like."""
@@ -77,7 +84,7 @@ class WireTensor:
             )
 
     @classmethod
-    def from_numpy(cls, array: np.ndarray, dtype: str | None = None) -> "WireTensor":
+    def from_numpy(cls, array: np.ndarray, dtype: str | None = None) -> WireTensor:
         name = dtype or array.dtype.name
         arr = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[name] if name in _WIRE_DTYPES else None)
         return cls(name, tuple(int(d) for d in array.shape), arr.tobytes())
@@ -129,7 +136,9 @@ def _chunks(tensors: Mapping[str, WireTensor]) -> Iterator[tuple[tensors_pb2.Ten
             yield meta, view[offset : offset + CHUNK_BYTES]
 
 
-def encode(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[tensors_pb2.WeightsPart]:
+def encode(
+    version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None
+) -> Iterator[tensors_pb2.WeightsPart]:
     """Frame a version as one header then ≤1 MiB chunks in name order."""
     yield _header(version, tensors, sha256)
     for meta, data in _chunks(tensors):
@@ -288,7 +297,9 @@ class WeightsDecoder:
             self._start(part.header)
             return
         if kind != "chunk":
-            raise WeightsError("weights stream holds a second header" if kind == "header" else "weights stream holds an empty part")
+            raise WeightsError(
+                "weights stream holds a second header" if kind == "header" else "weights stream holds an empty part"
+            )
         self._place(part.chunk)
 
     def _place(self, c: tensors_pb2.TensorChunk) -> None:
@@ -329,7 +340,9 @@ class WeightsDecoder:
             raise WeightsError(f"header announced {header.num_bytes} bytes, stream held {self._num_used}")
         actual = self._hash.hexdigest()
         if actual != header.sha256:
-            raise WeightsError(f"sha256 mismatch for version {header.version}: header {header.sha256[:12]}…, data {actual[:12]}…")
+            raise WeightsError(
+                f"sha256 mismatch for version {header.version}: header {header.sha256[:12]}…, data {actual[:12]}…"
+            )
         for name, finite in self._finite:
             if not finite.result():
                 raise WeightsError(f"tensor {name!r} holds NaN or Inf")
@@ -354,7 +367,9 @@ class WeightsDecoder:
             raise WeightsError(f"tensor {name!r}: unsupported dtype {dtype!r}; accepted: {sorted(_WIRE_DTYPES)}")
         expected = math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
         if any(d < 0 for d in shape) or size != expected:
-            raise WeightsError(f"tensor {name!r} of dtype {dtype} and shape {list(shape)} needs {expected} bytes, chunks announce {size}")
+            raise WeightsError(
+                f"tensor {name!r} of dtype {dtype} and shape {list(shape)} needs {expected} bytes, chunks announce {size}"
+            )
         if self._num_used + size > len(self._buffer):
             raise WeightsError(f"tensor {name!r} does not fit in the {len(self._buffer)} bytes the header announced")
         self._hashed.append(self._worker.submit(self._hash.update, _digest_prefix(name, dtype, shape)))

@@ -63,7 +63,7 @@ class ComputeMeter:
                 log.warning("compute telemetry not published: %s", exc)
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         try:
             await self.publish(js, names)

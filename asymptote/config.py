@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -58,7 +59,7 @@ class NatsSettings(Frozen):
     treats 0 as forever)."""
 
     @model_validator(mode="after")
-    def _check_tls(self) -> "NatsSettings":
+    def _check_tls(self) -> NatsSettings:
         _check_key_pair(self.tls_cert_file, self.tls_key_file, "tls_cert_file", "tls_key_file")
         return self
 
@@ -92,7 +93,7 @@ class TlsSettings(Frozen):
         return self.cert_file is not None or self.ca_file is not None
 
     @model_validator(mode="after")
-    def _check(self) -> "TlsSettings":
+    def _check(self) -> TlsSettings:
         _check_key_pair(self.cert_file, self.key_file, "cert_file", "key_file")
         if self.require_client_cert and (self.ca_file is None or self.cert_file is None):
             raise ValueError(
@@ -168,7 +169,7 @@ def env_overrides(prefix: str, environ: Mapping[str, str] | None = None) -> dict
     tree: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
         if name.startswith(head) and len(name) > len(head):
-            keys = [k.lower() for k in name[len(head):].split("__")]
+            keys = [k.lower() for k in name[len(head) :].split("__")]
             _set_path(tree, keys, _parse_override(raw))
     return tree
 

@@ -85,16 +85,18 @@ class Ledger:
     async def record(self, *entries: rollout_pb2.LedgerEntry) -> None:
         """Store ``entries`` (made by :meth:`entry`); returns once every one is stored, else raises
         (see Publisher.publish_all)."""
-        duplicates = await self.publisher.publish_all([
-            Outgoing(
-                self.names.ledger(e.task_id),
-                e.SerializeToString(),
-                # Idempotent per event and batch: a repeated action is recorded
-                # once, a second training in another batch is not hidden.
-                f"{e.task_id}:{Event.Name(e.event)}:{e.batch_id}",
-            )
-            for e in entries
-        ])
+        duplicates = await self.publisher.publish_all(
+            [
+                Outgoing(
+                    self.names.ledger(e.task_id),
+                    e.SerializeToString(),
+                    # Idempotent per event and batch: a repeated action is recorded
+                    # once, a second training in another batch is not hidden.
+                    f"{e.task_id}:{Event.Name(e.event)}:{e.batch_id}",
+                )
+                for e in entries
+            ]
+        )
         for e, duplicate in zip(entries, duplicates):
             if e.event in TERMINAL:
                 self._remember(e.task_id, True)
@@ -210,9 +212,7 @@ async def read_entries(js: JetStreamContext, names: Names, batch: int = 2000) ->
     sub = await js.pull_subscribe(
         names.ledger("*"),
         stream=names.ledger_stream,
-        config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0
-        ),
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0),
     )
     out: list[rollout_pb2.LedgerEntry] = []
     try:

@@ -47,5 +47,5 @@ async def wait_or_stop(stop: asyncio.Event, timeout_s: float) -> bool:
     try:
         await asyncio.wait_for(stop.wait(), timeout_s)
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False

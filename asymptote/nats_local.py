@@ -133,7 +133,11 @@ def start_nats(
     secure = tls.args() if tls else []
     proc = subprocess.Popen(
         [nats_server_binary(), *auth, "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *secure],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
     )
     log.close()
     deadline = time.monotonic() + 20

@@ -59,7 +59,7 @@ async def watch_policy(kv: KeyValue, names: Names, stop: asyncio.Event) -> Async
                 try:
                     entry = await watcher.updates(timeout=1.0)
                     quiet_s = 0.0
-                except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+                except TimeoutError:  # nats raises its subclass, or asyncio's own
                     # After a server restart a watch can stay silent until its
                     # consumer is reset; a direct read every few quiet seconds
                     # catches up at once.

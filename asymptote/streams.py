@@ -245,17 +245,19 @@ async def connect(settings: NatsSettings, name: str) -> NatsClient:
         kwargs["tls"] = context
     if settings.tls_hostname:
         kwargs["tls_hostname"] = settings.tls_hostname
-    attempt = asyncio.ensure_future(nats.connect(
-        servers=[u.strip() for u in settings.url.split(",")],
-        name=name,
-        connect_timeout=settings.connect_timeout_s,
-        max_reconnect_attempts=settings.max_reconnect_attempts,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-        disconnected_cb=on_disconnect,
-        reconnected_cb=on_reconnect,
-        **kwargs,  # type: ignore[arg-type]
-    ))
+    attempt = asyncio.ensure_future(
+        nats.connect(
+            servers=[u.strip() for u in settings.url.split(",")],
+            name=name,
+            connect_timeout=settings.connect_timeout_s,
+            max_reconnect_attempts=settings.max_reconnect_attempts,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            **kwargs,  # type: ignore[arg-type]
+        )
+    )
     await asyncio.wait({attempt, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
     if attempt.done():
         return attempt.result()
@@ -315,7 +317,7 @@ class Publisher(_Inbox):
         self._next_token = 0
 
     async def _on_msg(self, msg: Msg) -> None:
-        future = self._pending.pop(msg.subject[len(self._prefix):], None)
+        future = self._pending.pop(msg.subject[len(self._prefix) :], None)
         if future is None or future.done():  # timed out meanwhile
             return
         if msg.headers and msg.headers.get("Status") == "503":
@@ -429,7 +431,7 @@ class Puller(_Inbox):
                 return
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
         if self._request_error is not None:
             raise self._request_error
@@ -452,7 +454,7 @@ class Puller(_Inbox):
             await self._request(1, expires_s=max(deadline - loop.time() - 0.05, 0.001))
             await self._wait(1, deadline)
             if not self._buffer:
-                raise asyncio.TimeoutError()
+                raise TimeoutError()
             if batch > 1:  # and take what came with it
                 await self._request(batch - 1)
                 await self._wait(batch, deadline)
@@ -493,9 +495,7 @@ async def ensure_bucket(js: JetStreamContext, bucket: str, history: int = 1) -> 
         return await js.key_value(bucket)
     except Exception:  # bucket not found: create it (racing creators are fine)
         try:
-            return await js.create_key_value(
-                KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
-            )
+            return await js.create_key_value(KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE))
         except BadRequestError:
             return await js.key_value(bucket)
 

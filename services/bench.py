@@ -146,7 +146,8 @@ class Scraper(threading.Thread):
 
         while not self._halt.wait(self.interval_s):
             ports = {
-                name: http for name, (_, http) in dict(getattr(self.stack, "ports", {})).items()
+                name: http
+                for name, (_, http) in dict(getattr(self.stack, "ports", {})).items()
                 if name.startswith(("generator", "broker"))
             }
             totals = dict.fromkeys(self.COUNTERS, 0.0)
@@ -224,7 +225,10 @@ def pinned(role: str) -> Callable[[], None] | None:
 
 def run_module(module: str, args: list[str], role: str, timeout_s: float = 900.0) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", module, *args], preexec_fn=pinned(role), capture_output=True, text=True,
+        [sys.executable, "-m", module, *args],
+        preexec_fn=pinned(role),
+        capture_output=True,
+        text=True,
         timeout=timeout_s,
     )
     if proc.returncode != 0:
@@ -242,10 +246,13 @@ def learner_figure(quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     r = bench_learner_step(repeats=8 if quick else 30)
     return figure(
-        "learner_step_service_vs_bare", ratio=r["ratio"],
+        "learner_step_service_vs_bare",
+        ratio=r["ratio"],
         baseline=f"bare PyTorch step {r['bare_step_s'] * 1e3:.1f} ms",
         measured=f"service step {r['service_step_s'] * 1e3:.1f} ms ({r['samples_per_step']} samples)",
-        target=f"<= {TARGET}", passed=r["passed"], repeats=r["repeats"],
+        target=f"<= {TARGET}",
+        passed=r["passed"],
+        repeats=r["repeats"],
     )
 
 
@@ -254,11 +261,13 @@ def fitter_figure(quick: bool) -> dict[str, Any]:
 
     r = bench_fitter(quick)
     return figure(
-        "fitter_fit_and_bootstrap_1000_points", seconds=r["seconds"],
+        "fitter_fit_and_bootstrap_1000_points",
+        seconds=r["seconds"],
         baseline=f"node-by-node scalar grid ~{r['scalar_grid_s_extrapolated']:.1f} s",
         measured=f"fit {r['fit_s']:.3f} s + bootstrap {r['bootstrap_s']:.3f} s ({r['num_bootstrap_resamples']} "
         f"resamples), median of {r['repeats']}",
-        target=f"< {r['target']} s", passed=r["passed"],
+        target=f"< {r['target']} s",
+        passed=r["passed"],
     )
 
 
@@ -278,8 +287,14 @@ def _as_figure(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("name", "ratio", "seconds", "baseline", "measured", "target", "passed")
     details = {k: v for k, v in result.items() if k not in keys}
     return figure(
-        result["name"], ratio=result.get("ratio"), seconds=result.get("seconds"), baseline=str(result["baseline"]),
-        measured=str(result["measured"]), target=str(result["target"]), passed=bool(result["passed"]), **details,
+        result["name"],
+        ratio=result.get("ratio"),
+        seconds=result.get("seconds"),
+        baseline=str(result["baseline"]),
+        measured=str(result["measured"]),
+        target=str(result["target"]),
+        passed=bool(result["passed"]),
+        **details,
     )
 
 
@@ -289,13 +304,28 @@ def standalone_generator(run: StackRun, out: Path, window_s: float) -> dict[str,
 
     gen_cfg = yaml.safe_load((run.run_dir / "config" / "generator-0.yaml").read_text())
     result = out / "generator_standalone.json"
-    run_module("services.generator.bench", [
-        "--model-dir", str(run.model_dir), "--output", str(result), "--window-s", str(window_s),
-        "--group-size", str(run.config.group_size), "--max-tokens", str(run.config.max_tokens),
-        "--concurrency", str(gen_cfg.get("max_inflight_groups", 32)),
-        "--max-num-seqs", str(gen_cfg["engine"]["max_num_seqs"]),
-        "--task", json.dumps(run.config.task.model_dump(mode="json")),
-    ], role="generator")
+    run_module(
+        "services.generator.bench",
+        [
+            "--model-dir",
+            str(run.model_dir),
+            "--output",
+            str(result),
+            "--window-s",
+            str(window_s),
+            "--group-size",
+            str(run.config.group_size),
+            "--max-tokens",
+            str(run.config.max_tokens),
+            "--concurrency",
+            str(gen_cfg.get("max_inflight_groups", 32)),
+            "--max-num-seqs",
+            str(gen_cfg["engine"]["max_num_seqs"]),
+            "--task",
+            json.dumps(run.config.task.model_dump(mode="json")),
+        ],
+        role="generator",
+    )
     return json.loads(result.read_text())
 
 
@@ -305,12 +335,14 @@ def generator_figure(run: StackRun, standalone: dict[str, Any]) -> dict[str, Any
         raise RuntimeError(f"{run.run_dir}: too few metric samples for the generator's in-loop rate")
     ratio = in_loop / standalone["tokens_per_s"]
     return figure(
-        "generator_tokens_per_s_in_loop_vs_standalone", ratio=ratio,
+        "generator_tokens_per_s_in_loop_vs_standalone",
+        ratio=ratio,
         baseline=f"engine alone {standalone['tokens_per_s']:.0f} tokens/s (median of "
         f"{len(standalone['window_tokens_per_s'])} windows of {standalone['window_s']:.0f} s, "
         f"{standalone['concurrency_groups']} groups in flight)",
         measured=f"in the RL loop {in_loop:.0f} tokens/s (steady part of {len(run.steps)} steps)",
-        target=f">= {GENERATOR_TARGET}", passed=ratio >= GENERATOR_TARGET,
+        target=f">= {GENERATOR_TARGET}",
+        passed=ratio >= GENERATOR_TARGET,
     )
 
 
@@ -323,10 +355,12 @@ def swap_figure(run: StackRun) -> dict[str, Any]:
     bound = 2 * copy_s + PAUSE_SLACK_S
     p90 = statistics.quantiles(pauses, n=10)[-1] if len(pauses) >= 2 else pauses[0]
     return figure(
-        "swap_pause_median_vs_memory_copy", seconds=median,
+        "swap_pause_median_vs_memory_copy",
+        seconds=median,
         baseline=f"copy of {num_bytes:,} bytes in memory {copy_s * 1e3:.3f} ms",
         measured=f"median of {len(pauses)} swaps {median * 1e3:.1f} ms (p90 {p90 * 1e3:.1f} ms)",
-        target=f"<= 2 x copy + 20 ms = {bound * 1e3:.1f} ms", passed=median <= bound,
+        target=f"<= 2 x copy + 20 ms = {bound * 1e3:.1f} ms",
+        passed=median <= bound,
     )
 
 
@@ -334,9 +368,13 @@ def pipeline_figure(inflight: StackRun, sync: StackRun) -> dict[str, Any]:
     a, s = trained_samples_per_s(inflight.run_dir), trained_samples_per_s(sync.run_dir)
     ratio = a / s
     return figure(
-        "pipeline_samples_per_s_inflight_vs_sync", ratio=ratio,
-        baseline=f"synchronous {s:.1f} samples/s", measured=f"in-flight k=8 {a:.1f} samples/s",
-        target=f">= {RATIO_TARGET}", passed=ratio >= RATIO_TARGET, steps=len(inflight.steps),
+        "pipeline_samples_per_s_inflight_vs_sync",
+        ratio=ratio,
+        baseline=f"synchronous {s:.1f} samples/s",
+        measured=f"in-flight k=8 {a:.1f} samples/s",
+        target=f">= {RATIO_TARGET}",
+        passed=ratio >= RATIO_TARGET,
+        steps=len(inflight.steps),
     )
 
 
@@ -362,19 +400,38 @@ def stack_time_to_gain(run: StackRun, gain: float) -> tuple[float | None, dict[s
     return at[hit["policy_version"]] - run.steps[0]["unix_s"], info
 
 
-def onpolicy_time_to_gain(run: StackRun, out: Path, gain: float, eval_every: int) -> tuple[float | None, dict[str, Any]]:
+def onpolicy_time_to_gain(
+    run: StackRun, out: Path, gain: float, eval_every: int
+) -> tuple[float | None, dict[str, Any]]:
     """Seconds of training (evaluations excluded) for the single-process loop to reach R0 + gain."""
     metrics = out / "onpolicy.jsonl"
     c = run.config
     settings = {
-        "task": c.task.model_dump(mode="json"), "num_steps": 3000, "target_gain": gain,
-        "eval_every_steps": eval_every, "num_prompts_per_step": c.batch_prompts, "group_size": c.group_size,
-        "max_new_tokens": c.max_tokens, "lr": c.lr, "warmup_steps": c.warmup_steps,
-        "eval_samples_per_prompt": c.eval_num_samples, "max_wall_s": 1200,
+        "task": c.task.model_dump(mode="json"),
+        "num_steps": 3000,
+        "target_gain": gain,
+        "eval_every_steps": eval_every,
+        "num_prompts_per_step": c.batch_prompts,
+        "group_size": c.group_size,
+        "max_new_tokens": c.max_tokens,
+        "lr": c.lr,
+        "warmup_steps": c.warmup_steps,
+        "eval_samples_per_prompt": c.eval_num_samples,
+        "max_wall_s": 1200,
     }
-    run_module("services.learner.onpolicy", [
-        "--model-dir", str(run.model_dir), "--settings", json.dumps(settings), "--metrics", str(metrics),
-    ], role="learner", timeout_s=1500)
+    run_module(
+        "services.learner.onpolicy",
+        [
+            "--model-dir",
+            str(run.model_dir),
+            "--settings",
+            json.dumps(settings),
+            "--metrics",
+            str(metrics),
+        ],
+        role="learner",
+        timeout_s=1500,
+    )
     records = read_jsonl(metrics)
     r0 = records[0]["eval/pass_rate"]
     hit = next((r for r in records[1:] if "eval/pass_rate" in r and r["eval/pass_rate"] - r0 >= gain), None)
@@ -393,18 +450,26 @@ def learning_speed_figure(out: Path, gain: float = LEARNING_GAIN, eval_every: in
     if stack_s is None or base_s is None:
         missing = "the local stack" if stack_s is None else "the on-policy loop"
         return figure(
-            f"learning_speed_plus_{gain}_onpolicy_vs_stack", baseline=f"on-policy {base_s} s",
-            measured=f"stack {stack_s} s; {missing} never gained {gain}", target=target, passed=False,
-            stack=stack_info, onpolicy=base_info,
+            f"learning_speed_plus_{gain}_onpolicy_vs_stack",
+            baseline=f"on-policy {base_s} s",
+            measured=f"stack {stack_s} s; {missing} never gained {gain}",
+            target=target,
+            passed=False,
+            stack=stack_info,
+            onpolicy=base_info,
         )
     ratio = base_s / stack_s
     return figure(
-        f"learning_speed_plus_{gain}_onpolicy_vs_stack", ratio=ratio,
+        f"learning_speed_plus_{gain}_onpolicy_vs_stack",
+        ratio=ratio,
         baseline=f"single-process on-policy {base_s:.1f} s (step {base_info['step']}, "
         f"{base_info['r0']:.3f} -> {base_info['pass_rate']:.3f})",
         measured=f"local stack {stack_s:.1f} s (version {stack_info['version']}, "
         f"{stack_info['r0']:.3f} -> {stack_info['pass_rate']:.3f})",
-        target=target, passed=ratio >= LEARNING_SPEED_TARGET, stack=stack_info, onpolicy=base_info,
+        target=target,
+        passed=ratio >= LEARNING_SPEED_TARGET,
+        stack=stack_info,
+        onpolicy=base_info,
     )
 
 
@@ -430,8 +495,9 @@ def scaling_sweep(out: Path, steps: int, base: StackRun | None) -> list[dict[str
             rows.append(scaling_row(base, n, g))
             continue
         console.print(f"[bold]scaling: {n} generator(s), group size {g}[/bold]")
-        run = run_stack(out, f"scaling-g{n}-G{g}", num_generators=n, group_size=g, max_steps=steps,
-                        eval_every_versions=steps)
+        run = run_stack(
+            out, f"scaling-g{n}-G{g}", num_generators=n, group_size=g, max_steps=steps, eval_every_versions=steps
+        )
         rows.append(scaling_row(run, n, g))
     return rows
 
@@ -490,10 +556,14 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "|---|---|---|---|---|---|",
     ]
     for f in report["figures"]:
-        lines.append(f"| {f['name']} | {_value(f)} | {f['baseline']} | {f['measured']} | {f['target']} | {_verdict(f)} |")
+        lines.append(
+            f"| {f['name']} | {_value(f)} | {f['baseline']} | {f['measured']} | {f['target']} | {_verdict(f)} |"
+        )
     if report.get("scaling"):
         lines += [
-            "", "## Scaling", "",
+            "",
+            "## Scaling",
+            "",
             "| generators | group size | generator tokens/s | per generator | broker groups/s | trained samples/s |",
             "|---|---|---|---|---|---|",
         ]
@@ -514,8 +584,13 @@ def _num(x: float | None) -> str:
 def run_all(out: Path, quick: bool) -> dict[str, Any]:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(), "figures": [],
-                              "scaling": [], "errors": []}
+    report: dict[str, Any] = {
+        "mode": "quick" if quick else "full",
+        "machine": machine(),
+        "figures": [],
+        "scaling": [],
+        "errors": [],
+    }
     steps = 8 if quick else 60
 
     def section(title: str, body: Callable[[], list[dict[str, Any]]]) -> None:
@@ -576,8 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     if report["errors"]:
         console.print(f"[red]{len(report['errors'])} benchmark(s) failed to run[/red]")
         return 1
-    console.print(f"{len(report['figures']) - len(missed)} of {len(report['figures'])} figures met or not run; "
-                  f"missed: {', '.join(missed) or 'none'}")
+    console.print(
+        f"{len(report['figures']) - len(missed)} of {len(report['figures'])} figures met or not run; "
+        f"missed: {', '.join(missed) or 'none'}"
+    )
     return 0
 
 

@@ -45,9 +45,11 @@ def _up(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = load_config(StackConfig, args.config, "ASY_UP")
     overrides = {
-        k: v for k, v in
-        {
-            "run_dir": args.run_dir, "max_steps": args.max_steps, "num_generators": args.generators,
+        k: v
+        for k, v in {
+            "run_dir": args.run_dir,
+            "max_steps": args.max_steps,
+            "num_generators": args.generators,
             "learner_ranks": args.learner_ranks,
         }.items()
         if v is not None

@@ -160,7 +160,9 @@ def collect_status(core: Any, namespace: str, release: str) -> ReleaseStatus:
         if status.component in gauge and status.phase == "Running" and port is not None:
             # A monitoring read: a pod that cannot answer is shown as such, never fails the report.
             try:
-                text = core.connect_get_namespaced_pod_proxy_with_path(f"{pod.metadata.name}:{port}", namespace, "metrics")
+                text = core.connect_get_namespaced_pod_proxy_with_path(
+                    f"{pod.metadata.name}:{port}", namespace, "metrics"
+                )
                 version = _one(metric_samples(text), gauge[status.component])
                 status.policy_version = None if version is None else int(version)
             except (ApiException, ValueError) as exc:
@@ -206,7 +208,8 @@ def autoscalers_of(autoscaling: Any, namespace: str, deployment: str) -> list[st
     """HPAs (KEDA's included) whose target is ``deployment``."""
     hpas = autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
     return sorted(
-        h.metadata.name for h in hpas
+        h.metadata.name
+        for h in hpas
         if h.spec.scale_target_ref.kind == "Deployment" and h.spec.scale_target_ref.name == deployment
     )
 
@@ -234,8 +237,10 @@ def format_status(status: ReleaseStatus) -> str:
     header = ("COMPONENT", "POD", "READY", "STATUS", "RESTARTS", "POLICY VERSION", "NODE")
     rows = [header]
     for p in status.pods:
-        version = "" if p.component not in ("generator", "learner") else (
-            str(p.policy_version) if p.policy_version is not None else f"? ({p.metrics_error or 'not exported'})"
+        version = (
+            ""
+            if p.component not in ("generator", "learner")
+            else (str(p.policy_version) if p.policy_version is not None else f"? ({p.metrics_error or 'not exported'})")
         )
         rows.append((p.component, p.name, p.containers_ready, p.phase, str(p.restarts), version, p.node))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

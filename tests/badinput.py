@@ -99,8 +99,9 @@ class BadInputs:
     def counts(self) -> dict[str, dict[str, int]]:
         """``{interface: {"distinct": n, "crashes": m}}``, interfaces in name order."""
         with self._lock:
-            return {name: {"distinct": len(t.tried), "crashes": len(t.crashed)}
-                    for name, t in sorted(self._tallies.items())}
+            return {
+                name: {"distinct": len(t.tried), "crashes": len(t.crashed)} for name, t in sorted(self._tallies.items())
+            }
 
 
 BAD_INPUTS = BadInputs()
@@ -146,23 +147,35 @@ class Answer:
     @property
     def crashed(self) -> bool:
         """The server stopped answering, or an exception escaped the handler (UNKNOWN: "Unexpected <class ...>")."""
-        return self.code == grpc.StatusCode.UNAVAILABLE or (self.code == grpc.StatusCode.UNKNOWN and not self.unparsable)
+        return self.code == grpc.StatusCode.UNAVAILABLE or (
+            self.code == grpc.StatusCode.UNKNOWN and not self.unparsable
+        )
 
 
-async def send_bad_request(channel: grpc.aio.Channel, interface: str, method: str, request: bytes,
-                           *, streaming: bool = False, timeout_s: float = 2.0) -> Answer:
+async def send_bad_request(
+    channel: grpc.aio.Channel,
+    interface: str,
+    method: str,
+    request: bytes,
+    *,
+    streaming: bool = False,
+    timeout_s: float = 2.0,
+) -> Answer:
     """Send ``request`` as is to ``method`` (reading a stream to its end) and record it under ``interface``."""
+
     def same(x: bytes) -> bytes:
         return x
 
     try:
         if streaming:
             async for _ in channel.unary_stream(method, request_serializer=same, response_deserializer=same)(
-                    request, timeout=timeout_s):
+                request, timeout=timeout_s
+            ):
                 pass
         else:
             await channel.unary_unary(method, request_serializer=same, response_deserializer=same)(
-                request, timeout=timeout_s)
+                request, timeout=timeout_s
+            )
         answer = Answer(request, grpc.StatusCode.OK, "")
     except grpc.aio.AioRpcError as exc:
         answer = Answer(request, exc.code(), str(exc.details()))
@@ -171,16 +184,27 @@ async def send_bad_request(channel: grpc.aio.Channel, interface: str, method: st
 
 
 async def send_bad_requests(
-    channel: grpc.aio.Channel, interface: str, method: str, valid: bytes, rng: random.Random, num: int,
-    *, streaming: bool = False, timeout_s: float = 2.0,
+    channel: grpc.aio.Channel,
+    interface: str,
+    method: str,
+    valid: bytes,
+    rng: random.Random,
+    num: int,
+    *,
+    streaming: bool = False,
+    timeout_s: float = 2.0,
 ) -> list[Answer]:
     """``num`` corrupted copies of ``valid`` then an oversized one, each sent and recorded; their answers."""
-    return [await send_bad_request(channel, interface, method, request, streaming=streaming, timeout_s=timeout_s)
-            for request in [*corrupted(rng, valid, num), oversized(valid)]]
+    return [
+        await send_bad_request(channel, interface, method, request, streaming=streaming, timeout_s=timeout_s)
+        for request in [*corrupted(rng, valid, num), oversized(valid)]
+    ]
 
 
 @asynccontextmanager
-async def raw_stream_server(service: str, method: str, stream: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[str]:
+async def raw_stream_server(
+    service: str, method: str, stream: Callable[[], AsyncIterator[bytes]]
+) -> AsyncIterator[str]:
     """A server whose ``service``/``method`` streams whatever bytes ``stream()`` yields; yields its endpoint.
 
     The peer of a client under test that misbehaves on the wire.
@@ -192,9 +216,11 @@ async def raw_stream_server(service: str, method: str, stream: Callable[[], Asyn
 
     handler = grpc.unary_stream_rpc_method_handler(handle)  # bytes in and out
     server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), Health(service),
+        ListenSettings(host="127.0.0.1", port=0),
+        Health(service),
         lambda s: s.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(f"asymptote.contracts.v1.{service}", {method: handler}),)),
+            (grpc.method_handlers_generic_handler(f"asymptote.contracts.v1.{service}", {method: handler}),)
+        ),
         [],
     )
     try:

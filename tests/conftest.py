@@ -40,7 +40,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     counts = BAD_INPUTS.counts()
     if not counts:
         return
-    total = {"distinct": sum(c["distinct"] for c in counts.values()), "crashes": sum(c["crashes"] for c in counts.values())}
+    total = {
+        "distinct": sum(c["distinct"] for c in counts.values()),
+        "crashes": sum(c["crashes"] for c in counts.values()),
+    }
     path = bad_input_report_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"interfaces": counts, "total": total}, indent=2) + "\n")

@@ -34,7 +34,10 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", "--output", str(out), "--quick"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "bench.json").read_text())
@@ -51,9 +54,12 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         values = [f[k] for k in ("ratio", "seconds") if k in f]
         assert len(values) == 1 and math.isfinite(values[0]) and values[0] > 0, name
     # Each verdict follows from its value and target.
-    assert figures["learner_step_service_vs_bare"]["passed"] == (figures["learner_step_service_vs_bare"]["ratio"] <= 1.15)
+    assert figures["learner_step_service_vs_bare"]["passed"] == (
+        figures["learner_step_service_vs_bare"]["ratio"] <= 1.15
+    )
     assert figures["fitter_fit_and_bootstrap_1000_points"]["passed"] == (
-        figures["fitter_fit_and_bootstrap_1000_points"]["seconds"] < 2.0)
+        figures["fitter_fit_and_bootstrap_1000_points"]["seconds"] < 2.0
+    )
     gen = figures["generator_tokens_per_s_in_loop_vs_standalone"]
     assert gen["passed"] == (gen["ratio"] >= 0.9)
     # The markdown table has one row per figure, with its verdict.

@@ -45,7 +45,9 @@ def make_tensor(dtype: str, shape: tuple[int, ...], seed: int) -> WireTensor:
 
 @st.composite
 def tensor_dicts(draw: st.DrawFn) -> dict[str, WireTensor]:
-    names = draw(st.lists(st.text("abcdefgh._0123456789", min_size=1, max_size=12), min_size=0, max_size=5, unique=True))
+    names = draw(
+        st.lists(st.text("abcdefgh._0123456789", min_size=1, max_size=12), min_size=0, max_size=5, unique=True)
+    )
     out: dict[str, WireTensor] = {}
     for name in names:
         dtype = draw(st.sampled_from(DTYPES))
@@ -163,8 +165,9 @@ def test_decode_refuses_a_corrupted_byte(stream: list[tensors_pb2.WeightsPart]) 
 
 
 def test_decode_refuses_a_missing_chunk(stream: list[tensors_pb2.WeightsPart]) -> None:
-    refused([stream[0], stream[1], stream[3], stream[4]],
-            f"'a': chunk at offset {2 * CHUNK_BYTES}, expected {CHUNK_BYTES}")
+    refused(
+        [stream[0], stream[1], stream[3], stream[4]], f"'a': chunk at offset {2 * CHUNK_BYTES}, expected {CHUNK_BYTES}"
+    )
     refused([stream[0], stream[1], stream[2], stream[4]], f"'a': got {2 * CHUNK_BYTES} bytes of {2 * CHUNK_BYTES + 32}")
     refused(stream[:4], "header announced 2 tensors, stream held 1")
 
@@ -231,7 +234,7 @@ def test_wire_tensor_refuses_a_wrong_byte_length() -> None:
 
 
 def test_wire_tensor_refuses_an_unknown_dtype() -> None:
-    with pytest.raises(WeightsError, match="unsupported dtype 'complex64'.*accepted: .*'bfloat16'"):
+    with pytest.raises(WeightsError, match=r"unsupported dtype 'complex64'.*accepted: .*'bfloat16'"):
         WireTensor("complex64", (1,), bytes(8))
     with pytest.raises(WeightsError, match="unsupported dtype 'uint8'"):
         WireTensor.from_numpy(np.zeros(3, dtype=np.uint8))
@@ -268,13 +271,14 @@ def test_read_signature(tmp_path: Path) -> None:
 
 
 def test_read_signature_without_weights(tmp_path: Path) -> None:
-    with pytest.raises(WeightsError, match="no \\*.safetensors"):
+    with pytest.raises(WeightsError, match=r"no \*\.safetensors"):
         read_signature(tmp_path)
 
 
 # --------------------------------------------------------------------------
 # Serialized frames and the streaming decoder
 # --------------------------------------------------------------------------
+
 
 def reference_decode(parts: list[tensors_pb2.WeightsPart]) -> tuple[int, str, dict[str, WireTensor]]:
     """The obvious reassembly of an intact stream: each tensor's chunk bytes joined, hashed by ``digest``."""
@@ -288,7 +292,9 @@ def reference_decode(parts: list[tensors_pb2.WeightsPart]) -> tuple[int, str, di
     return int(header.version), digest(tensors), tensors
 
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @SETTINGS
@@ -313,8 +319,11 @@ def test_streaming_decode_is_bit_identical_to_the_reference(tensors: dict[str, W
     assert list(got.tensors) == sorted(tensors)
     for name, t in expected.items():
         g = got.tensors[name]
-        assert (g.dtype, g.shape, bytes(g.data)) == (t.dtype, t.shape, t.data) == (
-            tensors[name].dtype, tensors[name].shape, tensors[name].data)
+        assert (
+            (g.dtype, g.shape, bytes(g.data))
+            == (t.dtype, t.shape, t.data)
+            == (tensors[name].dtype, tensors[name].shape, tensors[name].data)
+        )
         assert g.to_numpy().tobytes() == tensors[name].to_numpy().tobytes()
 
 
@@ -352,7 +361,9 @@ def test_every_flipped_bit_is_refused_as_a_digest_mismatch(tensors: dict[str, Wi
 
 @SETTINGS
 @given(tensors=tensor_dicts(), data=st.data())
-def test_every_swap_of_two_parts_is_refused_when_it_arrives(tensors: dict[str, WireTensor], data: st.DataObject) -> None:
+def test_every_swap_of_two_parts_is_refused_when_it_arrives(
+    tensors: dict[str, WireTensor], data: st.DataObject
+) -> None:
     parts = list(encode(1, tensors))
     if len(parts) < 3:
         return
@@ -405,7 +416,9 @@ def test_decoder_refuses_a_chunk_past_its_tensor(stream: list[tensors_pb2.Weight
     refused(stream, "'b': got 48 bytes of 40")
 
 
-def test_decoder_refuses_sizes_that_disagree_with_the_header_or_the_shape(stream: list[tensors_pb2.WeightsPart]) -> None:
+def test_decoder_refuses_sizes_that_disagree_with_the_header_or_the_shape(
+    stream: list[tensors_pb2.WeightsPart],
+) -> None:
     total = stream[0].header.num_bytes
     stream[0].header.num_bytes = total - 1
     refused(stream, f"tensor 'b' does not fit in the {total - 1} bytes the header announced")
@@ -460,8 +473,12 @@ def test_an_abandoned_decoder_stops_its_worker(stream: list[tensors_pb2.WeightsP
 
 def test_a_pooled_buffer_is_written_again_only_once_nothing_views_it() -> None:
     def version(seed: int) -> list[tensors_pb2.WeightsPart]:
-        return list(encode(seed, {"a": make_tensor("float32", (CHUNK_BYTES // 4 + 3,), seed),
-                                  "b": make_tensor("bfloat16", (40,), seed)}))
+        return list(
+            encode(
+                seed,
+                {"a": make_tensor("float32", (CHUNK_BYTES // 4 + 3,), seed), "b": make_tensor("bfloat16", (40,), seed)},
+            )
+        )
 
     def address(weights: DecodedWeights) -> int:
         return int(np.frombuffer(weights.tensors["a"].data, dtype=np.uint8).ctypes.data)

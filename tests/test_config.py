@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 
 from asymptote.config import Frozen, NatsSettings, dump_config, env_overrides, load_config, log_resolved
 from asymptote.errors import ConfigError
@@ -33,7 +33,7 @@ class Section(Frozen):
 class Demo(Frozen):
     x: Section = Section()
     rate_s: float = 1.0
-    tags: list[str] = []
+    tags: list[str] = Field(default_factory=list)
     nats: NatsSettings = NatsSettings()
 
 
@@ -63,7 +63,9 @@ def test_file_plus_env_overrides(tmp_path: Path) -> None:
 
 
 def test_env_overrides_tree() -> None:
-    tree = env_overrides("ASY_X", {"ASY_X__X__A__B": "3", "ASY_X__X__NAME": "n", "ASY_X__RATE_S": "1e-3", "ASY_X__": "1"})
+    tree = env_overrides(
+        "ASY_X", {"ASY_X__X__A__B": "3", "ASY_X__X__NAME": "n", "ASY_X__RATE_S": "1e-3", "ASY_X__": "1"}
+    )
     # Scalars stay strings; pydantic converts them to the field's type.
     assert tree == {"x": {"a": {"b": "3"}, "name": "n"}, "rate_s": "1e-3"}
     assert load_config(Demo, None, PREFIX, {"ASY_X__RATE_S": "1e-3"}).rate_s == pytest.approx(1e-3)
@@ -130,7 +132,7 @@ def test_missing_and_unparsable_files(tmp_path: Path) -> None:
 
 
 def test_override_below_a_scalar_env_value_is_refused() -> None:
-    with pytest.raises(ConfigError, match="override x.a.b goes inside a, which is not a section"):
+    with pytest.raises(ConfigError, match=r"override x\.a\.b goes inside a, which is not a section"):
         env_overrides(PREFIX, {"ASY_X__X__A": "1", "ASY_X__X__A__B": "2"})
 
 

@@ -39,11 +39,13 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     committed = sorted(p.name for p in CONTRACTS.iterdir() if p.is_file() and "_pb2" in p.name)
     # No stale module from a deleted .proto, no module missing.
     assert names == committed
-    stale = [
-        p.name for p in generated if p.read_bytes() != (CONTRACTS / p.name).read_bytes()
-    ]
+    stale = [p.name for p in generated if p.read_bytes() != (CONTRACTS / p.name).read_bytes()]
     assert not stale, f"regenerate with `python scripts/gen_protos.py`: {stale} differ from proto/"
-    for pkg in (tmp_path / "asymptote", tmp_path / "asymptote" / "contracts", tmp_path / "asymptote" / "contracts" / "v1"):
+    for pkg in (
+        tmp_path / "asymptote",
+        tmp_path / "asymptote" / "contracts",
+        tmp_path / "asymptote" / "contracts" / "v1",
+    ):
         assert (pkg / "__init__.py").exists()
     # Every generated module landed in the contracts package, nowhere else.
     assert all(p.parent == tmp_path / "asymptote" / "contracts" / "v1" for p in generated)
@@ -124,8 +126,12 @@ def test_no_service_imports_another() -> None:
     # project-wide benchmark compose them.
     crossing = []
     for service in DEPLOYABLES:
-        others = tuple(f"services.{s}" for s in DEPLOYABLES if s != service) + (
-            "services.local", "services.bench", "services.cli", "services.kube"
+        others = (
+            *tuple(f"services.{s}" for s in DEPLOYABLES if s != service),
+            "services.local",
+            "services.bench",
+            "services.cli",
+            "services.kube",
         )
         for path in sorted((ROOT / "services" / service).rglob("*.py")):
             for module in imported_modules(path):

@@ -26,7 +26,9 @@ def test_parse_names_the_bad_entry() -> None:
     assert parse("") == {}
     assert parse("a.b:3, c:0") == {"a.b": Armed((3,)), "c": Armed((0,))}
     assert parse("a:9,b:1,a:3,a:9,b:file,c:file") == {
-        "a": Armed((3, 9)), "b": Armed((1,), by_file=True), "c": Armed(by_file=True)
+        "a": Armed((3, 9)),
+        "b": Armed((1,), by_file=True),
+        "c": Armed(by_file=True),
     }
     for bad in ("a", "a:", ":3", "a:-1", "a:x", "a:files"):
         with pytest.raises(ValueError, match="is not name:N"):
@@ -36,7 +38,11 @@ def test_parse_names_the_bad_entry() -> None:
 def run(tmp_path: Path, spec: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ASY_FAILPOINTS": spec, "ASY_FAILPOINT_DIR": str(tmp_path / "fp")}
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         start_new_session=True,  # the failpoint kills its own process group, as a pod dies whole
     )
 
@@ -73,8 +79,9 @@ def test_thresholds_passed_while_down_fire_one_at_a_time(tmp_path: Path) -> None
     script = SCRIPT.replace("range(10)", "range(7, 10)")
     env = {**os.environ, "ASY_FAILPOINTS": "demo.point:2,demo.point:6", "ASY_FAILPOINT_DIR": str(tmp_path / "fp")}
     outcomes = [
-        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
-                       start_new_session=True)
+        subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, start_new_session=True
+        )
         for _ in range(3)
     ]
     assert [o.returncode for o in outcomes] == [-signal.SIGKILL, -signal.SIGKILL, 0]
@@ -96,8 +103,9 @@ for progress in range(400):
 """
     env = {**os.environ, "ASY_FAILPOINTS": "demo.point:file", "ASY_FAILPOINT_DIR": str(root)}
     started = tmp_path / "started"
-    proc = subprocess.Popen([sys.executable, "-c", script, str(started)], env=env, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(started)], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     while not started.exists():
         assert proc.poll() is None
         time.sleep(0.01)
@@ -109,6 +117,12 @@ for progress in range(400):
     assert out.split() == [str(i) for i in range(fired_at)] and 6 <= fired_at < 400
     assert not (root / "demo.point.arm").exists()
     # Unarmed again: a restarted process runs through.
-    rerun = subprocess.run([sys.executable, "-c", script, str(started)], env=env, capture_output=True, text=True,
-                           timeout=60, start_new_session=True)
+    rerun = subprocess.run(
+        [sys.executable, "-c", script, str(started)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
     assert rerun.returncode == 0 and len(rerun.stdout.split()) == 400

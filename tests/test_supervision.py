@@ -30,10 +30,16 @@ def restarts(stack: LocalStack) -> list[dict[str, object]]:
 
 
 def stack_for(tmp_path: Path, **overrides: object) -> LocalStack:
-    config = StackConfig.model_validate({
-        "run_dir": tmp_path / "run", "nats_auth": False, "max_restarts": 3, "restart_backoff_s": 0.05,
-        "restart_backoff_reset_s": 0.5, **overrides,
-    })
+    config = StackConfig.model_validate(
+        {
+            "run_dir": tmp_path / "run",
+            "nats_auth": False,
+            "max_restarts": 3,
+            "restart_backoff_s": 0.05,
+            "restart_backoff_reset_s": 0.5,
+            **overrides,
+        }
+    )
     stack = LocalStack(config)
     stack.run_dir.mkdir(parents=True)
     return stack

@@ -43,7 +43,9 @@ def random_tensors(seed: int) -> dict[str, WireTensor]:
         "big": WireTensor.from_numpy(rng.standard_normal(CHUNK_BYTES // 4 * 2 + 11).astype(np.float32)),
         "embed": WireTensor.from_numpy(rng.standard_normal((64, 16)).astype(np.float16)),
         "ids": WireTensor.from_numpy(rng.integers(-(2**40), 2**40, size=(5,))),
-        "norm": WireTensor("bfloat16", (16,), (rng.standard_normal(16).astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()),
+        "norm": WireTensor(
+            "bfloat16", (16,), (rng.standard_normal(16).astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+        ),
         "nothing": WireTensor.from_numpy(np.zeros((0, 4), dtype=np.float32)),
         "scale": WireTensor.from_numpy(np.array(0.5, dtype=np.float64)),
     }
@@ -59,7 +61,9 @@ async def learner(store: WeightStore) -> AsyncIterator[str]:
     health = Health("learner")
     servicer = LearnerServicer(store, health, "test", dict)
     server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), health, lambda s: add_learner_to_server(servicer, s),
+        ListenSettings(host="127.0.0.1", port=0),
+        health,
+        lambda s: add_learner_to_server(servicer, s),
         ["asymptote.contracts.v1.Learner"],
     )
     try:
@@ -207,8 +211,13 @@ def test_staging_writes_the_verified_bytes_unchanged(tmp_path: Path) -> None:
         folder = stage(weights, tmp_path / "staged", model_dir)
     assert folder == tmp_path / "staged" / "v9"
     assert (folder / "config.json").read_text() == '{"model_type": "llama"}'
-    torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                    "float64": torch.float64, "int64": torch.int64}
+    torch_dtypes = {
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "float64": torch.float64,
+        "int64": torch.int64,
+    }
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         assert f.metadata() == {"format": "pt", "version": "9"}
         assert sorted(f.keys()) == sorted(tensors)
@@ -232,8 +241,21 @@ def test_staging_writes_the_verified_bytes_unchanged(tmp_path: Path) -> None:
 
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's allocator")

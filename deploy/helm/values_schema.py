@@ -28,11 +28,29 @@ SCHEMA_PATH = REPO / "deploy" / "helm" / "asymptote" / "values.schema.json"
 OWNED_FIELDS: dict[str, tuple[str, ...]] = {
     "broker": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "batch_prompts"),
     "generator": (
-        "nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "weights_dir", "num_devices", "engine.model_dir",
+        "nats",
+        "prefix",
+        "grpc",
+        "grpc_tls",
+        "http",
+        "log_format",
+        "weights_dir",
+        "num_devices",
+        "engine.model_dir",
     ),
     "learner": (
-        "nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "model_dir", "run_dir", "batch_prompts",
-        "broker_endpoint", "advertise_host", "num_devices",
+        "nats",
+        "prefix",
+        "grpc",
+        "grpc_tls",
+        "http",
+        "log_format",
+        "model_dir",
+        "run_dir",
+        "batch_prompts",
+        "broker_endpoint",
+        "advertise_host",
+        "num_devices",
     ),
     "fitter": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "run_dir", "run_name"),
 }
@@ -112,7 +130,9 @@ def service_config_schema(service: str, model: type[BaseModel]) -> tuple[dict[st
     return _rename_refs(schema, service), {f"{service}.{k}": _rename_refs(v, service) for k, v in defs.items()}
 
 
-def obj(properties: dict[str, Any], required: tuple[str, ...] = (), description: str = "", **extra: Any) -> dict[str, Any]:
+def obj(
+    properties: dict[str, Any], required: tuple[str, ...] = (), description: str = "", **extra: Any
+) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": properties}
     if required:
         out["required"] = list(required)
@@ -126,12 +146,19 @@ STR = {"type": "string"}
 BOOL = {"type": "boolean"}
 OBJECT = {"type": "object"}
 ARRAY = {"type": "array"}
-PEERS = {"type": "array", "items": {"type": "object"}, "description": "NetworkPolicy peers (podSelector, namespaceSelector, ipBlock)"}
+PEERS = {
+    "type": "array",
+    "items": {"type": "object"},
+    "description": "NetworkPolicy peers (podSelector, namespaceSelector, ipBlock)",
+}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 DNS_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
 QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"}
 RESOURCES = obj(
-    {"requests": {"type": "object", "required": ["cpu", "memory"]}, "limits": {"type": "object", "required": ["cpu", "memory"]}},
+    {
+        "requests": {"type": "object", "required": ["cpu", "memory"]},
+        "limits": {"type": "object", "required": ["cpu", "memory"]},
+    },
     required=("requests", "limits"),
     description="Kubernetes requests and limits (cpu, memory); every container has both",
 )
@@ -154,7 +181,11 @@ def persistence() -> dict[str, Any]:
             "enabled": BOOL,
             "size": QUANTITY,
             "storageClassName": STR,
-            "accessModes": {"type": "array", "minItems": 1, "items": {"enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]}},
+            "accessModes": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]},
+            },
         },
         required=("enabled", "size"),
     )
@@ -203,7 +234,11 @@ def grpc_tls() -> dict[str, Any]:
             "certManager": obj(
                 {
                     "issuerRef": obj(
-                        {"name": STR, "kind": {"type": "string", "minLength": 1}, "group": {"type": "string", "minLength": 1}},
+                        {
+                            "name": STR,
+                            "kind": {"type": "string", "minLength": 1},
+                            "group": {"type": "string", "minLength": 1},
+                        },
                     ),
                     "extraDnsNames": {"type": "array", "items": {"type": "string", "minLength": 1}},
                 },
@@ -246,7 +281,11 @@ def values_schema() -> dict[str, Any]:
                 required=("enabled",),
             ),
             "hpa": obj(
-                {"enabled": BOOL, "metricName": {"type": "string", "minLength": 1}, "metricSelector": {"type": "object", "additionalProperties": {"type": "string"}}},
+                {
+                    "enabled": BOOL,
+                    "metricName": {"type": "string", "minLength": 1},
+                    "metricSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
                 required=("enabled",),
             ),
         },
@@ -342,7 +381,10 @@ def values_schema() -> dict[str, Any]:
                             "mountPath": {"type": "string", "pattern": "^/"},
                             "existingClaim": STR,
                             "sizeLimit": QUANTITY,
-                            "initContainers": {"type": "array", "items": {"type": "object", "required": ["name", "image"]}},
+                            "initContainers": {
+                                "type": "array",
+                                "items": {"type": "object", "required": ["name", "image"]},
+                            },
                         },
                         required=("mountPath",),
                     ),

@@ -83,7 +83,9 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
                     raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
                 covered = span.end
             if covered != n:
-                raise PayloadError(f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens")
+                raise PayloadError(
+                    f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens"
+                )
 
 
 def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
@@ -217,7 +219,7 @@ class Batcher:
                     return None
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return None
             items = [self.ready.popleft() for _ in range(num_groups)]
         batch = HandedOut(uuid.uuid4().hex, items)
@@ -259,13 +261,17 @@ class Batcher:
             ids = list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
             # Every group's record is stored before any of its messages is acked.
             if self.ledger is not None:
-                await self.ledger.record(*(
-                    self.ledger.entry(
-                        gid, Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
-                        policy_version=self.learner_version, batch_id=batch_id,
+                await self.ledger.record(
+                    *(
+                        self.ledger.entry(
+                            gid,
+                            Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
+                            policy_version=self.learner_version,
+                            batch_id=batch_id,
+                        )
+                        for gid in ids
                     )
-                    for gid in ids
-                ))
+                )
             if batch is None:
                 unknown.append(batch_id)
                 self.num_trained += len(group_ids) - len(dups)
@@ -276,8 +282,9 @@ class Batcher:
             self.num_trained += len(batch.items) - len(dups)
             num += len(batch.items)
         if unknown:
-            log.info("%d acked batches were handed out before this broker started; their groups are recorded",
-                     len(unknown))
+            log.info(
+                "%d acked batches were handed out before this broker started; their groups are recorded", len(unknown)
+            )
         return num, unknown
 
     async def release(self, batch_ids: Sequence[str] | None = None) -> int:

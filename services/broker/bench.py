@@ -83,8 +83,10 @@ def synthetic_completions() -> bytes:
         for i in range(GROUP_SIZE)
     ]
     return rollout_pb2.RolloutGroup(
-        prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)], completions=completions,
-        min_version=0, max_version=0,
+        prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)],
+        completions=completions,
+        min_version=0,
+        max_version=0,
     ).SerializeToString()
 
 
@@ -96,18 +98,30 @@ def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str, complet
     completions is the generator's work and not what this benchmark measures.
     """
     now = time.time()
-    return rollout_pb2.RolloutGroup(
-        group_id=task.task_id, task=task, generator_id=generator_id, started_unix_s=now, finished_unix_s=now,
-    ).SerializeToString() + completions
+    return (
+        rollout_pb2.RolloutGroup(
+            group_id=task.task_id,
+            task=task,
+            generator_id=generator_id,
+            started_unix_s=now,
+            finished_unix_s=now,
+        ).SerializeToString()
+        + completions
+    )
 
 
 def sample_payload() -> bytes:
     """A serialized group as the broker run carries them (the raw baseline's message)."""
     task = rollout_pb2.GenerationTask(
-        task_id="train-e0-p0-0000000000", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic",
-        prompt_id="0000000000", prompt="037+485=", reference="225",
-        sampling=rollout_pb2.SamplingParams(num_samples=GROUP_SIZE, temperature=1.0, top_p=1.0,
-                                            max_tokens=NUM_COMPLETION_TOKENS),
+        task_id="train-e0-p0-0000000000",
+        kind=rollout_pb2.TASK_KIND_TRAIN,
+        task_name="arithmetic",
+        prompt_id="0000000000",
+        prompt="037+485=",
+        reference="225",
+        sampling=rollout_pb2.SamplingParams(
+            num_samples=GROUP_SIZE, temperature=1.0, top_p=1.0, max_tokens=NUM_COMPLETION_TOKENS
+        ),
         issued_unix_s=time.time(),
     )
     return synthetic_group(task, "bench-generator-0", synthetic_completions())
@@ -126,23 +140,27 @@ async def raw_groups_per_s(nats_url: str, payload: bytes, num_groups: int, run: 
     try:
         await pub_js.add_stream(config)
         sub = await sub_js.pull_subscribe(
-            names.rollouts, durable=names.broker_consumer, stream=names.rollouts_stream,
+            names.rollouts,
+            durable=names.broker_consumer,
+            stream=names.rollouts_stream,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=-1),
         )
 
         async def produce() -> None:
             for start in range(0, num_groups, FETCH_BATCH):
-                await asyncio.gather(*(
-                    pub_js.publish(names.rollouts, payload, headers={"Nats-Msg-Id": f"raw-{i}"})
-                    for i in range(start, min(num_groups, start + FETCH_BATCH))
-                ))
+                await asyncio.gather(
+                    *(
+                        pub_js.publish(names.rollouts, payload, headers={"Nats-Msg-Id": f"raw-{i}"})
+                        for i in range(start, min(num_groups, start + FETCH_BATCH))
+                    )
+                )
 
         async def consume() -> None:
             got = 0
             while got < num_groups:
                 try:
                     msgs = await sub.fetch(batch=FETCH_BATCH, timeout=0.5)
-                except asyncio.TimeoutError:  # nats raises its subclass
+                except TimeoutError:  # nats raises its subclass
                     continue
                 for m in msgs:
                     await m.ack()
@@ -169,9 +187,7 @@ class GeneratorCounts:
     eval_tasks: int = 0
 
 
-async def fake_generator(
-    nats_url: str, names: Names, index: int, stop: asyncio.Event, counts: GeneratorCounts
-) -> None:
+async def fake_generator(nats_url: str, names: Names, index: int, stop: asyncio.Event, counts: GeneratorCounts) -> None:
     """Lease tasks like the rollout loop (shared durable, explicit acks) and answer each at once.
 
     A fetch's groups are published back to back and their acknowledgements
@@ -185,20 +201,25 @@ async def fake_generator(
     completions = synthetic_completions()
     try:
         puller = await durable_puller(
-            js, names.tasks_stream, names.all_tasks, names.generators_consumer,
+            js,
+            names.tasks_stream,
+            names.all_tasks,
+            names.generators_consumer,
             ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5, max_ack_pending=-1),
         )
         while not stop.is_set():
             try:
                 msgs = await puller.fetch(FETCH_BATCH, timeout_s=0.2)
-            except asyncio.TimeoutError:  # nats raises its subclass
+            except TimeoutError:  # nats raises its subclass
                 continue
             counts.tasks_leased += len(msgs)
             groups = []
             for msg in msgs:
                 task = rollout_pb2.GenerationTask.FromString(msg.data)
                 if task.kind == rollout_pb2.TASK_KIND_TRAIN:
-                    groups.append(Outgoing(names.rollouts, synthetic_group(task, generator_id, completions), task.task_id))
+                    groups.append(
+                        Outgoing(names.rollouts, synthetic_group(task, generator_id, completions), task.task_id)
+                    )
                 else:
                     counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
             duplicates = await publisher.publish_all(groups)
@@ -303,8 +324,12 @@ def start_broker(config: BrokerConfig, workdir: Path) -> subprocess.Popen[bytes]
     with (workdir / "broker.log").open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "services.cli", "broker", "--config", str(path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,
         )
 
 
@@ -350,8 +375,11 @@ async def through_broker(
         nc = await nats.connect(server.url, name="bench-learner")
         kv = await ensure_bucket(nc.jetstream(), names.policy_bucket)
         # The broker issues train tasks once the learner has announced a version.
-        await publish_policy(kv, names, rollout_pb2.PolicyVersion(
-            version=0, weights_endpoint="bench:0", sha256="00", published_unix_s=time.time()))
+        await publish_policy(
+            kv,
+            names,
+            rollout_pb2.PolicyVersion(version=0, weights_endpoint="bench:0", sha256="00", published_unix_s=time.time()),
+        )
         counts = GeneratorCounts()
         generators = [
             asyncio.create_task(fake_generator(server.url, names, i, stop, counts)) for i in range(NUM_GENERATORS)
@@ -376,7 +404,9 @@ async def through_broker(
             "groups_received": int(gauges.get("groups_received", 0)),
             "groups_admitted": int(gauges.get("groups_received", 0))
             - int(sum(v for k, v in gauges.items() if k.startswith("dropped_"))),
-            "groups_dropped": {k.removeprefix("dropped_"): int(v) for k, v in gauges.items() if k.startswith("dropped_")},
+            "groups_dropped": {
+                k.removeprefix("dropped_"): int(v) for k, v in gauges.items() if k.startswith("dropped_")
+            },
             "groups_served": int(gauges.get("groups_served", 0)),
             "groups_trained": int(gauges.get("groups_trained", 0)),
             "generator_tasks_leased": counts.tasks_leased,
@@ -453,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     result = bench_broker(args.quick, args.output / "broker-bench")
     (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"broker: {result['groups_per_s']:,.0f} groups/s vs raw nats-py {result['raw_groups_per_s']:,.0f} "
-          f"= {result['ratio']:.3f}x (target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})")
+    print(
+        f"broker: {result['groups_per_s']:,.0f} groups/s vs raw nats-py {result['raw_groups_per_s']:,.0f} "
+        f"= {result['ratio']:.3f}x (target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})"
+    )
     return 0
 
 

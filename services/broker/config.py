@@ -90,7 +90,7 @@ class BrokerConfig(Frozen):
         return 0 if self.mode == "sync" else self.max_staleness_versions
 
     @model_validator(mode="after")
-    def _check(self) -> "BrokerConfig":
+    def _check(self) -> BrokerConfig:
         if self.max_outstanding_tasks is not None and self.max_outstanding_tasks < self.batch_prompts:
             raise ValueError(
                 f"max_outstanding_tasks ({self.max_outstanding_tasks}) must be at least batch_prompts "

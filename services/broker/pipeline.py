@@ -95,7 +95,9 @@ class BrokerPipeline:
                 state = rollout_pb2.CurriculumState.FromString(entry.value)
                 log.info(
                     "resuming curriculum: epoch %d, cursor %d, %d pass rates",
-                    state.epoch, state.cursor, len(state.pass_rates),
+                    state.epoch,
+                    state.cursor,
+                    len(state.pass_rates),
                 )
         except Exception as exc:  # KeyNotFoundError on a fresh run
             log.info("fresh curriculum (%s)", type(exc).__name__)
@@ -160,7 +162,7 @@ class BrokerPipeline:
             # Room opens when the learner takes a batch: look again at once then.
             try:
                 await asyncio.wait_for(self.batcher.taken.wait(), 0.05 if room > 0 else 0.2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def outstanding_limit(self) -> int:
@@ -207,13 +209,15 @@ class BrokerPipeline:
                     break
             try:
                 # Recorded first: a task in the queue is always in the ledger.
-                await self.ledger.record(*(
-                    self.ledger.entry(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
-                    for t in tasks
-                ))
-                await self.publisher.publish_all([
-                    Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks
-                ])
+                await self.ledger.record(
+                    *(
+                        self.ledger.entry(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
+                        for t in tasks
+                    )
+                )
+                await self.publisher.publish_all(
+                    [Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks]
+                )
             except BaseException:
                 self.curriculum.rewind(mark)  # issued again, under the same ids, on the next try
                 raise
@@ -293,11 +297,7 @@ class BrokerPipeline:
         async for policy in watch_policy(self.policy_kv, self.names, stop):
             await self.batcher.set_learner_version(int(policy.version))
             self.metrics.learner_version.set(policy.version)
-            if (
-                policy.version % self.config.eval.every_versions == 0
-                or policy.final
-                or not self.policy_seen.is_set()
-            ):
+            if policy.version % self.config.eval.every_versions == 0 or policy.final or not self.policy_seen.is_set():
                 await self._issue_eval_round_retrying(int(policy.version), stop)
             self.policy_seen.set()
 
@@ -319,7 +319,7 @@ class BrokerPipeline:
         while not stop.is_set():
             try:
                 msgs = await puller.fetch(FETCH_BATCH, timeout_s=0.5)
-            except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+            except TimeoutError:  # nats raises its subclass, or asyncio's own
                 continue
             except Exception as exc:
                 log.warning("fetch of rollout groups failed: %s", exc)
@@ -328,7 +328,7 @@ class BrokerPipeline:
             # In slices, letting the event loop run in between: the learner's
             # NextBatch and Ack calls wait for turns of it.
             for start in range(0, len(msgs), ADMIT_SLICE):
-                await self._on_groups(msgs[start:start + ADMIT_SLICE])
+                await self._on_groups(msgs[start : start + ADMIT_SLICE])
                 await asyncio.sleep(0)
             self._update_gauges()
 
@@ -393,9 +393,7 @@ class BrokerPipeline:
     async def deadletter(self, msg: Msg, source: str, reason: str) -> None:
         log.error("dead-lettering a %s message: %s", source, reason)
         try:
-            await self.js.publish(
-                self.names.deadletter(source), msg.data, headers={"Asymptote-Reason": reason[:512]}
-            )
+            await self.js.publish(self.names.deadletter(source), msg.data, headers={"Asymptote-Reason": reason[:512]})
         finally:
             await msg.term()
         self.metrics.deadlettered.labels(source).inc()
@@ -431,7 +429,6 @@ class BrokerPipeline:
             m.epoch.set(self.curriculum.state.epoch)
         m.desired_generators.set(self.desired_generators())
         m.outstanding_limit.set(self.outstanding_limit())
-
 
 
 def _stream_seq(msg: Ackable) -> int | None:

@@ -65,7 +65,9 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             part_bytes += size
         yield services_pb2.BatchPart(groups=services_pb2.RolloutGroups(groups=part))
 
-    async def Ack(self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext) -> services_pb2.AckResponse:
+    async def Ack(
+        self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext
+    ) -> services_pb2.AckResponse:
         batches = [(b, (), ()) for b in request.batch_ids]
         batches += [(b.batch_id, list(b.group_ids), list(b.duplicate_group_ids)) for b in request.batches]
         num, unknown = await self.pipeline.batcher.ack(batches)
@@ -74,7 +76,9 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             await self.pipeline.batcher.release()
         return services_pb2.AckResponse(num_acked=num, unknown_batch_ids=unknown)
 
-    async def Status(self, request: services_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> services_pb2.ServiceStatus:
+    async def Status(
+        self, request: services_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> services_pb2.ServiceStatus:
         p = self.pipeline
         b = p.batcher
         gauges = {
@@ -97,4 +101,3 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             policy_version=b.learner_version,
             gauges=gauges,
         )
-

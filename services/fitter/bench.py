@@ -87,6 +87,7 @@ def scalar_grid_node_s(num_nodes: int, num_points: int = NUM_POINTS, seed: int =
     bounds = (math.log(settings.b_min), math.log(settings.b_max))
     start = time.perf_counter()
     for a, log_c_mid in nodes:
+
         def sse(log_b: float, a: float = a, log_c_mid: float = log_c_mid) -> float:
             residual = _PAPER_R0 + (a - _PAPER_R0) * expit(math.exp(log_b) * (log_c - log_c_mid)) - y
             return float(residual @ residual)

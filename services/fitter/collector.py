@@ -166,7 +166,10 @@ class Collector:
             f.write(json.dumps(asdict(point)) + "\n")
         log.info(
             "eval point: version %d, compute %.1f, pass rate %.3f (%d prompts)",
-            point.policy_version, point.compute, point.pass_rate, point.num_prompts,
+            point.policy_version,
+            point.compute,
+            point.pass_rate,
+            point.num_prompts,
         )
         self.refit()
         return point

@@ -193,9 +193,7 @@ class RunComparison:
     decided_by: Literal["asymptote", "efficiency"]
 
 
-def predict(
-    compute: ArrayLike, a: ArrayLike, b: ArrayLike, c_mid: ArrayLike, r0: ArrayLike
-) -> FloatArray:
+def predict(compute: ArrayLike, a: ArrayLike, b: ArrayLike, c_mid: ArrayLike, r0: ArrayLike) -> FloatArray:
     """``R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)``, broadcasting over all inputs."""
     c = np.asarray(compute, dtype=np.float64)
     a_ = np.asarray(a, dtype=np.float64)
@@ -257,9 +255,7 @@ def _prepare(
     c = np.asarray(compute, dtype=np.float64)
     y = np.asarray(pass_rate, dtype=np.float64)
     if c.ndim != 1 or y.ndim != 1 or c.shape != y.shape:
-        raise FitError(
-            f"compute and pass_rate must be 1-D arrays of equal length, got shapes {c.shape} and {y.shape}"
-        )
+        raise FitError(f"compute and pass_rate must be 1-D arrays of equal length, got shapes {c.shape} and {y.shape}")
     if c.size == 0:
         raise FitError("too few points: no points given")
     _check_points(c, y, r0)
@@ -281,9 +277,7 @@ def _prepare(
     if np.ptp(y_used) == 0:
         raise FitError(f"all pass rates equal ({y_used[0]:g}) after the cutoff: no curve to fit")
     if y_used.mean() <= r0:
-        raise FitError(
-            f"no gain over R0: mean pass rate after the cutoff {y_used.mean():.4f} <= R0 {r0:.4f}"
-        )
+        raise FitError(f"no gain over R0: mean pass rate after the cutoff {y_used.mean():.4f} <= R0 {r0:.4f}")
 
     if fixed_a is not None:
         if not r0 < fixed_a <= 1.0:
@@ -394,8 +388,15 @@ def _polish(theta_grid: FloatArray, problem: _Problem, fixed: bool) -> tuple[Flo
     x0 = np.clip(theta_grid[free], lower[free], upper[free])
     try:
         result = least_squares(
-            fun, x0, jac=jac, bounds=(lower[free], upper[free]), x_scale="jac", method="trf",
-            ftol=1e-12, xtol=1e-12, gtol=1e-12,
+            fun,
+            x0,
+            jac=jac,
+            bounds=(lower[free], upper[free]),
+            x_scale="jac",
+            method="trf",
+            ftol=1e-12,
+            xtol=1e-12,
+            gtol=1e-12,
         )
     except (ValueError, np.linalg.LinAlgError) as error:  # a failed polish leaves the grid winner
         log.debug("curve polish failed, keeping the grid winner: %s", error)
@@ -512,9 +513,7 @@ def bootstrap_intervals(
     sse = y2 - 2.0 * a * s1 + a * a * s2
     flat = sse.reshape(num_resamples, -1).argmin(axis=1)
     i_m, i_b = np.unravel_index(flat, sse.shape[1:])
-    theta_grid = np.stack(
-        [r0 + a[np.arange(num_resamples), i_m, i_b], np.exp(log_b[i_b]), log_c_mid[i_m]], axis=1
-    )
+    theta_grid = np.stack([r0 + a[np.arange(num_resamples), i_m, i_b], np.exp(log_b[i_b]), log_c_mid[i_m]], axis=1)
 
     free = np.array([0.0 if fit.fixed_a else 1.0, 1.0, 1.0])
     lower = np.array([problem.a_bounds[0], math.exp(problem.log_b_bounds[0]), problem.log_c_mid_bounds[0]])
@@ -534,8 +533,9 @@ def bootstrap_intervals(
     q = _quantile_levels(settings.interval_level)
     projections: list[Interval] = []
     if target_compute:
-        curves = predict(np.array(target_compute)[None, :], a_samples[:, None], b_samples[:, None],
-                         c_mid_samples[:, None], r0)
+        curves = predict(
+            np.array(target_compute)[None, :], a_samples[:, None], b_samples[:, None], c_mid_samples[:, None], r0
+        )
         low, high = np.quantile(curves, q, axis=0)
         projections = [Interval(float(lo), float(hi)) for lo, hi in zip(low, high)]
 

@@ -102,4 +102,3 @@ def split_baseline(records: Sequence[EvalRecord]) -> tuple[EvalRecord, list[Eval
     """R0's record (step 0, else the first) and the curve's records after it, in step order."""
     baseline = next((record for record in records if record.step == 0), records[0])
     return baseline, [record for record in records if record is not baseline]
-

@@ -23,8 +23,16 @@ from services.fitter.evals import EvalFileError, records_from_rows, split_baseli
 
 def _result(**values: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "projected": None, "measured": None, "error": None, "interval": None, "level": None,
-        "points_used": 0, "points_in_first_half": 0, "half_compute": None, "final_compute": None, "reason": "",
+        "projected": None,
+        "measured": None,
+        "error": None,
+        "interval": None,
+        "level": None,
+        "points_used": 0,
+        "points_in_first_half": 0,
+        "half_compute": None,
+        "final_compute": None,
+        "reason": "",
     }
     out.update(values)
     return out
@@ -52,8 +60,13 @@ def project_from_half(
     final_compute, measured = float(c[-1]), float(y[-1])
     half = final_compute / 2.0
     first_half = c <= half
-    out = _result(measured=measured, final_compute=final_compute, half_compute=half,
-                  points_in_first_half=int(first_half.sum()), points_used=int(first_half.sum()))
+    out = _result(
+        measured=measured,
+        final_compute=final_compute,
+        half_compute=half,
+        points_in_first_half=int(first_half.sum()),
+        points_used=int(first_half.sum()),
+    )
     settings = settings or CurveFitSettings()
     try:
         fit = fit_curve(c[first_half], y[first_half], r0, settings)
@@ -73,9 +86,7 @@ def project_from_half(
     return out
 
 
-def half_run_projection(
-    evals: Sequence[object], settings: CurveFitSettings | None = None
-) -> dict[str, Any]:
+def half_run_projection(evals: Sequence[object], settings: CurveFitSettings | None = None) -> dict[str, Any]:
     """The half-run check on a run's ``eval.jsonl`` rows (dicts with ``step``,
     ``policy_version``, ``compute``, ``pass_rate``; other keys ignored).
 

@@ -56,7 +56,8 @@ async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) ->
             # The stream is replayed on every start: the message id keeps one copy.
             seq = msg.metadata.sequence.stream if msg.metadata else 0
             await rt.js.publish(
-                rt.names.deadletter("telemetry"), msg.data,
+                rt.names.deadletter("telemetry"),
+                msg.data,
                 headers={"Asymptote-Reason": str(exc)[:512], "Nats-Msg-Id": f"telemetry-{seq}"},
             )
 
@@ -90,7 +91,7 @@ async def _collect_evals(
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch=256, timeout=1.0)
-        except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+        except TimeoutError:  # nats raises its subclass, or asyncio's own
             continue
         for msg in msgs:
             try:
@@ -104,7 +105,9 @@ async def _collect_evals(
                     )
             except Exception as exc:
                 log.error("dead-lettering a bad eval result: %s", exc)
-                await rt.js.publish(rt.names.deadletter("evals"), msg.data, headers={"Asymptote-Reason": str(exc)[:512]})
+                await rt.js.publish(
+                    rt.names.deadletter("evals"), msg.data, headers={"Asymptote-Reason": str(exc)[:512]}
+                )
                 await msg.term()
                 continue
             # Refits run in a thread: a bootstrap must not stall the event loop.
@@ -130,12 +133,15 @@ async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> No
 
 async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
     axis = ComputeAxis(config.telemetry_stale_s)
-    collector = Collector(config.run_dir, config.run_name, config.curve, config.target_compute_multiples, axis, config.plot)
+    collector = Collector(
+        config.run_dir, config.run_name, config.curve, config.target_compute_multiples, axis, config.plot
+    )
     registry = registry_with(ProjectionCollector(config.run_name, collector.snapshot, axis.by_service))
     async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:
         servicer = FitterServicer(collector)
         server, _ = await start_server(
-            config.grpc, rt.health,
+            config.grpc,
+            rt.health,
             lambda s: services_pb2_grpc.add_FitterServicer_to_server(servicer, s),
             ["asymptote.contracts.v1.Fitter"],
             config.grpc_tls,

@@ -55,13 +55,16 @@ class ProjectionCollector(Collector):
         yield gauge("rmse", "RMSE of the latest successful fit", p.rmse)
         yield gauge("last_fit_unix_seconds", "Time of the latest successful fit", p.fitted_unix_s)
         for name, value, interval in (
-            ("a", p.a, p.a_interval), ("b", p.b, p.b_interval), ("c_mid", p.c_mid, p.c_mid_interval)
+            ("a", p.a, p.a_interval),
+            ("b", p.b, p.b_interval),
+            ("c_mid", p.c_mid, p.c_mid_interval),
         ):
             yield gauge(name, f"Fitted {name}", value)
             yield gauge(f"{name}_low", f"Lower bound of {name} (bootstrap interval)", interval.low)
             yield gauge(f"{name}_high", f"Upper bound of {name} (bootstrap interval)", interval.high)
         projected = GaugeMetricFamily(
-            "asymptote_fitter_projected_pass_rate", "Projected pass rate at a target compute",
+            "asymptote_fitter_projected_pass_rate",
+            "Projected pass rate at a target compute",
             labels=["run", "compute", "bound"],
         )
         for value in p.projections:

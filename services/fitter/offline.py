@@ -117,9 +117,7 @@ def _run_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def fit_run(
-    data: RunData, settings: CurveFitSettings, targets: Sequence[float], half_run: bool = True
-) -> RunResult:
+def fit_run(data: RunData, settings: CurveFitSettings, targets: Sequence[float], half_run: bool = True) -> RunResult:
     """Fit one run with bootstrap intervals (a FitError becomes the result's error), and
     with ``half_run`` also check how well its first half projects its end."""
     run_targets = tuple(targets) or ((2.0 * float(data.compute.max()),) if data.compute.size else ())
@@ -179,8 +177,16 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
     for result in results:
         fit, intervals = result.fit, result.intervals
         if fit is None or intervals is None:
-            table.add_row(result.data.name, "[red]fit failed[/red]", "", "", f"{result.data.r0:.3f}", "", "",
-                          f"[red]{result.error}[/red]")
+            table.add_row(
+                result.data.name,
+                "[red]fit failed[/red]",
+                "",
+                "",
+                f"{result.data.r0:.3f}",
+                "",
+                "",
+                f"[red]{result.error}[/red]",
+            )
             continue
         half_width = (intervals.a.high - intervals.a.low) / 2.0
         projections = "\n".join(
@@ -347,9 +353,15 @@ def main(argv: list[str]) -> int:
         description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs' eval.jsonl and project them.",
     )
     parser.add_argument("paths", nargs="+", type=Path, help="eval.jsonl files or run directories holding one")
-    parser.add_argument("-o", "--output-dir", type=Path, help=f"where fit.json and curve.png go (default: ./{DEFAULT_OUTPUT_DIR})")
     parser.add_argument(
-        "-t", "--target", type=float, action="append", default=[],
+        "-o", "--output-dir", type=Path, help=f"where fit.json and curve.png go (default: ./{DEFAULT_OUTPUT_DIR})"
+    )
+    parser.add_argument(
+        "-t",
+        "--target",
+        type=float,
+        action="append",
+        default=[],
         help="compute to project the pass rate to (repeatable; default: twice each run's largest compute)",
     )
     parser.add_argument("--config", type=Path, help="YAML/JSON curve fit settings (env overrides: ASY_FIT__...)")

@@ -89,8 +89,13 @@ def plot_curves(
         axes.scatter(compute[used], pass_rate[used], s=14, color=color, label=_legend_label(run), zorder=3)
         if np.any(~used):
             axes.scatter(
-                compute[~used], pass_rate[~used], s=14, facecolors="none", edgecolors=color,
-                label=f"{run.name}: excluded (compute < {cutoff:.4g})", zorder=3,
+                compute[~used],
+                pass_rate[~used],
+                s=14,
+                facecolors="none",
+                edgecolors=color,
+                label=f"{run.name}: excluded (compute < {cutoff:.4g})",
+                zorder=3,
             )
         if fit is None or compute.size == 0:
             continue
@@ -105,15 +110,25 @@ def plot_curves(
         if run.intervals is not None:
             low, high = run.intervals.band(grid)
             axes.fill_between(
-                grid, low, high, color=color, alpha=0.18, linewidth=0,
+                grid,
+                low,
+                high,
+                color=color,
+                alpha=0.18,
+                linewidth=0,
                 label=f"{run.name}: {run.intervals.level:.0%} bootstrap band",
             )
         axes.axhline(fit.a, color=color, linestyle="--", linewidth=1.0, alpha=0.8)
         axes.axhline(fit.r0, color=color, linestyle=":", linewidth=1.0, alpha=0.8)
         projected = float(fit.predict(run_end))
         axes.annotate(
-            f"{projected:.3f}", (run_end, projected), textcoords="offset points", xytext=(4, 0),
-            fontsize=8, color=color, va="center",
+            f"{projected:.3f}",
+            (run_end, projected),
+            textcoords="offset points",
+            xytext=(4, 0),
+            fontsize=8,
+            color=color,
+            va="center",
         )
 
     if target_compute is not None:

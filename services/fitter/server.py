@@ -42,14 +42,20 @@ def check_points(points: Sequence[services_pb2.CurvePoint]) -> str | None:
     seen: dict[int, int] = {}
     for i, point in enumerate(points):
         if not (math.isfinite(point.compute) and point.compute >= 0):
-            return f"points[{i}].compute is {point.compute}: must be a finite number >= 0 (cumulative accelerator-seconds)"
+            return (
+                f"points[{i}].compute is {point.compute}: must be a finite number >= 0 (cumulative accelerator-seconds)"
+            )
         if not (math.isfinite(point.pass_rate) and 0.0 <= point.pass_rate <= 1.0):
             return f"points[{i}].pass_rate is {point.pass_rate}: must be a finite number in [0, 1]"
         if point.policy_version > 0 and point.compute == 0:
-            return f"points[{i}].compute is 0 at policy_version {point.policy_version}: points after R0 need compute > 0"
+            return (
+                f"points[{i}].compute is 0 at policy_version {point.policy_version}: points after R0 need compute > 0"
+            )
         if point.policy_version in seen:
-            return (f"points[{i}].policy_version {point.policy_version} repeats points[{seen[point.policy_version]}]'s; "
-                    "send one point per policy version")
+            return (
+                f"points[{i}].policy_version {point.policy_version} repeats points[{seen[point.policy_version]}]'s; "
+                "send one point per policy version"
+            )
         seen[point.policy_version] = i
     if 0 not in seen:
         return "points: no point with policy_version 0 (R0, the pass rate before RL)"
@@ -57,9 +63,11 @@ def check_points(points: Sequence[services_pb2.CurvePoint]) -> str | None:
     for before, after in pairwise(order):
         i, j = seen[before], seen[after]
         if points[j].compute < points[i].compute:
-            return (f"points[{j}].compute {points[j].compute:g} (policy_version {after}) is below points[{i}].compute "
-                    f"{points[i].compute:g} (policy_version {before}): cumulative compute must not decrease as "
-                    "policy_version grows")
+            return (
+                f"points[{j}].compute {points[j].compute:g} (policy_version {after}) is below points[{i}].compute "
+                f"{points[i].compute:g} (policy_version {before}): cumulative compute must not decrease as "
+                "policy_version grows"
+            )
     return None
 
 

@@ -99,18 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=8.0, help="length of the warm-up and of each timed window")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=7)
-    parser.add_argument("--concurrency", type=int, default=32, help="groups in flight (the generator's max_inflight_groups)")
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="groups in flight (the generator's max_inflight_groups)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--task", default="{}", help="JSON TaskSettings")
     args = parser.parse_args(argv)
-    result = asyncio.run(standalone_tokens_per_s(
-        EngineSettings(model_dir=args.model_dir, max_num_seqs=args.max_num_seqs),
-        TaskSettings.model_validate(json.loads(args.task)),
-        args.group_size, args.max_tokens, args.concurrency, args.window_s,
-    ))
+    result = asyncio.run(
+        standalone_tokens_per_s(
+            EngineSettings(model_dir=args.model_dir, max_num_seqs=args.max_num_seqs),
+            TaskSettings.model_validate(json.loads(args.task)),
+            args.group_size,
+            args.max_tokens,
+            args.concurrency,
+            args.window_s,
+        )
+    )
     args.output.write_text(json.dumps(result, indent=2))
-    print(f"standalone engine: {result['tokens_per_s']:.0f} tokens/s over {result['groups']} groups "
-          f"({result['concurrency_groups']} in flight)")
+    print(
+        f"standalone engine: {result['tokens_per_s']:.0f} tokens/s over {result['groups']} groups "
+        f"({result['concurrency_groups']} in flight)"
+    )
     return 0
 
 

@@ -41,8 +41,14 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             loop = RolloutLoop(
-                engine, rt.js, rt.names, rt.instance_id, config.max_inflight_groups,
-                config.task_ack_wait_s, metrics, meter,
+                engine,
+                rt.js,
+                rt.names,
+                rt.instance_id,
+                config.max_inflight_groups,
+                config.task_ack_wait_s,
+                metrics,
+                meter,
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
             server, _ = await start_server(
@@ -80,4 +86,3 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("generator", config.log_format)
     log_resolved(config, "generator")
     return run_until_stopped(lambda stop: serve(config, stop))
-

@@ -122,7 +122,7 @@ class RolloutLoop:
                 continue
             try:
                 msgs = await sub.fetch(batch=room, timeout=0.2 if self._inflight else 1.0)
-            except asyncio.TimeoutError:  # nats raises its subclass, or asyncio's own
+            except TimeoutError:  # nats raises its subclass, or asyncio's own
                 msgs = []
             except Exception as exc:
                 log.warning("task fetch failed: %s", exc)

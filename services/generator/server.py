@@ -54,7 +54,8 @@ class GeneratorServicer(services_pb2_grpc.GeneratorServicer):
             )
         if not 0.0 <= s.top_p <= 1.0:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"top_p is {s.top_p}: must be in [0, 1] (0 or 1: no nucleus truncation)"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"top_p is {s.top_p}: must be in [0, 1] (0 or 1: no nucleus truncation)",
             )
         if not self.health.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"generator not ready: {self.health.detail}")

@@ -57,7 +57,7 @@ class Swapper:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self._announced.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             self._announced.clear()
             policy = self.latest
@@ -102,7 +102,12 @@ class Swapper:
         log.info(
             "loaded version %d: %.1f MB, pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
             "paused %.1f ms, %d sequences carried across",
-            version, weights.num_bytes / 1e6, pulled * 1e3, report.staged_s * 1e3, report.pause_wait_s * 1e3,
-            report.paused_s * 1e3, report.num_running,
+            version,
+            weights.num_bytes / 1e6,
+            pulled * 1e3,
+            report.staged_s * 1e3,
+            report.pause_wait_s * 1e3,
+            report.paused_s * 1e3,
+            report.num_running,
         )
         return True

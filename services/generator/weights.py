@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class WeightSource(Protocol):
     async def pull(self, endpoint: str, version: int) -> DecodedWeights: ...
 

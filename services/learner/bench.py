@@ -44,18 +44,25 @@ def synthetic_groups(
         completions = []
         for i in range(group_size):
             n = rng.randint(2, max_new)
-            completions.append(rollout_pb2.Completion(
-                token_ids=[rng.randrange(4, vocab) for _ in range(n)],
-                logprobs=[-rng.uniform(0.01, 3.0) for _ in range(n)],
-                version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=n)],
-                reward=float(i % 2),
-            ))
-        task = rollout_pb2.GenerationTask(task_id=f"g{p}", kind=rollout_pb2.TASK_KIND_TRAIN,
-                                          sampling=rollout_pb2.SamplingParams(temperature=1.0))
-        groups.append(rollout_pb2.RolloutGroup(
-            group_id=f"g{p}", task=task, prompt_token_ids=[1] + [rng.randrange(4, vocab) for _ in range(prompt_len)],
-            completions=completions,
-        ))
+            completions.append(
+                rollout_pb2.Completion(
+                    token_ids=[rng.randrange(4, vocab) for _ in range(n)],
+                    logprobs=[-rng.uniform(0.01, 3.0) for _ in range(n)],
+                    version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=n)],
+                    reward=float(i % 2),
+                )
+            )
+        task = rollout_pb2.GenerationTask(
+            task_id=f"g{p}", kind=rollout_pb2.TASK_KIND_TRAIN, sampling=rollout_pb2.SamplingParams(temperature=1.0)
+        )
+        groups.append(
+            rollout_pb2.RolloutGroup(
+                group_id=f"g{p}",
+                task=task,
+                prompt_token_ids=[1] + [rng.randrange(4, vocab) for _ in range(prompt_len)],
+                completions=completions,
+            )
+        )
     return groups
 
 
@@ -104,9 +111,16 @@ def bench_learner_step(repeats: int = 30, num_prompts: int = 32, group_size: int
             bare_s.append(t2 - t1)
     service, bare = statistics.median(service_s), statistics.median(bare_s)
     ratio = service / bare
-    return {"name": "learner_step_service_vs_bare", "service_step_s": service, "bare_step_s": bare,
-            "ratio": ratio, "target": TARGET, "passed": ratio <= TARGET, "repeats": repeats,
-            "samples_per_step": num_prompts * group_size}
+    return {
+        "name": "learner_step_service_vs_bare",
+        "service_step_s": service,
+        "bare_step_s": bare,
+        "ratio": ratio,
+        "target": TARGET,
+        "passed": ratio <= TARGET,
+        "repeats": repeats,
+        "samples_per_step": num_prompts * group_size,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     result = bench_learner_step(args.repeats)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "learner_bench.json").write_text(json.dumps(result, indent=2))
-    print(f"learner step: service {result['service_step_s'] * 1e3:.1f} ms vs bare {result['bare_step_s'] * 1e3:.1f} ms "
-          f"= {result['ratio']:.3f}x (target <= {TARGET}; {'PASS' if result['passed'] else 'FAIL'})")
+    print(
+        f"learner step: service {result['service_step_s'] * 1e3:.1f} ms vs bare {result['bare_step_s'] * 1e3:.1f} ms "
+        f"= {result['ratio']:.3f}x (target <= {TARGET}; {'PASS' if result['passed'] else 'FAIL'})"
+    )
     return 0
 
 

@@ -39,7 +39,7 @@ class LossSettings(Frozen):
         return (low if self.clip_low is None else self.clip_low, high if self.clip_high is None else self.clip_high)
 
     @model_validator(mode="after")
-    def _tis_only_for_ppo(self) -> "LossSettings":
+    def _tis_only_for_ppo(self) -> LossSettings:
         if self.tis_cap is not None and self.name not in ("grpo", "dapo"):
             raise ValueError(f"tis_cap applies to grpo and dapo; {self.name} takes its IS correction otherwise")
         return self

@@ -106,8 +106,10 @@ class BrokerClient:
                     timeout=10.0,
                 )
                 if resp.unknown_batch_ids:
-                    log.warning("broker did not know batches %s (it restarted: JetStream redelivers them)",
-                                list(resp.unknown_batch_ids)[:3])
+                    log.warning(
+                        "broker did not know batches %s (it restarted: JetStream redelivers them)",
+                        list(resp.unknown_batch_ids)[:3],
+                    )
                 await self.health.unblock("broker")
                 return
             except grpc.aio.AioRpcError as exc:
@@ -183,8 +185,15 @@ class Learner:
     async def checkpoint_and_ack(self, broker: BrokerClient) -> None:
         started = time.perf_counter()
         await asyncio.to_thread(
-            checkpoint.save, self.ckpt_root, self.version, self.model, self.trainer.optimizer,
-            self.trainer.scheduler, self.samples_trained, self.config.keep_checkpoints, list(self.trained_ids),
+            checkpoint.save,
+            self.ckpt_root,
+            self.version,
+            self.model,
+            self.trainer.optimizer,
+            self.trainer.scheduler,
+            self.samples_trained,
+            self.config.keep_checkpoints,
+            list(self.trained_ids),
             self.step,
         )
         log.info("checkpoint at version %d in %.2fs", self.version, time.perf_counter() - started)
@@ -225,8 +234,11 @@ class Learner:
                 )
             )
             if dups:
-                log.warning("batch %s: %d groups already trained (redelivered); kept out of the loss",
-                            header.batch_id, len(dups))
+                log.warning(
+                    "batch %s: %d groups already trained (redelivered); kept out of the loss",
+                    header.batch_id,
+                    len(dups),
+                )
                 groups = [g for g in groups if g.group_id not in self.trained_ids]
                 if not groups:
                     continue
@@ -280,13 +292,18 @@ class Learner:
         if announced is not None and announced.version > self.version:
             # Versions after the checkpoint were announced and are lost with the
             # crash: the restored weights get the next version, never an old one.
-            log.info("policy version %d was announced; restored step %d weights become version %d",
-                     announced.version, self.step, announced.version + 1)
+            log.info(
+                "policy version %d was announced; restored step %d weights become version %d",
+                announced.version,
+                self.step,
+                announced.version + 1,
+            )
             self.version = int(announced.version) + 1
         v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
         servicer = LearnerServicer(self.store, self.rt.health, self.rt.instance_id, self.gauges)
         server, self.grpc_port = await start_server(
-            c.grpc, self.rt.health,
+            c.grpc,
+            self.rt.health,
             lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
             c.grpc_tls,

@@ -255,8 +255,7 @@ def _check_shapes(
     n = logp.shape[0]
     if advantages.shape != (n,) or prompt_index.shape != (n,):
         raise ValueError(
-            f"advantages and prompt_index must be [{n}]; got {tuple(advantages.shape)}, "
-            f"{tuple(prompt_index.shape)}"
+            f"advantages and prompt_index must be [{n}]; got {tuple(advantages.shape)}, {tuple(prompt_index.shape)}"
         )
 
 

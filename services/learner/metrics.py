@@ -15,7 +15,9 @@ class LearnerMetrics:
         self.policy_version = Gauge("asymptote_learner_policy_version", "Current policy version", registry=r)
         self.wait_s = Counter("asymptote_learner_wait_seconds", "Time spent waiting for data", registry=r)
         self.bad_batches = Counter(
-            "asymptote_learner_bad_batches", "Batches refused as malformed (their groups are delivered again)", registry=r
+            "asymptote_learner_bad_batches",
+            "Batches refused as malformed (their groups are delivered again)",
+            registry=r,
         )
         self.compute_s = Counter("asymptote_learner_compute_seconds", "Time spent computing steps", registry=r)
         self.staleness = Gauge(

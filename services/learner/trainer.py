@@ -29,13 +29,13 @@ from services.learner.model import PackedBatch, pack
 @dataclass(frozen=True)
 class StepInputs:
     batch: PackedBatch
-    logp_gen: torch.Tensor       # [N, T] generator log-probs (0 on padding)
-    loss_mask: torch.Tensor      # [N, T] 1 where the token is in the loss
+    logp_gen: torch.Tensor  # [N, T] generator log-probs (0 on padding)
+    loss_mask: torch.Tensor  # [N, T] 1 where the token is in the loss
     token_versions: torch.Tensor  # [N, T] policy version that sampled each token
-    rewards: torch.Tensor        # [P, G]
-    prompt_index: torch.Tensor   # [N]
-    temperature: torch.Tensor    # [N]
-    truncated: torch.Tensor      # [N] bool
+    rewards: torch.Tensor  # [P, G]
+    prompt_index: torch.Tensor  # [N]
+    temperature: torch.Tensor  # [N]
+    truncated: torch.Tensor  # [N] bool
     num_prompts: int
 
 
@@ -93,9 +93,7 @@ def _rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dt
     return out
 
 
-def forward(
-    model: torch.nn.Module, batch: PackedBatch, temperature: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(model: torch.nn.Module, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] log-probs of the completion tokens and [N, T] entropies.
 
     The LM head's output is taken in float32 whatever the model's dtype
@@ -172,7 +170,8 @@ class Trainer:
             return
         state = self.dp.broadcast(
             (self.model.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict())
-            if self.dp.is_main else None
+            if self.dp.is_main
+            else None
         )
         if not self.dp.is_main:
             model_state, opt_state, sched_state = state
@@ -234,8 +233,17 @@ class Trainer:
             prompt_index = inputs.prompt_index
         logp, entropy = self.policy(batch, temperature)
         loss, stats = policy_loss(
-            s.name, logp, logp_gen, per_completion_adv, loss_mask, prompt_index,
-            s.aggregation, eps_max=s.eps_max, clip=s.clip, tis_cap=s.tis_cap, weights=weights,
+            s.name,
+            logp,
+            logp_gen,
+            per_completion_adv,
+            loss_mask,
+            prompt_index,
+            s.aggregation,
+            eps_max=s.eps_max,
+            clip=s.clip,
+            tis_cap=s.tis_cap,
+            weights=weights,
         )
         self.optimizer.zero_grad(set_to_none=True)
         if keep.any():
@@ -295,13 +303,29 @@ class Trainer:
             kl = diff.exp() - 1 - diff
             in_loss = float(loss_mask.sum())
             present = in_loss > 0
-            sums = self.dp.sum(torch.tensor([
-                float(loss.detach()), float(entropy[mask].sum()), float(mask.sum()), float(kl.sum()),
-                float(diff.abs().sum()), stats["is/capped_frac"] * in_loss, in_loss,
-            ], dtype=torch.float64))
-            extremes = self.dp.max(torch.tensor([
-                stats["is/rho_max"] if present else -math.inf, -stats["is/rho_min"] if present else -math.inf,
-            ], dtype=torch.float64))
+            sums = self.dp.sum(
+                torch.tensor(
+                    [
+                        float(loss.detach()),
+                        float(entropy[mask].sum()),
+                        float(mask.sum()),
+                        float(kl.sum()),
+                        float(diff.abs().sum()),
+                        stats["is/capped_frac"] * in_loss,
+                        in_loss,
+                    ],
+                    dtype=torch.float64,
+                )
+            )
+            extremes = self.dp.max(
+                torch.tensor(
+                    [
+                        stats["is/rho_max"] if present else -math.inf,
+                        -stats["is/rho_min"] if present else -math.inf,
+                    ],
+                    dtype=torch.float64,
+                )
+            )
         loss_sum, entropy_sum, scored, kl_sum, abs_sum, capped, in_loss_total = sums.tolist()
         some = in_loss_total > 0
         return {

@@ -85,7 +85,9 @@ def _model_dir(run_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.local.bench_pipeline", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m services.local.bench_pipeline", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--output", type=Path, required=True, help="directory for the runs and pipeline_bench.json")
     parser.add_argument("--steps", type=int, default=60, help="learner steps per mode")
     parser.add_argument("--batch-prompts", type=int, default=32)
@@ -118,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 "name": "swap_pause_median_vs_memory_copy",
                 "seconds": median_pause,
                 "baseline": f"copy of {num_bytes} bytes: {copy_s * 1e3:.3f} ms",
-                "measured": f"median of {len(pauses)} swaps; p90 "
-                f"{statistics.quantiles(pauses, n=10)[-1] * 1e3:.1f} ms" if len(pauses) >= 2 else "too few swaps",
+                "measured": f"median of {len(pauses)} swaps; p90 {statistics.quantiles(pauses, n=10)[-1] * 1e3:.1f} ms"
+                if len(pauses) >= 2
+                else "too few swaps",
                 "target": f"<= 2 x copy + 20 ms = {pause_bound * 1e3:.1f} ms",
                 "passed": median_pause <= pause_bound,
             },
@@ -128,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "pipeline_bench.json").write_text(json.dumps(result, indent=2))
     for fig in result["figures"]:
         value = f"{fig['ratio']:.2f}x" if "ratio" in fig else f"{fig['seconds'] * 1e3:.1f} ms"
-        print(f"{fig['name']}: {value}  ({fig['measured']}; baseline {fig['baseline']}; target {fig['target']}; "
-              f"{'PASS' if fig['passed'] else 'FAIL'})")
+        print(
+            f"{fig['name']}: {value}  ({fig['measured']}; baseline {fig['baseline']}; target {fig['target']}; "
+            f"{'PASS' if fig['passed'] else 'FAIL'})"
+        )
     return 0
 
 

@@ -74,7 +74,8 @@ def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
         health = Health("learner")
         servicer = LearnerServicer(store, health, "transfer-bench", lambda: {})
         server, _ = await start_server(
-            ListenSettings(port=port), health,
+            ListenSettings(port=port),
+            health,
             lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
         )
@@ -158,8 +159,14 @@ async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any
             stage_s.append(s)
             read_s.append(read_file(file))
             cold_s.append(read_file(file, drop_cache=True))
-        return {"num_bytes": num_bytes, "file_bytes": file.stat().st_size, "pull_s": pull_s, "stage_s": stage_s,
-                "read_s": read_s, "cold_read_s": cold_s}
+        return {
+            "num_bytes": num_bytes,
+            "file_bytes": file.stat().st_size,
+            "pull_s": pull_s,
+            "stage_s": stage_s,
+            "read_s": read_s,
+            "cold_read_s": cold_s,
+        }
     finally:
         parent.send("stop")
         server.join(15)
@@ -232,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     result = bench_transfer(args.quick, args.output / "transfer-bench")
     (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"weight transfer: {result['measured']} vs {result['baseline']} = {result['ratio']:.3f} "
-          f"(target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})")
+    print(
+        f"weight transfer: {result['measured']} vs {result['baseline']} = {result['ratio']:.3f} "
+        f"(target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})"
+    )
     return 0
 
 

@@ -86,7 +86,7 @@ class StackConfig(Frozen):
     """Longest the stack waits after the last step for the final eval round."""
 
     @model_validator(mode="after")
-    def _final_eval(self) -> "StackConfig":
+    def _final_eval(self) -> StackConfig:
         if self.max_steps % self.eval_every_versions:
             raise ValueError(
                 f"max_steps ({self.max_steps}) must be a multiple of eval_every_versions "

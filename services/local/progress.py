@@ -72,7 +72,7 @@ class Progress:
             "fit": fit,
         }
 
-    def render(self, stack: "LocalStack", snap: dict[str, Any]) -> Table:
+    def render(self, stack: LocalStack, snap: dict[str, Any]) -> Table:
         t = Table(title=f"asymptote up — {self.run_dir.name}", show_header=False)
         t.add_column(style="bold")
         t.add_column()
@@ -87,7 +87,10 @@ class Progress:
         evals = snap["evals"]
         if evals:
             first, last = evals[0], evals[-1]
-            t.add_row("held-out pass rate", f"{last['pass_rate']:.3f} at v{last['policy_version']} (R0 {first['pass_rate']:.3f})")
+            t.add_row(
+                "held-out pass rate",
+                f"{last['pass_rate']:.3f} at v{last['policy_version']} (R0 {first['pass_rate']:.3f})",
+            )
         fit = snap["fit"]
         if fit.get("ok"):
             a_iv = fit.get("a_interval", {})
@@ -121,7 +124,7 @@ class Progress:
         )
 
     def follow(
-        self, stack: "LocalStack", config: "StackConfig", until: Callable[[dict[str, Any]], bool] | None = None
+        self, stack: LocalStack, config: StackConfig, until: Callable[[dict[str, Any]], bool] | None = None
     ) -> int:
         """Watch the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0)."""
         deadline_ready = time.monotonic() + config.startup_timeout_s
@@ -149,7 +152,9 @@ class Progress:
                     self.rl_started = time.monotonic()
                 if snap["step"] == 0 and time.monotonic() > deadline_ready and not all(p.ready for p in stack.procs):
                     waiting = [f"{p.name} ({p.extra.get('detail', '')})" for p in stack.procs if not p.ready]
-                    self.console.print(f"[red]services not ready after {config.startup_timeout_s:.0f}s: {waiting}[/red]")
+                    self.console.print(
+                        f"[red]services not ready after {config.startup_timeout_s:.0f}s: {waiting}[/red]"
+                    )
                     self.outcome = "failed: startup timeout"
                     return 1
                 if snap["step"] >= self.max_steps and final_deadline is None:
@@ -174,7 +179,7 @@ class Progress:
             if live:
                 live.stop()
 
-    def finish(self, stack: "LocalStack") -> None:
+    def finish(self, stack: LocalStack) -> None:
         snap = self.snapshot()
         evals = snap["evals"]
         fit = snap["fit"]
@@ -196,7 +201,14 @@ class Progress:
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         t = Table(title="run summary", show_header=False)
-        for k in ("outcome", "steps", "heldout_pass_rate_step0", "heldout_pass_rate_final", "heldout_gain", "rl_wall_s"):
+        for k in (
+            "outcome",
+            "steps",
+            "heldout_pass_rate_step0",
+            "heldout_pass_rate_final",
+            "heldout_gain",
+            "rl_wall_s",
+        ):
             v = summary[k]
             t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
         if fit.get("ok"):

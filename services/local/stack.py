@@ -83,13 +83,18 @@ class LocalStack:
         """Warm-start (or find in the cache) the tiny model, in a child process."""
         c = self.config
         request = json.dumps(
-            {"cache_dir": str(c.cache_dir.resolve()), "task": c.task.model_dump(mode="json"),
-             "model": c.model, "warmstart": c.warmstart}
+            {
+                "cache_dir": str(c.cache_dir.resolve()),
+                "task": c.task.model_dump(mode="json"),
+                "model": c.model,
+                "warmstart": c.warmstart,
+            }
         )
         print("preparing the warm-started model (cached after the first run)...", flush=True)
         out = subprocess.run(
             [sys.executable, "-m", "services.cli", "prepare-model", "--request", request],
-            stdout=subprocess.PIPE, check=False,
+            stdout=subprocess.PIPE,
+            check=False,
         )
         if out.returncode != 0:
             raise RuntimeError("model preparation failed (see the output above)")
@@ -104,9 +109,7 @@ class LocalStack:
             )
         return path
 
-    def _spawn(
-        self, name: str, argv: list[str], cpus: set[int] | None = None, http_port: int | None = None
-    ) -> Proc:
+    def _spawn(self, name: str, argv: list[str], cpus: set[int] | None = None, http_port: int | None = None) -> Proc:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
@@ -125,8 +128,14 @@ class LocalStack:
 
         fh = log_path.open("ab")
         popen = subprocess.Popen(
-            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=os.getcwd(), start_new_session=True, preexec_fn=pin,
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=os.getcwd(),
+            start_new_session=True,
+            preexec_fn=pin,
         )
         fh.close()
         proc = Proc(name, popen, log_path, http_port, argv=argv, cpus=cpus)
@@ -155,10 +164,18 @@ class LocalStack:
                 p.restart_at = now + delay
                 events.append(f"{p.name} exited with code {p.popen.returncode}; restarting in {delay:.1f}s")
                 with (self.run_dir / "restarts.jsonl").open("a") as f:
-                    f.write(json.dumps({
-                        "service": p.name, "exit_code": p.popen.returncode, "restart": p.restarts + 1,
-                        "delay_s": delay, "unix_s": time.time(),
-                    }) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "service": p.name,
+                                "exit_code": p.popen.returncode,
+                                "restart": p.restarts + 1,
+                                "delay_s": delay,
+                                "unix_s": time.time(),
+                            }
+                        )
+                        + "\n"
+                    )
             elif now >= p.restart_at:
                 self._respawn(p)
                 events.append(f"{p.name} restarted (restart {p.restarts})")
@@ -209,7 +226,8 @@ class LocalStack:
         common: dict[str, Any] = {"nats": nats, "log_format": "text"}
         broker = BrokerConfig(
             **common,
-            grpc={"port": self.ports["broker"][0]}, http={"port": self.ports["broker"][1]},
+            grpc={"port": self.ports["broker"][0]},
+            http={"port": self.ports["broker"][1]},
             task=c.task,
             sampling=SamplingSettings(group_size=c.group_size, max_tokens=c.max_tokens),
             eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
@@ -219,7 +237,8 @@ class LocalStack:
         )
         learner = LearnerConfig(
             **common,
-            grpc={"port": self.ports["learner"][0]}, http={"port": self.ports["learner"][1]},
+            grpc={"port": self.ports["learner"][0]},
+            http={"port": self.ports["learner"][1]},
             broker_endpoint=f"127.0.0.1:{self.ports['broker'][0]}",
             model_dir=model_dir,
             run_dir=self.run_dir,
@@ -230,8 +249,10 @@ class LocalStack:
         )
         fitter = FitterConfig(
             **common,
-            grpc={"port": self.ports["fitter"][0]}, http={"port": self.ports["fitter"][1]},
-            run_dir=self.run_dir, run_name=self.run_dir.name,
+            grpc={"port": self.ports["fitter"][0]},
+            http={"port": self.ports["fitter"][1]},
+            run_dir=self.run_dir,
+            run_name=self.run_dir.name,
         )
         paths = {}
         for name, cfg in (("broker", broker), ("learner", learner), ("fitter", fitter)):
@@ -240,7 +261,8 @@ class LocalStack:
         for i in range(c.num_generators):
             gen = GeneratorConfig(
                 **common,
-                grpc={"port": free_port()}, http={"port": free_port()},
+                grpc={"port": free_port()},
+                http={"port": free_port()},
                 engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
             )
@@ -255,8 +277,11 @@ class LocalStack:
             launcher = [sys.executable]
             if role == "learner" and self.config.learner_ranks > 1:
                 launcher += [  # torchrun, its rendezvous store on loopback
-                    "-m", "services.local.torchrun", f"--nproc-per-node={self.config.learner_ranks}",
-                    "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                    "-m",
+                    "services.local.torchrun",
+                    f"--nproc-per-node={self.config.learner_ranks}",
+                    "--master-addr=127.0.0.1",
+                    f"--master-port={free_port()}",
                 ]
             self._spawn(
                 name,

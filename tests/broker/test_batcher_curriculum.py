@@ -18,8 +18,8 @@ import pytest
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.tasks import Problem, TaskSettings
-from services.broker.config import BrokerConfig
 from services.broker.batcher import Batcher, is_zero_variance, pass_rate, validate_group
+from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 
 # --------------------------------------------------------------------------
@@ -69,7 +69,9 @@ def make_group(
     )
 
 
-async def admit(batcher: Batcher, group_id: str, rewards: Sequence[float] = (0.0, 1.0), min_version: int = 0) -> tuple[FakeMsg, str | None]:
+async def admit(
+    batcher: Batcher, group_id: str, rewards: Sequence[float] = (0.0, 1.0), min_version: int = 0
+) -> tuple[FakeMsg, str | None]:
     msg = FakeMsg(group_id)
     reason = await batcher.admit(make_group(group_id, rewards, min_version), msg)
     return msg, reason
@@ -454,8 +456,9 @@ def test_outstanding_limit_follows_consumption_and_k() -> None:
     from services.broker.metrics import BrokerMetrics
     from services.broker.pipeline import BrokerPipeline
 
-    config = BrokerConfig(task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16,
-                          max_staleness_versions=8)
+    config = BrokerConfig(
+        task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
+    )
     p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     assert p.outstanding_limit() == 32  # nothing measured yet: two batches
     p.consume_rate, p.issue_latency_s = 40.0, 1.0  # Little's law: 40 groups in the pipeline
@@ -521,8 +524,9 @@ def test_outstanding_limit_follows_the_learners_pace_not_what_it_got() -> None:
     from services.broker.metrics import BrokerMetrics
     from services.broker.pipeline import BrokerPipeline
 
-    config = BrokerConfig(task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16,
-                          max_staleness_versions=8)
+    config = BrokerConfig(
+        task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
+    )
     p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     p.issue_latency_s = 1.0
     p.batcher.learner_pace = 40.0

@@ -35,8 +35,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
             "config": {"engine": {"dtype": "bfloat16", "max_num_seqs": 512}, "max_inflight_groups": 64},
         },
-        "images": {role: {"repository": f"registry.example/asymptote-{role}", "digest": DIGEST}
-                   for role in ("generator", "learner", "broker", "fitter")},
+        "images": {
+            role: {"repository": f"registry.example/asymptote-{role}", "digest": DIGEST}
+            for role in ("generator", "learner", "broker", "fitter")
+        },
     },
     "external-nats-credentials": {
         "nats": {
@@ -70,8 +72,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "secretName": "lab-grpc-tls",
             "requireClientCert": True,
-            "certManager": {"issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"},
-                            "extraDnsNames": ["lab-asymptote-generator.rl.svc.cluster.local"]},
+            "certManager": {
+                "issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"},
+                "extraDnsNames": ["lab-asymptote-generator.rl.svc.cluster.local"],
+            },
         },
         "nats": {"auth": {"credsSecret": "asymptote-nats-creds"}, "tls": {"caSecret": "nats-ca"}},
     },
@@ -90,7 +94,9 @@ class Rendered:
 
     def get(self, kind: str, name: str) -> dict[str, Any]:
         found = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
-        assert len(found) == 1, f"{kind}/{name}: found {len(found)} of {[o['metadata']['name'] for o in self.of_kind(kind)]}"
+        assert len(found) == 1, (
+            f"{kind}/{name}: found {len(found)} of {[o['metadata']['name'] for o in self.of_kind(kind)]}"
+        )
         return found[0]
 
     def component(self, kind: str, component: str) -> dict[str, Any]:

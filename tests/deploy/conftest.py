@@ -41,9 +41,17 @@ def checkov() -> Path:
     if not exe.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(CHECKOV_VENV)], check=True)
         install = subprocess.run(
-            [str(CHECKOV_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet",
-             "--disable-pip-version-check", "checkov>=3.2"],
-            capture_output=True, text=True,
+            [
+                str(CHECKOV_VENV / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "checkov>=3.2",
+            ],
+            capture_output=True,
+            text=True,
         )
         assert install.returncode == 0, f"cannot install checkov into {CHECKOV_VENV}:\n{install.stderr[-3000:]}"
     return exe

@@ -25,7 +25,9 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def tls_secret(folder: Path, dns_names: list[str], ca_name: str = "asymptote test CA") -> Path:
@@ -37,12 +39,21 @@ def tls_secret(folder: Path, dns_names: list[str], ca_name: str = "asymptote tes
     ca_subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_name)])
 
     def signed(builder: x509.CertificateBuilder) -> bytes:
-        cert = builder.issuer_name(ca_subject).serial_number(x509.random_serial_number()).not_valid_before(
-            now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1)).sign(ca_key, hashes.SHA256())
+        cert = (
+            builder.issuer_name(ca_subject)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .sign(ca_key, hashes.SHA256())
+        )
         return cert.public_bytes(serialization.Encoding.PEM)
 
-    ca = x509.CertificateBuilder().subject_name(ca_subject).public_key(ca_key.public_key()).add_extension(
-        x509.BasicConstraints(ca=True, path_length=0), critical=True)
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_subject)
+        .public_key(ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+    )
     leaf = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
@@ -58,8 +69,12 @@ def tls_secret(folder: Path, dns_names: list[str], ca_name: str = "asymptote tes
 
 def service_tls(folder: Path, require_client_cert: bool) -> TlsSettings:
     """A service's grpc_tls section as the chart renders it, with the Secret mounted at ``folder``."""
-    return TlsSettings(cert_file=folder / "tls.crt", key_file=folder / "tls.key", ca_file=folder / "ca.crt",
-                       require_client_cert=require_client_cert)
+    return TlsSettings(
+        cert_file=folder / "tls.crt",
+        key_file=folder / "tls.key",
+        ca_file=folder / "ca.crt",
+        require_client_cert=require_client_cert,
+    )
 
 
 @contextmanager
@@ -72,7 +87,9 @@ def health_server(
     servicer.set("", status)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     address = "127.0.0.1:0"
-    port = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, server_credentials(tls))
+    port = (
+        server.add_insecure_port(address) if tls is None else server.add_secure_port(address, server_credentials(tls))
+    )
     server.start()
     try:
         yield f"127.0.0.1:{port}"

@@ -78,7 +78,11 @@ def test_service_configs_load_with_the_services_models(
     spec = pod_spec(rendered, component)
     ports = {p["name"]: p["containerPort"] for p in container(rendered, component)["ports"]}
     assert (config.grpc.host, config.grpc.port, config.http.host, config.http.port) == (
-        "0.0.0.0", ports["grpc"], "0.0.0.0", ports["http"])
+        "0.0.0.0",
+        ports["grpc"],
+        "0.0.0.0",
+        ports["http"],
+    )
     assert config.prefix == values["run"]["prefix"]
     assert config.log_format == "json"
     assert config.nats.url == values["nats"]["url"]
@@ -127,7 +131,9 @@ def test_service_configs_load_with_the_services_models(
     assert spec["automountServiceAccountToken"] is False
 
 
-def expected_grpc_tls(rendered: Rendered, main: dict[str, Any], spec: dict[str, Any], values: dict[str, Any]) -> TlsSettings:
+def expected_grpc_tls(
+    rendered: Rendered, main: dict[str, Any], spec: dict[str, Any], values: dict[str, Any]
+) -> TlsSettings:
     """A service's grpc_tls under ``values``: off, or the files of grpcTls.secretName where ``main`` mounts it."""
     tls = values["grpcTls"]
     volumes = [v for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == tls["secretName"]]
@@ -139,8 +145,13 @@ def expected_grpc_tls(rendered: Rendered, main: dict[str, Any], spec: dict[str, 
     (mount,) = [m for m in main["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True
     folder = Path(mount["mountPath"])
-    return TlsSettings(cert_file=folder / "tls.crt", key_file=folder / "tls.key", ca_file=folder / "ca.crt",
-                       require_client_cert=tls["requireClientCert"], server_name=tls["serverName"] or None)
+    return TlsSettings(
+        cert_file=folder / "tls.crt",
+        key_file=folder / "tls.key",
+        ca_file=folder / "ca.crt",
+        require_client_cert=tls["requireClientCert"],
+        server_name=tls["serverName"] or None,
+    )
 
 
 def render_values(value_set: str) -> dict[str, Any]:
@@ -158,8 +169,10 @@ def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str) -> None
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0]["matchExpressions"]
-    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
-                                              "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
     # A vLLM engine takes minutes to load: the startup probe waits up to 15 of them.
     startup = main["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
@@ -213,9 +226,12 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
     spec = pod_spec(rendered, component)
     labels = workload["spec"]["template"]["metadata"]["labels"]
     assert labels == {
-        "app.kubernetes.io/name": "asymptote", "app.kubernetes.io/instance": RELEASE,
-        "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "asymptote",
-        "app.kubernetes.io/version": "0.1.0", "app.kubernetes.io/managed-by": "Helm",
+        "app.kubernetes.io/name": "asymptote",
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "asymptote",
+        "app.kubernetes.io/version": "0.1.0",
+        "app.kubernetes.io/managed-by": "Helm",
         "helm.sh/chart": "asymptote-0.1.0",
     }
     assert workload["metadata"]["labels"] == labels
@@ -225,7 +241,9 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
         assert sc["capabilities"] == {"drop": ["ALL"]}
-        assert {"cpu", "memory"} <= c["resources"]["requests"].keys() and {"cpu", "memory"} <= c["resources"]["limits"].keys()
+        assert {"cpu", "memory"} <= c["resources"]["requests"].keys() and {"cpu", "memory"} <= c["resources"][
+            "limits"
+        ].keys()
     main = container(rendered, component)
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -241,7 +259,9 @@ def test_config_checksum_follows_the_config() -> None:
     a = render("defaults").component("Deployment", "broker")["spec"]["template"]["metadata"]["annotations"]
     with helm.Chart.load(CHART) as chart:
         files = chart.render({"broker": {"config": {"max_staleness_versions": 4}}}, name=RELEASE, namespace=NAMESPACE)
-    broker = next(d for d in yaml.safe_load_all(files["asymptote/templates/broker.yaml"]) if d and d["kind"] == "Deployment")
+    broker = next(
+        d for d in yaml.safe_load_all(files["asymptote/templates/broker.yaml"]) if d and d["kind"] == "Deployment"
+    )
     assert broker["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != a["checksum/config"]
 
 
@@ -252,16 +272,20 @@ def test_generators_scale_on_the_brokers_gauge() -> None:
     (trigger,) = keda["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["query"] == (
-        f'max(asymptote_broker_desired_generators{{namespace="{NAMESPACE}", service="{FULLNAME}-broker"}})')
+        f'max(asymptote_broker_desired_generators{{namespace="{NAMESPACE}", service="{FULLNAME}-broker"}})'
+    )
     assert trigger["metadata"]["threshold"] == "1"  # one generator per unit of the gauge
-    assert keda["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert (
+        keda["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    )
 
     hpa = render("monitoring-hpa").component("HorizontalPodAutoscaler", "generator")["spec"]
     assert hpa["scaleTargetRef"]["name"] == f"{FULLNAME}-generator"
     (metric,) = hpa["metrics"]
     assert metric["external"]["metric"] == {
         "name": "asymptote_broker_desired_generators",
-        "selector": {"matchLabels": {"namespace": NAMESPACE, "service": f"{FULLNAME}-broker"}}}
+        "selector": {"matchLabels": {"namespace": NAMESPACE, "service": f"{FULLNAME}-broker"}},
+    }
     assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
 
     defaults = render("defaults")
@@ -297,21 +321,34 @@ def _peer_allows(peers: list[dict[str, Any]] | None, labels: dict[str, str]) -> 
 
 def allowed(rendered: Rendered, src: str, dst: str, port: int, port_name: str) -> bool:
     """Whether the release's NetworkPolicies let a ``src`` pod open ``port`` on a ``dst`` pod."""
+
     def labels(component: str) -> dict[str, str]:
-        return {"app.kubernetes.io/name": "asymptote", "app.kubernetes.io/instance": RELEASE,
-                "app.kubernetes.io/component": component}
+        return {
+            "app.kubernetes.io/name": "asymptote",
+            "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": component,
+        }
 
     def policies_for(component: str, kind: str) -> list[dict[str, Any]]:
-        return [p["spec"] for p in rendered.of_kind("NetworkPolicy")
-                if _selects(p["spec"]["podSelector"], labels(component)) and kind in p["spec"]["policyTypes"]]
+        return [
+            p["spec"]
+            for p in rendered.of_kind("NetworkPolicy")
+            if _selects(p["spec"]["podSelector"], labels(component)) and kind in p["spec"]["policyTypes"]
+        ]
 
     egress = policies_for(src, "Egress")
     ingress = policies_for(dst, "Ingress")
     assert egress and ingress, f"{src} or {dst} has no policy"
-    out_ok = any(_port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("to"), labels(dst))
-                 for p in egress for r in p.get("egress", []))
-    in_ok = any(_port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("from"), labels(src))
-                for p in ingress for r in p.get("ingress", []))
+    out_ok = any(
+        _port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("to"), labels(dst))
+        for p in egress
+        for r in p.get("egress", [])
+    )
+    in_ok = any(
+        _port_matches(r.get("ports"), port, port_name) and _peer_allows(r.get("from"), labels(src))
+        for p in ingress
+        for r in p.get("ingress", [])
+    )
     return out_ok and in_ok
 
 
@@ -319,13 +356,22 @@ def test_only_the_intended_services_talk(rendered: Rendered) -> None:
     values = {c: render("defaults").component("Service", c)["spec"]["ports"] for c in MODELS}
     grpc = {c: next(p["port"] for p in ports if p["name"] == "grpc") for c, ports in values.items()}
     http = {c: next(p["port"] for p in ports if p["name"] == "http") for c, ports in values.items()}
-    talks = {(src, dst) for src in PODS for dst in MODELS if src != dst
-             and allowed(rendered, src, dst, grpc[dst], "grpc")}
-    assert talks == {("learner", "broker"), ("generator", "learner"), ("health-test", "broker"),
-                     ("health-test", "generator"), ("health-test", "learner"), ("health-test", "fitter")}
+    talks = {
+        (src, dst) for src in PODS for dst in MODELS if src != dst and allowed(rendered, src, dst, grpc[dst], "grpc")
+    }
+    assert talks == {
+        ("learner", "broker"),
+        ("generator", "learner"),
+        ("health-test", "broker"),
+        ("health-test", "generator"),
+        ("health-test", "learner"),
+        ("health-test", "fitter"),
+    }
     # Nobody in the release scrapes or probes another's http port: that is for the monitoring namespace.
     assert not [(s, d) for s in PODS for d in MODELS if s != d and allowed(rendered, s, d, http[d], "http")]
-    every_pod = {tuple(sorted(p["spec"]["podSelector"]["matchLabels"].items())) for p in rendered.of_kind("NetworkPolicy")}
+    every_pod = {
+        tuple(sorted(p["spec"]["podSelector"]["matchLabels"].items())) for p in rendered.of_kind("NetworkPolicy")
+    }
     assert len(every_pod) == len(PODS)
 
 
@@ -334,7 +380,9 @@ def test_nats_and_metrics_peers_follow_the_values() -> None:
     nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
     assert nats_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     metrics_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "http", "protocol": "TCP"}])
-    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert metrics_rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
     dns = policy["egress"][0]
     assert {"port": 53, "protocol": "UDP"} in dns["ports"]
 
@@ -400,7 +448,8 @@ def test_cert_manager_certifies_every_name_peers_dial(tmp_path: Path, capsys: py
     assert {"server auth", "client auth"} <= set(spec["usages"])
     for component in MODELS:
         assert {"name": "grpc-tls", "mountPath": "/etc/asymptote/grpc-tls", "readOnly": True} in container(
-            rendered, component)["volumeMounts"]
+            rendered, component
+        )["volumeMounts"]
     assert not render("grpc-tls-secret").of_kind("Certificate") and not render("defaults").of_kind("Certificate")
 
     # The helm test pod's own arguments, its Secret at a local folder, against an mTLS server
@@ -417,7 +466,9 @@ def test_cert_manager_certifies_every_name_peers_dial(tmp_path: Path, capsys: py
 
 def test_notes_name_what_the_certificate_must_carry(tmp_path: Path) -> None:
     with helm.Chart.load(CHART) as chart:
-        files = chart.render({"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(
+            {"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}, name=RELEASE, namespace=NAMESPACE
+        )
     rendered = Rendered(files, parse_manifests(files))
     notes = files["asymptote/templates/NOTES.txt"]
     assert "gRPC        TLS, certificate from Secret grpc-tls" in notes
@@ -435,7 +486,9 @@ def test_service_monitors_scrape_every_service() -> None:
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s"}
-        services = [s for s in rendered.of_kind("Service") if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+        services = [
+            s for s in rendered.of_kind("Service") if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+        ]
         assert len(services) == 1 and "http" in [p["name"] for p in services[0]["spec"]["ports"]]
     assert not render("defaults").of_kind("ServiceMonitor")
 
@@ -453,12 +506,21 @@ def test_dashboard_ships_in_a_configmap(rendered: Rendered) -> None:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
-    for needed in ("asymptote_fitter_projected_pass_rate", "asymptote_fitter_a_low", "asymptote_fitter_b",
-                   "asymptote_fitter_c_mid", "asymptote_generator_tokens_total", "asymptote_learner_samples_trained_total",
-                   "asymptote_learner_staleness_tokens", "asymptote_broker_pending_tasks",
-                   "asymptote_generator_swap_pause_seconds_bucket", "asymptote_learner_is_capped_frac",
-                   "asymptote_learner_is_kl_gen_learner", "asymptote_learner_batch_truncation_rate",
-                   "asymptote_learner_policy_entropy"):
+    for needed in (
+        "asymptote_fitter_projected_pass_rate",
+        "asymptote_fitter_a_low",
+        "asymptote_fitter_b",
+        "asymptote_fitter_c_mid",
+        "asymptote_generator_tokens_total",
+        "asymptote_learner_samples_trained_total",
+        "asymptote_learner_staleness_tokens",
+        "asymptote_broker_pending_tasks",
+        "asymptote_generator_swap_pause_seconds_bucket",
+        "asymptote_learner_is_capped_frac",
+        "asymptote_learner_is_kl_gen_learner",
+        "asymptote_learner_batch_truncation_rate",
+        "asymptote_learner_policy_entropy",
+    ):
         assert needed in exprs, needed
     ids = [p["id"] for p in shipped["panels"]]
     assert len(ids) == len(set(ids))
@@ -471,8 +533,10 @@ def test_secret_holds_the_nats_credentials_given_as_values() -> None:
     assert not render("monitoring-hpa").of_kind("Secret")  # an existing Secret is used as it is
     env = container(render("monitoring-hpa"), "broker")["env"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
-    assert refs == {"ASY_BROKER__NATS__USER": {"name": "nats-users", "key": "username"},
-                    "ASY_BROKER__NATS__PASSWORD": {"name": "nats-users", "key": "password"}}
+    assert refs == {
+        "ASY_BROKER__NATS__USER": {"name": "nats-users", "key": "username"},
+        "ASY_BROKER__NATS__PASSWORD": {"name": "nats-users", "key": "password"},
+    }
 
 
 # -- the umbrella chart ------------------------------------------------------------
@@ -492,13 +556,17 @@ def test_umbrella_chart_installs_nats_for_the_services(stack_rendered: Rendered)
     for component in MODELS:
         config = yaml.safe_load(stack_rendered.component("ConfigMap", component)["data"]["config.yaml"])
         assert config["nats"]["url"] == f"nats://{RELEASE}-nats.{NAMESPACE}.svc:4222"
-        refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in container(stack_rendered, component)["env"]
-                if "valueFrom" in e]
+        refs = [
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for e in container(stack_rendered, component)["env"]
+            if "valueFrom" in e
+        ]
         assert refs == ["asymptote-nats-auth", "asymptote-nats-auth"]
         policy = stack_rendered.component("NetworkPolicy", component)["spec"]
         nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
-        assert nats_rule["to"] == [{"podSelector": {"matchLabels": {
-            "app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": RELEASE}}}]
+        assert nats_rule["to"] == [
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": RELEASE}}}
+        ]
     # The NATS server reads the same Secret.
     nats = yaml.safe_load((STACK_CHART / "values.yaml").read_text())["nats"]
     assert nats["config"]["jetstream"]["enabled"] is True
@@ -524,8 +592,15 @@ def test_umbrella_chart_lints_but_for_the_nats_chart_it_fetches(tmp_path: Path) 
 DOCKERFILES = REPO / "deploy" / "docker"
 
 
-@pytest.mark.parametrize(("role", "base"), [("generator", "vllm/vllm-openai"), ("learner", "pytorch/pytorch"),
-                                            ("broker", "python:3.11-slim"), ("fitter", "python:3.11-slim")])
+@pytest.mark.parametrize(
+    ("role", "base"),
+    [
+        ("generator", "vllm/vllm-openai"),
+        ("learner", "pytorch/pytorch"),
+        ("broker", "python:3.11-slim"),
+        ("fitter", "python:3.11-slim"),
+    ],
+)
 def test_dockerfiles_run_each_role_as_the_charts_user(role: str, base: str) -> None:
     text = (DOCKERFILES / f"{role}.Dockerfile").read_text()
     assert base in text

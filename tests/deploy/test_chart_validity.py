@@ -25,9 +25,11 @@ from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
 KUBE_VERSION = kubernetes_validate.latest_version()
-CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
-                    ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
-                    ("cert-manager.io/v1", "Certificate"): Certificate}
+CUSTOM_RESOURCES = {
+    ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
+    ("cert-manager.io/v1", "Certificate"): Certificate,
+}
 
 
 def validate_object(obj: dict[str, Any]) -> None:
@@ -50,7 +52,9 @@ def test_every_object_validates_strictly(rendered: Rendered, value_set: str) -> 
     kinds = Counter(o["kind"] for o in rendered.objects)
     for obj in rendered.objects:
         validate_object(obj)
-    print(f"{value_set}: {len(rendered.objects)} objects valid for Kubernetes {KUBE_VERSION}: {dict(sorted(kinds.items()))}")
+    print(
+        f"{value_set}: {len(rendered.objects)} objects valid for Kubernetes {KUBE_VERSION}: {dict(sorted(kinds.items()))}"
+    )
     # Each object once, and everything in the release's namespace.
     names = [(o["kind"], o["metadata"]["name"]) for o in rendered.objects]
     assert len(names) == len(set(names))
@@ -68,7 +72,9 @@ def test_umbrella_chart_objects_validate_strictly(stack_rendered: Rendered) -> N
 def test_strict_validation_catches_a_misspelled_field() -> None:
     """The validator is not vacuous: a typo in a core object or a custom resource fails."""
     deployment = json.loads(json.dumps(render("defaults").component("Deployment", "broker")))
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = deployment["spec"]["template"]["spec"]["containers"][0].pop("readinessProbe")
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = deployment["spec"]["template"]["spec"][
+        "containers"
+    ][0].pop("readinessProbe")
     with pytest.raises(AssertionError, match="readinesProbe"):
         validate_object(deployment)
     scaled = json.loads(json.dumps(render("many-generators-keda").component("ScaledObject", "generator")))
@@ -83,7 +89,9 @@ def test_strict_validation_catches_a_misspelled_field() -> None:
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_lint_is_clean(value_set: str) -> None:
-    report = helm.lint(CHART, VALUE_SETS[value_set], strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}.0")
+    report = helm.lint(
+        CHART, VALUE_SETS[value_set], strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}.0"
+    )
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert report["errors"] == [] and problems == [], report
 
@@ -112,12 +120,20 @@ BAD_VALUES = [
     ({"nats": {"url": "http://nats:4222"}}, "/nats/url"),
     ({"nats": {"auth": {"user": "asymptote"}}}, "/nats/auth/password"),
     ({"generator": {"autoscaling": {"keda": {"enabled": True}}}}, "/generator/autoscaling/keda/serverAddress"),
-    ({"generator": {"autoscaling": {"keda": {"enabled": True, "serverAddress": "http://p:9090"},
-                                    "hpa": {"enabled": True}}}}, "/generator/autoscaling/hpa/enabled"),
+    (
+        {
+            "generator": {
+                "autoscaling": {"keda": {"enabled": True, "serverAddress": "http://p:9090"}, "hpa": {"enabled": True}}
+            }
+        },
+        "/generator/autoscaling/hpa/enabled",
+    ),
     ({"images": {"generator": {"digest": "latest"}}}, "/images/generator/digest"),
     ({"run": {"prefix": "Bad-Prefix"}}, "/run/prefix"),
-    ({"generator": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
-     "/generator/resources/requests"),
+    (
+        {"generator": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
+        "/generator/resources/requests",
+    ),
     ({"replicaCount": 3}, "additional properties 'replicaCount'"),
     # gRPC TLS: the chart owns each service's grpc_tls; TLS needs its Secret, and its details need TLS.
     ({"learner": {"config": {"grpc_tls": {"ca_file": "/etc/ca.crt"}}}}, "additional properties 'grpc_tls'"),
@@ -156,9 +172,10 @@ def test_checkov_finds_nothing_unexplained(checkov: Path, tmp_path: Path) -> Non
         for i, obj in enumerate(render(value_set).objects):
             (out / f"{i:03d}-{obj['kind']}-{obj['metadata']['name']}.yaml").write_text(yaml.safe_dump(obj))
     result = subprocess.run(
-        [str(checkov), "-d", str(tmp_path), "--framework", "kubernetes", "--skip-download",
-         "-o", "json"],
-        capture_output=True, text=True, timeout=600,
+        [str(checkov), "-d", str(tmp_path), "--framework", "kubernetes", "--skip-download", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.stdout, result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -177,5 +194,7 @@ def test_checkov_finds_nothing_unexplained(checkov: Path, tmp_path: Path) -> Non
     assert by_set[("defaults", "CKV_K8S_43")] == 5  # four workloads and the test pod
     # A credentials file needs no secret in the environment.
     assert not by_set[("nats-creds-file", "CKV_K8S_35")]
-    print(f"checkov: {summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped: "
-          f"{dict(sorted(Counter(c['check_id'] for c in skipped).items()))}")
+    print(
+        f"checkov: {summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped: "
+        f"{dict(sorted(Counter(c['check_id'] for c in skipped).items()))}"
+    )

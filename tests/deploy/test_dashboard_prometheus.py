@@ -62,9 +62,16 @@ def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Pa
     port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
-        [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--storage.tsdb.retention.time=1h"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            prometheus_binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -97,10 +104,12 @@ def scrape_config(stack: Any) -> dict[str, Any]:
         if p.http_port is None:
             continue
         component = p.name.split("-")[0]
-        jobs.setdefault(component, []).append({
-            "targets": [f"127.0.0.1:{p.http_port}"],
-            "labels": {"namespace": NAMESPACE, "service": f"asymptote-{component}", "pod": p.name},
-        })
+        jobs.setdefault(component, []).append(
+            {
+                "targets": [f"127.0.0.1:{p.http_port}"],
+                "labels": {"namespace": NAMESPACE, "service": f"asymptote-{component}", "pod": p.name},
+            }
+        )
     return {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
         "scrape_configs": [{"job_name": f"asymptote-{c}", "static_configs": t} for c, t in sorted(jobs.items())],
@@ -112,7 +121,11 @@ def panel_queries() -> list[tuple[str, str]]:
 
 
 def substitute(expr: str, run: str, rate_window_s: int) -> str:
-    out = expr.replace("$__rate_interval", f"{rate_window_s}s").replace("$namespace", NAMESPACE).replace("$run", re.escape(run))
+    out = (
+        expr.replace("$__rate_interval", f"{rate_window_s}s")
+        .replace("$namespace", NAMESPACE)
+        .replace("$run", re.escape(run))
+    )
     assert "$" not in out, f"unreplaced variable in {out}"
     return out
 
@@ -122,8 +135,9 @@ def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, 
     base, config_path = prometheus
     started = time.time()
     # Eval every 2 versions: 5 points (R0 and 4 more), what the fit needs.
-    with launch(max_steps=8, eval_every_versions=2, batch_prompts=8, checkpoint_every_steps=4,
-                final_eval_timeout_s=180) as (stack, progress):
+    with launch(
+        max_steps=8, eval_every_versions=2, batch_prompts=8, checkpoint_every_steps=4, final_eval_timeout_s=180
+    ) as (stack, progress):
         config_path.write_text(yaml.safe_dump(scrape_config(stack)))
         urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=10).close()
         assert progress.follow(stack, stack.config) == 0, progress.outcome
@@ -145,16 +159,19 @@ def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, 
             match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable.get("definition", ""))
             if match:
                 selector = substitute(match.group(1), run, window)
-                variables[variable["name"]] = query(base, f"/api/v1/label/{match.group(2)}/values",
-                                                    {"match[]": selector, "start": f"{started:.0f}"})
+                variables[variable["name"]] = query(
+                    base, f"/api/v1/label/{match.group(2)}/values", {"match[]": selector, "start": f"{started:.0f}"}
+                )
         steps = read_jsonl(stack.run_dir / "metrics.jsonl")
 
     empty = [name for name, series in results.items() if not series]
     assert not empty, f"{len(empty)} of {len(results)} dashboard queries returned nothing:\n" + "\n".join(empty)
     numbers = {name: [float(s["value"][1]) for s in series] for name, series in results.items()}
     finite = sum(1 for values in numbers.values() if any(math.isfinite(v) for v in values))
-    print(f"{len(results)} dashboard queries returned data ({finite} with a finite value) "
-          f"over a {window}s run of {len(steps)} steps")
+    print(
+        f"{len(results)} dashboard queries returned data ({finite} with a finite value) "
+        f"over a {window}s run of {len(steps)} steps"
+    )
     assert finite == len(results), [n for n, v in numbers.items() if not any(math.isfinite(x) for x in v)]
     assert variables == {"namespace": [NAMESPACE], "run": [run]}
 

@@ -54,9 +54,17 @@ def learner_metrics(version: int) -> str:
 def fitter_metrics() -> str:
     interval = services_pb2.Interval
     fit = services_pb2.Projection(
-        ok=True, a=0.612, b=1.9, c_mid=32000.0, r0=0.21,
-        a_interval=interval(low=0.58, high=0.64), b_interval=interval(low=1.5, high=2.4),
-        c_mid_interval=interval(low=25000.0, high=41000.0), num_points_used=11, rmse=0.008, fitted_unix_s=1.79e9,
+        ok=True,
+        a=0.612,
+        b=1.9,
+        c_mid=32000.0,
+        r0=0.21,
+        a_interval=interval(low=0.58, high=0.64),
+        b_interval=interval(low=1.5, high=2.4),
+        c_mid_interval=interval(low=25000.0, high=41000.0),
+        num_points_used=11,
+        rmse=0.008,
+        fitted_unix_s=1.79e9,
         projections=[
             services_pb2.ProjectedValue(compute=96000.0, pass_rate=0.55, interval=interval(low=0.53, high=0.57)),
             services_pb2.ProjectedValue(compute=480000.0, pass_rate=0.6, interval=interval(low=0.57, high=0.63)),
@@ -105,8 +113,20 @@ def api() -> Iterator[FakeApi]:
             self.wfile.write(data)
 
         def _status(self, code: int, reason: str, message: str) -> None:
-            self._send(code, json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                         "message": message, "reason": reason, "code": code}))
+            self._send(
+                code,
+                json.dumps(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": message,
+                        "reason": reason,
+                        "code": code,
+                    }
+                ),
+            )
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
@@ -153,12 +173,18 @@ def api() -> Iterator[FakeApi]:
 @pytest.fixture
 def kubeconfig(api: FakeApi, tmp_path: Path) -> Path:
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
-        "clusters": [{"name": "lab", "cluster": {"server": api.url}}],
-        "users": [{"name": "lab", "user": {"token": "recorded"}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab", "namespace": NS}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "lab",
+                "clusters": [{"name": "lab", "cluster": {"server": api.url}}],
+                "users": [{"name": "lab", "user": {"token": "recorded"}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab", "namespace": NS}}],
+            }
+        )
+    )
     return path
 
 
@@ -184,7 +210,10 @@ def test_status_reports_pods_versions_and_projection(
     # The namespace came from the kubeconfig context; the pods were listed by the release's labels.
     gets = [(p, q) for m, p, q in api.requests if m == "GET"]
     assert (f"/api/v1/namespaces/{NS}/pods", {"labelSelector": [SELECTOR]}) in gets
-    assert (f"/api/v1/namespaces/{NS}/services", {"labelSelector": [SELECTOR + ",app.kubernetes.io/component=fitter"]}) in gets
+    assert (
+        f"/api/v1/namespaces/{NS}/services",
+        {"labelSelector": [SELECTOR + ",app.kubernetes.io/component=fitter"]},
+    ) in gets
 
 
 def test_status_json(api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,7 +222,10 @@ def test_status_json(api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixtu
     versions = {p["name"]: p["policy_version"] for p in report["pods"] if p["component"] == "generator"}
     assert versions == {f"{FULL}-generator-6f7d9c8b5-x2kfp": 41, f"{FULL}-generator-6f7d9c8b5-7hzrw": None}
     assert {p["component"]: p["ready"] for p in report["pods"] if p["component"] != "generator"} == {
-        "broker": True, "learner": True, "fitter": True}
+        "broker": True,
+        "learner": True,
+        "fitter": True,
+    }
     projection = report["projection"]
     assert projection["params"]["a"] == [0.612, 0.58, 0.64]
     assert projection["params"]["b"] == [1.9, 1.5, 2.4]
@@ -224,8 +256,23 @@ def test_scale_refuses_while_an_autoscaler_owns_the_count(
 def test_unknown_release_and_unreachable_api(
     api: FakeApi, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli(["kube", "scale", "generators", "1", "--release", "other", "-n", "elsewhere",
-                "--kubeconfig", str(kubeconfig)]) == 2  # 404 from the API: not this namespace
+    assert (
+        cli(
+            [
+                "kube",
+                "scale",
+                "generators",
+                "1",
+                "--release",
+                "other",
+                "-n",
+                "elsewhere",
+                "--kubeconfig",
+                str(kubeconfig),
+            ]
+        )
+        == 2
+    )  # 404 from the API: not this namespace
     assert "cannot reach the Kubernetes API: 404" in capsys.readouterr().err
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(kubeconfig.read_text().replace(api.url, "http://127.0.0.1:9"))
@@ -255,10 +302,14 @@ def test_health_dials_tls_and_mtls(tmp_path: Path, capsys: pytest.CaptureFixture
     """``--ca-file`` dials TLS and verifies the server; ``--cert-file``/``--key-file`` satisfy mTLS."""
     secret = tls_secret(tmp_path / "grpc-tls", ["localhost"])
     other = tls_secret(tmp_path / "other", ["localhost"], ca_name="another CA")
-    ca, cert, key = (f"--{flag}={secret / name}" for flag, name in
-                     (("ca-file", "ca.crt"), ("cert-file", "tls.crt"), ("key-file", "tls.key")))
-    with health_server(service_tls(secret, require_client_cert=False)) as tls, \
-            health_server(service_tls(secret, require_client_cert=True)) as mtls:
+    ca, cert, key = (
+        f"--{flag}={secret / name}"
+        for flag, name in (("ca-file", "ca.crt"), ("cert-file", "tls.crt"), ("key-file", "tls.key"))
+    )
+    with (
+        health_server(service_tls(secret, require_client_cert=False)) as tls,
+        health_server(service_tls(secret, require_client_cert=True)) as mtls,
+    ):
         assert cli(["kube", "health", ca, "--server-name=localhost", tls]) == 0
         assert capsys.readouterr().out.strip() == f"{tls}: SERVING"
         assert cli(["kube", "health", ca, cert, key, "--server-name=localhost", tls, mtls]) == 0

@@ -42,16 +42,16 @@ def with_ready(p: BrokerPipeline, num_ready: int, num_pending: int) -> BrokerPip
 @pytest.mark.parametrize(
     ("active", "stale", "ready", "pending", "desired"),
     [
-        (4, 0, BATCH, 10, 4),        # a full batch waits: the learner is fed, keep what runs
+        (4, 0, BATCH, 10, 4),  # a full batch waits: the learner is fed, keep what runs
         (4, 0, 2 * BATCH - 1, 0, 4),  # ahead by under two batches: keep what runs
-        (4, 0, 2 * BATCH, 0, 3),     # two batches waiting: the learner is the bottleneck, one fewer
-        (1, 0, 3 * BATCH, 0, 1),     # never below one
-        (4, 0, 0, 10, 6),            # learner starved, work queued: +ceil(1.0 * 4 * 0.5)
-        (4, 0, BATCH // 2, 10, 5),   # half a batch waiting: +ceil(0.5 * 4 * 0.5)
+        (4, 0, 2 * BATCH, 0, 3),  # two batches waiting: the learner is the bottleneck, one fewer
+        (1, 0, 3 * BATCH, 0, 1),  # never below one
+        (4, 0, 0, 10, 6),  # learner starved, work queued: +ceil(1.0 * 4 * 0.5)
+        (4, 0, BATCH // 2, 10, 5),  # half a batch waiting: +ceil(0.5 * 4 * 0.5)
         (10, 0, BATCH // 4, 30, 14),  # +ceil(0.75 * 10 * 0.5) = +4
-        (4, 0, 0, 0, 4),             # starved but nothing issued yet: more generators would idle
-        (0, 0, 0, 10, 2),            # nobody has reported yet: counts as one, starved: +1
-        (2, 3, 0, 10, 3),            # generators silent for a minute are not counted
+        (4, 0, 0, 0, 4),  # starved but nothing issued yet: more generators would idle
+        (0, 0, 0, 10, 2),  # nobody has reported yet: counts as one, starved: +1
+        (2, 3, 0, 10, 3),  # generators silent for a minute are not counted
     ],
 )
 def test_desired_generators(active: int, stale: int, ready: int, pending: int, desired: int) -> None:

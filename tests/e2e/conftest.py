@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import pytest
 
@@ -15,7 +15,7 @@ from services.local.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 
-Launch = Callable[..., ContextManager[tuple[LocalStack, Progress]]]
+Launch = Callable[..., AbstractContextManager[tuple[LocalStack, Progress]]]
 
 
 @pytest.fixture
@@ -29,8 +29,12 @@ def launch(tmp_path: Path) -> Launch:
     @contextmanager
     def run(**overrides: Any) -> Iterator[tuple[LocalStack, Progress]]:
         config = StackConfig(
-            **{"run_dir": tmp_path / "run", "cache_dir": REPO / ".cache" / "asymptote", "startup_timeout_s": 240,
-               **overrides}
+            **{
+                "run_dir": tmp_path / "run",
+                "cache_dir": REPO / ".cache" / "asymptote",
+                "startup_timeout_s": 240,
+                **overrides,
+            }
         )
         stack = LocalStack(config)
         stack.run_dir.mkdir(parents=True)

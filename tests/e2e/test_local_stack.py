@@ -28,6 +28,7 @@ import pytest
 
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
+
 MAX_STEPS = 10
 
 
@@ -85,9 +86,10 @@ def listening_sockets(stack: LocalStack) -> list[tuple[str, str, int]]:
 def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> None:
     # The learner runs as two data-parallel ranks under torchrun (gloo): rank 0
     # is the service, rank 1 follows its steps (parity: tests/learner/test_distributed.py).
-    with launch(
-        max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5, learner_ranks=2
-    ) as (stack, progress):
+    with launch(max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5, learner_ranks=2) as (
+        stack,
+        progress,
+    ):
         config = stack.config
         assert progress.follow(stack, config) == 0, progress.outcome
 
@@ -113,7 +115,9 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert fit["num_points"] == 3
         assert "ok" in fit and (fit["ok"] or fit["reason"])
         assert sorted(p.name for p in (stack.run_dir / "checkpoints").glob("ckpt-*")) == [
-            "ckpt-00000005", "ckpt-00000010"]
+            "ckpt-00000005",
+            "ckpt-00000010",
+        ]
 
         # Local mode: every listener of every process (nats-server, services, vLLM, torchrun) is on loopback.
         listeners = listening_sockets(stack)

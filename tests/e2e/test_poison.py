@@ -31,12 +31,20 @@ SEED = 20261122
 
 def _group(**overrides: object) -> rollout_pb2.RolloutGroup:
     task = rollout_pb2.GenerationTask(
-        task_id="poison", kind=rollout_pb2.TASK_KIND_TRAIN, task_name="arithmetic", prompt_id="p",
-        prompt="1+2=", reference="3",
+        task_id="poison",
+        kind=rollout_pb2.TASK_KIND_TRAIN,
+        task_name="arithmetic",
+        prompt_id="p",
+        prompt="1+2=",
+        reference="3",
     )
     completions = [
-        rollout_pb2.Completion(token_ids=[5, 6], logprobs=[-0.1, -0.2], reward=r,
-                               version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=2)])
+        rollout_pb2.Completion(
+            token_ids=[5, 6],
+            logprobs=[-0.1, -0.2],
+            reward=r,
+            version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=2)],
+        )
         for r in (0.0, 1.0)
     ]
     g = rollout_pb2.RolloutGroup(group_id="poison", task=task, prompt_token_ids=[1, 2], completions=completions)
@@ -53,9 +61,9 @@ def invalid_rollouts() -> list[bytes]:
         _group(group_id=""),
         _group(completions=lambda g: g.ClearField("completions")),
         _group(prompt_token_ids=lambda g: g.ClearField("prompt_token_ids")),
-        _group(completions=lambda g: c0(g).logprobs.append(-1.0)),            # more log-probs than tokens
+        _group(completions=lambda g: c0(g).logprobs.append(-1.0)),  # more log-probs than tokens
         _group(completions=lambda g: c0(g).logprobs.__setitem__(0, math.nan)),
-        _group(completions=lambda g: c0(g).logprobs.__setitem__(0, 0.5)),      # a probability above 1
+        _group(completions=lambda g: c0(g).logprobs.__setitem__(0, 0.5)),  # a probability above 1
         _group(completions=lambda g: setattr(c0(g), "reward", math.inf)),
         _group(completions=lambda g: c0(g).loss_mask.extend([1, 1, 1])),
         _group(completions=lambda g: c0(g).version_spans.__getitem__(0).__setattr__("end", 1)),
@@ -65,25 +73,45 @@ def invalid_rollouts() -> list[bytes]:
 
 
 def invalid_tasks() -> list[bytes]:
-    base = {"task_id": "poison-task", "kind": rollout_pb2.TASK_KIND_TRAIN, "task_name": "arithmetic",
-            "prompt_id": "p", "prompt": "1+2=", "reference": "3"}
+    base = {
+        "task_id": "poison-task",
+        "kind": rollout_pb2.TASK_KIND_TRAIN,
+        "task_name": "arithmetic",
+        "prompt_id": "p",
+        "prompt": "1+2=",
+        "reference": "3",
+    }
     sampling = rollout_pb2.SamplingParams(num_samples=4, temperature=1.0, max_tokens=4)
     cases = [
         rollout_pb2.GenerationTask(**{**base, "task_id": ""}, sampling=sampling),
         rollout_pb2.GenerationTask(**{**base, "prompt": ""}, sampling=sampling),
         rollout_pb2.GenerationTask(**{**base, "kind": 7}, sampling=sampling),
         rollout_pb2.GenerationTask(**{**base, "task_name": "no-such-task"}, sampling=sampling),
-        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=0, temperature=1, max_tokens=4)),
-        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=0, max_tokens=4)),
-        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=1, max_tokens=0)),
-        rollout_pb2.GenerationTask(**base, sampling=rollout_pb2.SamplingParams(num_samples=99999, temperature=1, max_tokens=4)),
+        rollout_pb2.GenerationTask(
+            **base, sampling=rollout_pb2.SamplingParams(num_samples=0, temperature=1, max_tokens=4)
+        ),
+        rollout_pb2.GenerationTask(
+            **base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=0, max_tokens=4)
+        ),
+        rollout_pb2.GenerationTask(
+            **base, sampling=rollout_pb2.SamplingParams(num_samples=4, temperature=1, max_tokens=0)
+        ),
+        rollout_pb2.GenerationTask(
+            **base, sampling=rollout_pb2.SamplingParams(num_samples=99999, temperature=1, max_tokens=4)
+        ),
     ]
     return [t.SerializeToString() for t in cases]
 
 
 def invalid_evals() -> list[bytes]:
-    ok = {"eval_id": "eval-v999", "task_id": "t", "prompt_id": "p", "num_samples": 4, "num_correct": 1,
-          "eval_num_prompts": 10}
+    ok = {
+        "eval_id": "eval-v999",
+        "task_id": "t",
+        "prompt_id": "p",
+        "num_samples": 4,
+        "num_correct": 1,
+        "eval_num_prompts": 10,
+    }
     cases = [
         rollout_pb2.EvalResult(**{**ok, "eval_id": ""}),
         rollout_pb2.EvalResult(**{**ok, "task_id": ""}),
@@ -95,8 +123,14 @@ def invalid_evals() -> list[bytes]:
 
 
 def invalid_telemetry() -> list[bytes]:
-    ok = {"service": "generator", "instance_id": "x", "num_devices": 1, "device_seconds_total": 10.0,
-          "busy_seconds_total": 5.0, "unix_s": time.time()}
+    ok = {
+        "service": "generator",
+        "instance_id": "x",
+        "num_devices": 1,
+        "device_seconds_total": 10.0,
+        "busy_seconds_total": 5.0,
+        "unix_s": time.time(),
+    }
     cases = [
         rollout_pb2.ComputeTelemetry(**{**ok, "service": ""}),
         rollout_pb2.ComputeTelemetry(**{**ok, "service": "toaster"}),
@@ -161,9 +195,10 @@ async def deadletters(nats: NatsSettings, names: Names) -> Counter[str]:
 def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch: Callable[..., Any]) -> None:
     names = Names()
     sent: Counter[str] = Counter()
-    with launch(
-        max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5
-    ) as (stack, progress):
+    with launch(max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5) as (
+        stack,
+        progress,
+    ):
         config = stack.config
 
         def injector() -> None:

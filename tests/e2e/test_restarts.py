@@ -126,7 +126,8 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
             if time.monotonic() > deadline:
                 waiting = ", ".join(
                     f"{p.name} ({p.extra.get('detail') or 'not ready'}, restarts {p.restarts})"
-                    for p in stack.procs if not p.ready
+                    for p in stack.procs
+                    if not p.ready
                 )
                 out.error = f"{what}: not done in {timeout_s:.0f}s at step {step()}; not ready: {waiting or 'none'}"
                 stop.set()
@@ -139,7 +140,10 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
 
     last = 0
     for i, fault in enumerate(plan):
-        if not wait(f"the stack before fault {i} ({fault.kind})", lambda gap=fault.gap, last=last: step() >= last + gap and all_ready()):
+        if not wait(
+            f"the stack before fault {i} ({fault.kind})",
+            lambda gap=fault.gap, last=last: step() >= last + gap and all_ready(),
+        ):
             return
         proc = next(p for p in stack.procs if p.name == fault.service)
         restarts = proc.restarts
@@ -151,7 +155,10 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
         else:
             out.struck.append((fault, time.time()))
             stack.kill(fault.service, signal.Signals[fault.how])
-        if not wait(f"{fault.service} to restart after fault {i} ({fault.kind})", lambda proc=proc, n=restarts: proc.restarts > n):
+        if not wait(
+            f"{fault.service} to restart after fault {i} ({fault.kind})",
+            lambda proc=proc, n=restarts: proc.restarts > n,
+        ):
             return
         time.sleep(1.0)  # let the readiness poll see the restarted process
         if not wait(f"every service ready after fault {i} ({fault.kind})", all_ready):
@@ -226,13 +233,17 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         return injection.error is not None or (done is not None and snap["step"] >= done + TAIL_STEPS)
 
     with launch(
-        max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=22, checkpoint_every_steps=4,
+        max_steps=MAX_STEPS,
+        batch_prompts=16,
+        eval_every_versions=22,
+        checkpoint_every_steps=4,
         failpoints=",".join(f"{name}:file" for name in FAILPOINTS),
         # Kubernetes never gives up on a pod. Faults here come seconds apart and
         # may strike one service several times in a row, each soon after its
         # restart: allow each service its share of the plan, no more.
         max_restarts=max(Counter(f.service for f in plan).values()) + 1,
-        restart_backoff_s=0.5, restart_backoff_reset_s=20.0,
+        restart_backoff_s=0.5,
+        restart_backoff_reset_s=20.0,
     ) as (stack, progress):
         injector = threading.Thread(target=inject, args=(stack, plan, stop, injection), daemon=True)
         injector.start()
@@ -264,8 +275,10 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         print("fault report:", json.dumps(report))
         print(f"{'fault kind':<48} {'injected':>8} {'in flight':>9} {'lost':>5} {'twice':>5}")
         for kind, row in kinds.items():
-            print(f"{kind:<48} {row['faults_injected']:>8} {row['groups_in_flight']:>9} "
-                  f"{row['groups_lost']:>5} {row['groups_trained_twice']:>5}")
+            print(
+                f"{kind:<48} {row['faults_injected']:>8} {row['groups_in_flight']:>9} "
+                f"{row['groups_lost']:>5} {row['groups_trained_twice']:>5}"
+            )
         assert injection.error is None, injection.error
         assert followed, progress.outcome
         assert [f for f, _ in struck] == plan, "a fault was not injected"
@@ -292,9 +305,7 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         # Every group in the continuing weights is in the ledger as trained,
         # once, and every issued task is accounted for.
         assert ledger["trained"] == sum(int(r["batch/prompts"]) for r in kept)
-        accounted = (
-            ledger["trained"] + sum(ledger["filtered"].values()) + ledger["deadlettered"] + ledger["in_flight"]
-        )
+        accounted = ledger["trained"] + sum(ledger["filtered"].values()) + ledger["deadlettered"] + ledger["in_flight"]
         assert accounted == ledger["issued"]
         stop.set()
     assert all(p.popen.poll() is not None for p in stack.procs)

@@ -10,8 +10,11 @@ from services.fitter.compute_axis import ComputeAxis
 
 def report(instance: str, service: str, started: float, now: float, devices: int = 1) -> rollout_pb2.ComputeTelemetry:
     return rollout_pb2.ComputeTelemetry(
-        service=service, instance_id=instance, num_devices=devices,
-        device_seconds_total=(now - started) * devices, unix_s=now,
+        service=service,
+        instance_id=instance,
+        num_devices=devices,
+        device_seconds_total=(now - started) * devices,
+        unix_s=now,
     )
 
 

@@ -68,16 +68,20 @@ def test_first_half_predicts_the_end_and_the_interval_covers_it(capsys: pytest.C
         hits[name] = int(np.sum(np.abs(error) < 0.02))
         all_errors += errors
         with capsys.disabled():
-            print(f"\ncalibration {name}: {hits[name]}/{NUM_TRIALS_PER_CURVE} projections within 0.02, "
-                  f"{covered[name]}/{NUM_TRIALS_PER_CURVE} intervals cover the truth; "
-                  f"error mean {error.mean():+.4f} sd {error.std():.4f}")
+            print(
+                f"\ncalibration {name}: {hits[name]}/{NUM_TRIALS_PER_CURVE} projections within 0.02, "
+                f"{covered[name]}/{NUM_TRIALS_PER_CURVE} intervals cover the truth; "
+                f"error mean {error.mean():+.4f} sd {error.std():.4f}"
+            )
 
     num_trials = NUM_TRIALS_PER_CURVE * len(CURVES)
     total_hits, total_covered = sum(hits.values()), sum(covered.values())
     error = np.array(all_errors)
     with capsys.disabled():
-        print(f"calibration, all {num_trials} trials: {total_hits}/{num_trials} within 0.02 "
-              f"({total_hits / num_trials:.1%}), {total_covered}/{num_trials} covered ({total_covered / num_trials:.1%})")
+        print(
+            f"calibration, all {num_trials} trials: {total_hits}/{num_trials} within 0.02 "
+            f"({total_hits / num_trials:.1%}), {total_covered}/{num_trials} covered ({total_covered / num_trials:.1%})"
+        )
     assert total_hits / num_trials >= 0.95
     assert total_covered / num_trials >= 0.90
     for name in CURVES:

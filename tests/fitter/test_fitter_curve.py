@@ -89,7 +89,10 @@ def test_point_fit_matches_scipy_curve_fit_reference(seed: int) -> None:
         return r0 + (a - r0) / (1.0 + (c_mid / c) ** b)
 
     (a_ref, b_ref, c_mid_ref), _ = curve_fit(
-        model, compute[used], pass_rate[used], p0=[PAPER_DENSE["a"], PAPER_DENSE["b"], PAPER_DENSE["c_mid"]],
+        model,
+        compute[used],
+        pass_rate[used],
+        p0=[PAPER_DENSE["a"], PAPER_DENSE["b"], PAPER_DENSE["c_mid"]],
         maxfev=20_000,
     )
     sse_ref = float(np.sum((model(compute[used], a_ref, b_ref, c_mid_ref) - pass_rate[used]) ** 2))

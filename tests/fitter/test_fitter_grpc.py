@@ -46,8 +46,10 @@ GET_PROJECTION = "/asymptote.contracts.v1.Fitter/GetProjection"
 def points(n: int = 30) -> list[services_pb2.CurvePoint]:
     compute = np.linspace(0.0, 2 * C_MID, n)
     rate = predict(np.maximum(compute, 1e-9), A, B, C_MID, R0)
-    return [services_pb2.CurvePoint(compute=float(c), pass_rate=float(r), policy_version=i)
-            for i, (c, r) in enumerate(zip(compute, rate))]
+    return [
+        services_pb2.CurvePoint(compute=float(c), pass_rate=float(r), policy_version=i)
+        for i, (c, r) in enumerate(zip(compute, rate))
+    ]
 
 
 @pytest.fixture
@@ -55,7 +57,8 @@ async def fitter(tmp_path: Path) -> AsyncIterator[Fitter]:
     collector = Collector(tmp_path, "live", SETTINGS, (2.0,), ComputeAxis(30.0), plot=False)
     health = Health("fitter")
     server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), health,
+        ListenSettings(host="127.0.0.1", port=0),
+        health,
         lambda s: services_pb2_grpc.add_FitterServicer_to_server(FitterServicer(collector), s),
         ["asymptote.contracts.v1.Fitter"],
     )
@@ -143,8 +146,17 @@ def _bad(case: str) -> tuple[services_pb2.SubmitPointsRequest, str]:
 
 
 BAD_CASES = [
-    "nan_pass_rate", "inf_compute", "negative_compute", "pass_rate_above_one", "r0_outside",
-    "zero_compute_after_r0", "repeated_version", "decreasing_compute", "no_r0", "no_points", "empty_run",
+    "nan_pass_rate",
+    "inf_compute",
+    "negative_compute",
+    "pass_rate_above_one",
+    "r0_outside",
+    "zero_compute_after_r0",
+    "repeated_version",
+    "decreasing_compute",
+    "no_r0",
+    "no_points",
+    "empty_run",
     "live_run_name",
 ]
 
@@ -237,9 +249,16 @@ def _eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[ro
     per_prompt = [correct // num_prompts + (1 if i < correct % num_prompts else 0) for i in range(num_prompts)]
     return [
         rollout_pb2.EvalResult(
-            eval_id=f"eval-{version}", task_id=f"eval-{version}-{i}", prompt_id=f"p{i}", num_samples=100,
-            num_correct=n, eval_version=version, min_version=version, max_version=version,
-            eval_num_prompts=num_prompts, finished_unix_s=1000.0 + version,
+            eval_id=f"eval-{version}",
+            task_id=f"eval-{version}-{i}",
+            prompt_id=f"p{i}",
+            num_samples=100,
+            num_correct=n,
+            eval_version=version,
+            min_version=version,
+            max_version=version,
+            eval_num_prompts=num_prompts,
+            finished_unix_s=1000.0 + version,
         )
         for i, n in enumerate(per_prompt)
     ]
@@ -253,10 +272,16 @@ async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: P
     for v in versions:
         # One generator held one device since t = 0; the learner two since t = 0.
         t = 10.0 * v + 1.0
-        axis.observe(rollout_pb2.ComputeTelemetry(service="generator", instance_id="g", num_devices=1,
-                                                  device_seconds_total=t, unix_s=t))
-        axis.observe(rollout_pb2.ComputeTelemetry(service="learner", instance_id="l", num_devices=2,
-                                                  device_seconds_total=2 * t, unix_s=t))
+        axis.observe(
+            rollout_pb2.ComputeTelemetry(
+                service="generator", instance_id="g", num_devices=1, device_seconds_total=t, unix_s=t
+            )
+        )
+        axis.observe(
+            rollout_pb2.ComputeTelemetry(
+                service="learner", instance_id="l", num_devices=2, device_seconds_total=2 * t, unix_s=t
+            )
+        )
         axis.mark_version(v, t)
         rate = R0 if v == 0 else float(predict(3 * t, A, B, C_MID, R0))
         results = _eval_round(v, rate)
@@ -292,18 +317,42 @@ def _scrape(registry: CollectorRegistry) -> dict[str, float]:
 def _run_points(num_points: int, a: float, b: float) -> list[Point]:
     compute = np.linspace(C_MID / 10, 2 * C_MID, num_points - 1)
     rates = [R0, *predict(compute, a, b, C_MID, R0)]
-    return [Point(step=v, policy_version=v, compute=float(c), pass_rate=float(r), num_prompts=4, num_samples=400,
-                  min_version=v, max_version=v, unix_s=0.0)
-            for v, (c, r) in enumerate(zip([0.0, *compute], rates))]
+    return [
+        Point(
+            step=v,
+            policy_version=v,
+            compute=float(c),
+            pass_rate=float(r),
+            num_prompts=4,
+            num_samples=400,
+            min_version=v,
+            max_version=v,
+            unix_s=0.0,
+        )
+        for v, (c, r) in enumerate(zip([0.0, *compute], rates))
+    ]
 
 
-FIT_GAUGES = ("a", "a_low", "a_high", "b", "b_low", "b_high", "c_mid", "c_mid_low", "c_mid_high", "points_used",
-              "rmse", "last_fit_unix_seconds")
+FIT_GAUGES = (
+    "a",
+    "a_low",
+    "a_high",
+    "b",
+    "b_low",
+    "b_high",
+    "c_mid",
+    "c_mid_low",
+    "c_mid_high",
+    "points_used",
+    "rmse",
+    "last_fit_unix_seconds",
+)
 
 
 def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path) -> None:
-    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
-                          ComputeAxis(30.0), plot=False)
+    collector = Collector(
+        tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
+    )
     registry = registry_with(ProjectionCollector("live", collector.snapshot, lambda: {"generator": 1.0}))
     datasets = [_run_points(20, 0.61, 1.9), _run_points(31, 0.75, 1.2)]
     published: list[tuple[float, ...]] = []
@@ -314,10 +363,25 @@ def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path)
             collector.points = datasets[i % 2]
             proj = collector.refit()
             assert proj.ok
-            published.append((proj.a, proj.a_interval.low, proj.a_interval.high, proj.b, proj.b_interval.low,
-                              proj.b_interval.high, proj.c_mid, proj.c_mid_interval.low, proj.c_mid_interval.high,
-                              proj.num_points_used, proj.rmse, proj.fitted_unix_s,
-                              len(datasets[i % 2]), datasets[i % 2][-1].compute, datasets[i % 2][-1].pass_rate))
+            published.append(
+                (
+                    proj.a,
+                    proj.a_interval.low,
+                    proj.a_interval.high,
+                    proj.b,
+                    proj.b_interval.low,
+                    proj.b_interval.high,
+                    proj.c_mid,
+                    proj.c_mid_interval.low,
+                    proj.c_mid_interval.high,
+                    proj.num_points_used,
+                    proj.rmse,
+                    proj.fitted_unix_s,
+                    len(datasets[i % 2]),
+                    datasets[i % 2][-1].compute,
+                    datasets[i % 2][-1].pass_rate,
+                )
+            )
         done.set()
 
     worker = threading.Thread(target=refit_forever)
@@ -326,9 +390,14 @@ def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path)
     while not done.is_set():
         scraped = _scrape(registry)
         if "asymptote_fitter_a" in scraped:
-            scrapes.append(tuple(scraped[f"asymptote_fitter_{name}"] for name in FIT_GAUGES) + (
-                scraped["asymptote_fitter_points"], scraped["asymptote_fitter_last_compute"],
-                scraped["asymptote_fitter_last_pass_rate"]))
+            scrapes.append(
+                (
+                    *tuple(scraped[f"asymptote_fitter_{name}"] for name in FIT_GAUGES),
+                    scraped["asymptote_fitter_points"],
+                    scraped["asymptote_fitter_last_compute"],
+                    scraped["asymptote_fitter_last_pass_rate"],
+                )
+            )
         time.sleep(0.001)  # as a scraper would, leave the refitting thread the interpreter
     worker.join()
     assert len(published) == 30
@@ -340,8 +409,9 @@ def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path)
 
 
 def test_a_refused_refit_keeps_the_last_successful_fit_on_the_gauges(tmp_path: Path) -> None:
-    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
-                          ComputeAxis(30.0), plot=False)
+    collector = Collector(
+        tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
+    )
     registry = registry_with(ProjectionCollector("live", collector.snapshot, dict))
     before = _scrape(registry)
     assert before["asymptote_fitter_fit_ok"] == 0 and "asymptote_fitter_a" not in before
@@ -363,8 +433,9 @@ def test_a_restarted_collector_refits_from_eval_jsonl_and_skips_a_cut_line(tmp_p
     run = _run_points(20, 0.61, 1.9)
     lines = [json.dumps(asdict(point)) for point in reversed(run)]  # any order: taken by version
     (tmp_path / "eval.jsonl").write_text("\n".join(lines) + '\n{"step": 40, "policy_ver')
-    collector = Collector(tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,),
-                          ComputeAxis(30.0), plot=False)
+    collector = Collector(
+        tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
+    )
     assert [p.policy_version for p in collector.points] == list(range(20))
     snap = collector.snapshot()
     assert snap.num_points == 20 and snap.projection.ok and snap.last_ok is snap.projection

@@ -84,8 +84,10 @@ def _corrupt(case: str) -> tuple[list[Any], str]:
         return rows, "eval.jsonl row[0]: pass_rate: Input should be less than or equal to 1"
     if case == "decreasing_compute":
         rows[7]["compute"] = rows[6]["compute"] - 1.0
-        return rows, (f"eval.jsonl row[7]: compute {rows[7]['compute']:g} at step 70 is below compute "
-                      f"{rows[6]['compute']:g} at step 60 (eval.jsonl row[6])")
+        return rows, (
+            f"eval.jsonl row[7]: compute {rows[7]['compute']:g} at step 70 is below compute "
+            f"{rows[6]['compute']:g} at step 60 (eval.jsonl row[6])"
+        )
     if case == "not_an_object":
         return [*rows, [1, 2]], "eval.jsonl row[25]: expected a JSON object, got list"
     if case == "constant":
@@ -105,8 +107,19 @@ def _corrupt(case: str) -> tuple[list[Any], str]:
 
 @pytest.mark.parametrize(
     "case",
-    ["nan", "negative_compute", "missing_key", "r0_outside", "decreasing_compute", "not_an_object", "constant",
-     "too_few", "only_r0", "one_point_after_r0", "empty"],
+    [
+        "nan",
+        "negative_compute",
+        "missing_key",
+        "r0_outside",
+        "decreasing_compute",
+        "not_an_object",
+        "constant",
+        "too_few",
+        "only_r0",
+        "one_point_after_r0",
+        "empty",
+    ],
 )
 def test_bad_or_degenerate_rows_give_a_reason_not_an_exception(case: str) -> None:
     rows, reason = _corrupt(case)

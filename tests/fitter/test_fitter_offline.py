@@ -31,8 +31,9 @@ def _write_run(run_dir: Path, a: float = A, b: float = B, c_mid: float = C_MID, 
     for index in range(1, 61):
         compute = index * 3.0 * c_mid / 60
         pass_rate = float(np.clip(predict(compute, a, b, c_mid, R0) + rng.normal(0.0, 0.005), 0.0, 1.0))
-        lines.append(json.dumps({"step": 10 * index, "policy_version": 10 * index, "compute": compute,
-                                 "pass_rate": pass_rate}))
+        lines.append(
+            json.dumps({"step": 10 * index, "policy_version": 10 * index, "compute": compute, "pass_rate": pass_rate})
+        )
     path = run_dir / "eval.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -141,9 +142,11 @@ def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
 
 def test_missing_field_and_bad_value_name_the_line(tmp_path: Path) -> None:
     path = tmp_path / "eval.jsonl"
-    path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
-                    '\n'
-                    '{"step": 1, "policy_version": 1, "compute": 5}\n')
+    path.write_text(
+        '{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+        "\n"
+        '{"step": 1, "policy_version": 1, "compute": 5}\n'
+    )
     with pytest.raises(EvalFileError, match=r"eval.jsonl:3: pass_rate: Field required"):
         read_eval_log(path)
     path.write_text('{"step": 1, "policy_version": 1, "compute": 5, "pass_rate": 1.5}\n')
@@ -159,7 +162,7 @@ def test_missing_file_and_empty_run_directory(tmp_path: Path) -> None:
     assert main_fit([tmp_path / "nope.jsonl"], None, SETTINGS, [], console=console) == EXIT_BAD_INPUT
     assert "does not exist" in output.getvalue()
     (tmp_path / "empty-run").mkdir()
-    with pytest.raises(EvalFileError, match="has no eval.jsonl"):
+    with pytest.raises(EvalFileError, match=r"has no eval\.jsonl"):
         load_run(tmp_path / "empty-run", "empty-run")
 
 
@@ -246,7 +249,11 @@ def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
         "print(sorted(m for m in ('torch', 'vllm', 'matplotlib') if m in sys.modules))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert result.stdout.strip() == "[]"
@@ -283,10 +290,12 @@ def _degenerate_log(path: Path, case: str) -> str:
         compute, rates = compute[:4], rates[:4]
     elif case == "no_gain":
         rates[1:] = [0.1] * 10 + [0.15] * 10
-    path.write_text("".join(
-        json.dumps({"step": i, "policy_version": i, "compute": c, "pass_rate": r}) + "\n"
-        for i, (c, r) in enumerate(zip(compute, rates))
-    ))
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, "policy_version": i, "compute": c, "pass_rate": r}) + "\n"
+            for i, (c, r) in enumerate(zip(compute, rates))
+        )
+    )
     return expected
 
 
@@ -299,7 +308,10 @@ def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_p
     expected = _degenerate_log(path, case)
     result = subprocess.run(
         [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(tmp_path / "out")],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
     )
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
@@ -318,11 +330,16 @@ def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_p
 
 def test_decreasing_compute_names_both_steps(tmp_path: Path) -> None:
     path = tmp_path / "eval.jsonl"
-    path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
-                    '{"step": 20, "policy_version": 20, "compute": 50, "pass_rate": 0.3}\n'
-                    '{"step": 10, "policy_version": 10, "compute": 80, "pass_rate": 0.25}\n')
-    with pytest.raises(EvalFileError, match=r"eval.jsonl:2: compute 50 at step 20 is below compute 80 at step 10 "
-                                            r"\(.*eval.jsonl:3\)"):
+    path.write_text(
+        '{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n'
+        '{"step": 20, "policy_version": 20, "compute": 50, "pass_rate": 0.3}\n'
+        '{"step": 10, "policy_version": 10, "compute": 80, "pass_rate": 0.25}\n'
+    )
+    with pytest.raises(
+        EvalFileError,
+        match=r"eval.jsonl:2: compute 50 at step 20 is below compute 80 at step 10 "
+        r"\(.*eval.jsonl:3\)",
+    ):
         read_eval_log(path)
 
 
@@ -347,7 +364,8 @@ def test_bench_fitter_reports_against_the_target(tmp_path: Path) -> None:
     assert report["seconds"] == sorted(report["total_s_each"])[1]
     assert report["scalar_grid_nodes"] == 160 * 100  # A in 0.205..1.000 by 0.005, 100 C_mid values
     assert report["scalar_grid_over_vectorised_fit"] == pytest.approx(
-        report["scalar_grid_s_extrapolated"] / report["fit_s"])
+        report["scalar_grid_s_extrapolated"] / report["fit_s"]
+    )
     assert bench_main(["--output", str(tmp_path), "--quick"]) == 0
     written = json.loads((tmp_path / BENCH_FILE_NAME).read_text())
     assert set(written) == set(report)

@@ -89,7 +89,7 @@ async def test_engine_asks_vllm_for_safetensors_only(tmp_path: Path, monkeypatch
 def test_worker_refuses_a_pickle_only_version(tmp_path: Path) -> None:
     marker = tmp_path / "pickle-ran"
     version = pickled_folder(tmp_path / "v3", marker)
-    with pytest.raises(WeightsError, match="safetensors only; refusing model.ckpt, model.pt, pytorch_model.bin"):
+    with pytest.raises(WeightsError, match=r"safetensors only; refusing model\.ckpt, model\.pt, pytorch_model\.bin"):
         StagedWeightsExtension().stage_weights(str(version))
     assert not marker.exists()
     pickle.loads((version / "model.pt").read_bytes())  # what loading it would have done

@@ -283,8 +283,10 @@ async def test_tied_head_follows_the_swap(tmp_path: Path) -> None:
         got = torch.tensor(s.logprobs)
         assert (got - _reference_logprobs(v1_dir, prompt_ids, s.token_ids)).abs().max().item() < LOGPROB_TOL
     # The check has teeth: version 0 would have scored these tokens differently.
-    gaps = [(torch.tensor(s.logprobs) - _reference_logprobs(v0_dir, prompt_ids, s.token_ids)).abs().max().item()
-            for s in samples]
+    gaps = [
+        (torch.tensor(s.logprobs) - _reference_logprobs(v0_dir, prompt_ids, s.token_ids)).abs().max().item()
+        for s in samples
+    ]
     assert max(gaps) > 1.0
 
 
@@ -296,7 +298,9 @@ STATUS = "/asymptote.contracts.v1.Generator/Status"
 
 
 def _generate(prompt: str = "1+2=", **sampling: Any) -> bytes:
-    return services_pb2.GenerateRequest(prompt=prompt, sampling=rollout_pb2.SamplingParams(**sampling)).SerializeToString()
+    return services_pb2.GenerateRequest(
+        prompt=prompt, sampling=rollout_pb2.SamplingParams(**sampling)
+    ).SerializeToString()
 
 
 async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -> None:
@@ -306,8 +310,10 @@ async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -
     await health.unblock("starting")
     servicer = GeneratorServicer(engine, health, "test", GeneratorMetrics())
     server, port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), health,
-        lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s), ["asymptote.contracts.v1.Generator"],
+        ListenSettings(host="127.0.0.1", port=0),
+        health,
+        lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s),
+        ["asymptote.contracts.v1.Generator"],
     )
     nan, inf = float("nan"), float("inf")
     bad = {
@@ -331,19 +337,29 @@ async def test_generate_refuses_bad_requests_and_keeps_serving(engine: Engine) -
                 assert answer.code == grpc.StatusCode.INVALID_ARGUMENT and named in answer.details, (what, answer)
             # Random bytes, truncations and bit flips of a small valid request: a flip that leaves
             # it valid is served (at most 127 samples of the model's length), anything else refused.
-            valid = {GENERATE: _generate(num_samples=1, max_tokens=3, seed=1),
-                     STATUS: services_pb2.StatusRequest().SerializeToString()}
+            valid = {
+                GENERATE: _generate(num_samples=1, max_tokens=3, seed=1),
+                STATUS: services_pb2.StatusRequest().SerializeToString(),
+            }
             for method, good in valid.items():
                 *answers, too_big = await send_bad_requests(ch, "gRPC Generator", method, good, rng, 40, timeout_s=60)
                 for answer in answers:
                     assert answer.code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT) or answer.unparsable, (
-                        method, answer.request[:40], answer.code, answer.details)
+                        method,
+                        answer.request[:40],
+                        answer.code,
+                        answer.details,
+                    )
                     assert answer.code == grpc.StatusCode.OK or answer.details
                 assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, too_big.code, too_big.details)
             # Still serving, and it says which version sampled.
             stub = services_pb2_grpc.GeneratorStub(ch)
-            good = await stub.Generate(services_pb2.GenerateRequest(
-                prompt="12+34=", sampling=rollout_pb2.SamplingParams(num_samples=2, max_tokens=5)), timeout=60)
+            good = await stub.Generate(
+                services_pb2.GenerateRequest(
+                    prompt="12+34=", sampling=rollout_pb2.SamplingParams(num_samples=2, max_tokens=5)
+                ),
+                timeout=60,
+            )
             assert len(good.completions) == 2 and good.policy_version == engine.version
             assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in good.completions)
             status = await stub.Status(services_pb2.StatusRequest(), timeout=10)
@@ -383,11 +399,15 @@ async def test_a_request_the_engine_cuts_short_is_refused_not_returned(engine: E
 
 def _task(task_id: str, kind: int, require_version: int = 0, num_samples: int = 4) -> rollout_pb2.GenerationTask:
     return rollout_pb2.GenerationTask(
-        task_id=task_id, kind=kind, task_name="arithmetic", prompt_id=task_id, prompt="1+2=", reference="3",
-        sampling=rollout_pb2.SamplingParams(
-            num_samples=num_samples, temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS
-        ),
-        require_version=require_version, eval_id="eval-x" if kind == rollout_pb2.TASK_KIND_EVAL else "",
+        task_id=task_id,
+        kind=kind,
+        task_name="arithmetic",
+        prompt_id=task_id,
+        prompt="1+2=",
+        reference="3",
+        sampling=rollout_pb2.SamplingParams(num_samples=num_samples, temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS),
+        require_version=require_version,
+        eval_id="eval-x" if kind == rollout_pb2.TASK_KIND_EVAL else "",
         eval_num_prompts=1 if kind == rollout_pb2.TASK_KIND_EVAL else 0,
     )
 
@@ -418,7 +438,13 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
             await ensure_streams(js, names)
             metrics = GeneratorMetrics()
             loop = RolloutLoop(
-                engine, js, names, "gen-test", max_inflight_groups=4, ack_wait_s=30.0, metrics=metrics,
+                engine,
+                js,
+                names,
+                "gen-test",
+                max_inflight_groups=4,
+                ack_wait_s=30.0,
+                metrics=metrics,
                 meter=ComputeMeter("generator", "gen-test", "cpu", 1),
             )
             # The real engine, watched: tell when the first group's tokens are under way.

@@ -30,7 +30,7 @@ def session(port: int, lines: list[str], until: str | None = None, timeout_s: fl
             sock.settimeout(max(0.05, deadline - time.monotonic()))
             try:
                 chunk = sock.recv(65536)
-            except (socket.timeout, ConnectionResetError):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break

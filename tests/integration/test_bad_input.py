@@ -48,10 +48,16 @@ async def servers(nats: NatsServer) -> AsyncIterator[dict[str, int]]:
     prefix = "badinput"
     broker_port = free_port()
     config = BrokerConfig(
-        nats=NatsSettings(url=nats.url), prefix=prefix, grpc={"port": broker_port}, http={"port": free_port()},
+        nats=NatsSettings(url=nats.url),
+        prefix=prefix,
+        grpc={"port": broker_port},
+        http={"port": free_port()},
         task=TaskSettings(num_train=40, num_heldout=3, max_digits=2),
-        sampling=SamplingSettings(group_size=2, max_tokens=4), eval=EvalSettings(every_versions=1000, num_samples=2),
-        batch_prompts=2, max_outstanding_tasks=4, log_format="text",
+        sampling=SamplingSettings(group_size=2, max_tokens=4),
+        eval=EvalSettings(every_versions=1000, num_samples=2),
+        batch_prompts=2,
+        max_outstanding_tasks=4,
+        log_format="text",
     )
     stop = asyncio.Event()
     broker = asyncio.create_task(serve(config, stop))
@@ -63,9 +69,9 @@ async def servers(nats: NatsServer) -> AsyncIterator[dict[str, int]]:
     store.put(Version(1, {"w": WireTensor.from_numpy(np.arange(4, dtype=np.float32))}, "00" * 32))
     health = Health("learner")
     learner, learner_port = await start_server(
-        ListenSettings(host="127.0.0.1", port=0), health,
-        lambda s: add_learner_to_server(
-            LearnerServicer(store, health, "test", dict), s),
+        ListenSettings(host="127.0.0.1", port=0),
+        health,
+        lambda s: add_learner_to_server(LearnerServicer(store, health, "test", dict), s),
         ["asymptote.contracts.v1.Learner"],
     )
     await health.unblock("starting")
@@ -86,10 +92,10 @@ async def test_bad_requests_get_a_status_and_servers_stay_up(servers: dict[str, 
     learner_ch = grpc.aio.insecure_channel(f"127.0.0.1:{servers['learner']}")
     valid = {
         ACK: services_pb2.AckRequest(
-            batches=[services_pb2.AckedBatch(batch_id="b", group_ids=["g"])]).SerializeToString(),
+            batches=[services_pb2.AckedBatch(batch_id="b", group_ids=["g"])]
+        ).SerializeToString(),
         "/asymptote.contracts.v1.Broker/Status": services_pb2.StatusRequest().SerializeToString(),
-        NEXT_BATCH: services_pb2.NextBatchRequest(
-            learner_version=3, num_groups=2, timeout_s=0.1).SerializeToString(),
+        NEXT_BATCH: services_pb2.NextBatchRequest(learner_version=3, num_groups=2, timeout_s=0.1).SerializeToString(),
         PULL_WEIGHTS: services_pb2.PullWeightsRequest(version=1).SerializeToString(),
         "/asymptote.contracts.v1.Learner/Status": services_pb2.StatusRequest().SerializeToString(),
     }
@@ -99,23 +105,36 @@ async def test_bad_requests_get_a_status_and_servers_stay_up(servers: dict[str, 
             interface = "gRPC Broker" if "Broker" in method else "gRPC Learner"
             channel = broker_ch if "Broker" in method else learner_ch
             *answers, too_big = await send_bad_requests(
-                channel, interface, method, good, rng, 40, streaming=method in STREAM)
+                channel, interface, method, good, rng, 40, streaming=method in STREAM
+            )
             for answer in answers:
                 # gRPC answers bytes that do not parse with UNKNOWN, naming the type and the error.
                 assert answer.code in ALLOWED or answer.unparsable, (
-                    method, answer.request[:20], answer.code, answer.details)
+                    method,
+                    answer.request[:20],
+                    answer.code,
+                    answer.details,
+                )
                 assert answer.code == grpc.StatusCode.OK or answer.details, (method, answer.code)
             assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, too_big.code, too_big.details)
             sent.update((method, a.request) for a in [*answers, too_big])
 
         # Out of range, named in the status.
         answer = await send_bad_request(
-            broker_ch, "gRPC Broker", NEXT_BATCH,
-            services_pb2.NextBatchRequest(num_groups=5000, timeout_s=0.1).SerializeToString(), streaming=True)
+            broker_ch,
+            "gRPC Broker",
+            NEXT_BATCH,
+            services_pb2.NextBatchRequest(num_groups=5000, timeout_s=0.1).SerializeToString(),
+            streaming=True,
+        )
         assert answer.code == grpc.StatusCode.INVALID_ARGUMENT and "num_groups" in answer.details
         answer = await send_bad_request(
-            learner_ch, "gRPC Learner", PULL_WEIGHTS, services_pb2.PullWeightsRequest(version=999).SerializeToString(),
-            streaming=True)
+            learner_ch,
+            "gRPC Learner",
+            PULL_WEIGHTS,
+            services_pb2.PullWeightsRequest(version=999).SerializeToString(),
+            streaming=True,
+        )
         assert answer.code == grpc.StatusCode.NOT_FOUND and "999" in answer.details
         # Oversized: 5 MiB of group ids exceeds gRPC's 4 MiB receive limit.
         huge = services_pb2.AckRequest(batches=[services_pb2.AckedBatch(batch_id="x", group_ids=["g" * 1024] * 5120)])

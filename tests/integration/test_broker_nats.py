@@ -26,7 +26,7 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
-from asymptote.streams import Names, ensure_bucket
+from asymptote.streams import Names
 from asymptote.tasks import TaskSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
@@ -46,8 +46,13 @@ def make_group(task: rollout_pb2.GenerationTask, rewards: list[float], version: 
         for r in rewards
     ]
     return rollout_pb2.RolloutGroup(
-        group_id=task.task_id, task=task, prompt_token_ids=[5, 6, 7], completions=completions,
-        generator_id="test-generator", min_version=version, max_version=version,
+        group_id=task.task_id,
+        task=task,
+        prompt_token_ids=[5, 6, 7],
+        completions=completions,
+        generator_id="test-generator",
+        min_version=version,
+        max_version=version,
     )
 
 
@@ -92,10 +97,12 @@ class Harness:
     async def restart_broker(self) -> None:
         """A new broker process on the same run: nothing of the old one's memory survives."""
         await self.stop_broker()
-        self.config = self.config.model_copy(update={
-            "grpc": self.config.grpc.model_copy(update={"port": free_port()}),
-            "http": self.config.http.model_copy(update={"port": free_port()}),
-        })
+        self.config = self.config.model_copy(
+            update={
+                "grpc": self.config.grpc.model_copy(update={"port": free_port()}),
+                "http": self.config.http.model_copy(update={"port": free_port()}),
+            }
+        )
         await self.start_broker()
         await self.serving()
 
@@ -138,7 +145,9 @@ async def nats_connect(server: NatsServer) -> NatsClient:
 async def lease(h: Harness, num: int, timeout_s: float = 10.0) -> list[tuple[rollout_pb2.GenerationTask, object]]:
     """Lease ``num`` tasks the way generators do (the shared durable consumer)."""
     sub = await h.js.pull_subscribe(
-        h.names.all_tasks, durable=h.names.generators_consumer, stream=h.names.tasks_stream,
+        h.names.all_tasks,
+        durable=h.names.generators_consumer,
+        stream=h.names.tasks_stream,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0),
     )
     got: list[tuple[rollout_pb2.GenerationTask, object]] = []
@@ -146,7 +155,7 @@ async def lease(h: Harness, num: int, timeout_s: float = 10.0) -> list[tuple[rol
     while len(got) < num and asyncio.get_running_loop().time() < deadline:
         try:
             msgs = await sub.fetch(batch=num - len(got), timeout=1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             continue
         got.extend((rollout_pb2.GenerationTask.FromString(m.data), m) for m in msgs)
     return got
@@ -157,7 +166,9 @@ async def publish_group(h: Harness, group: rollout_pb2.RolloutGroup) -> bool:
     return bool(ack.duplicate)
 
 
-async def next_batch(h: Harness, timeout_s: float = 10.0) -> tuple[services_pb2.BatchHeader, list[rollout_pb2.RolloutGroup]]:
+async def next_batch(
+    h: Harness, timeout_s: float = 10.0
+) -> tuple[services_pb2.BatchHeader, list[rollout_pb2.RolloutGroup]]:
     header, groups = None, []
     async for part in h.stub.NextBatch(services_pb2.NextBatchRequest(learner_version=0, timeout_s=timeout_s)):
         if part.WhichOneof("part") == "header":
@@ -192,7 +203,7 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     more = await lease(h, 3)
     train += [(t, m) for t, m in more if t.kind == rollout_pb2.TASK_KIND_TRAIN]
     assert len(train) >= 3
-    (t1, m1), (t2, m2), (t3, m3) = train[:3]
+    (t1, _), (t2, _), (t3, _) = train[:3]
     assert not await publish_group(h, make_group(t1, [1.0, 0.0]))
     assert await publish_group(h, make_group(t1, [1.0, 0.0])), "a re-publish must be deduplicated"
     assert not await publish_group(h, make_group(t2, [0.0, 0.0]))  # zero variance
@@ -223,8 +234,11 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
 async def test_poison_is_dead_lettered_and_broker_keeps_serving(harness: Harness) -> None:
     h = harness
     await h.js.publish(h.names.rollouts, b"\xff\x00 not a protobuf", headers={"Nats-Msg-Id": "poison-1"})
-    bad = rollout_pb2.RolloutGroup(group_id="bad-1", prompt_token_ids=[1], completions=[
-        rollout_pb2.Completion(token_ids=[1, 2], logprobs=[-0.1], reward=1.0)])
+    bad = rollout_pb2.RolloutGroup(
+        group_id="bad-1",
+        prompt_token_ids=[1],
+        completions=[rollout_pb2.Completion(token_ids=[1, 2], logprobs=[-0.1], reward=1.0)],
+    )
     await h.js.publish(h.names.rollouts, bad.SerializeToString(), headers={"Nats-Msg-Id": "bad-1"})
     for _ in range(50):
         if await stream_count(h, h.names.deadletter_stream) >= 2:
@@ -302,8 +316,11 @@ async def test_a_copy_of_an_ended_task_is_never_served_also_by_a_restarted_broke
         await publish_group(h, make_group(t, [1.0, 0.0]))
         await m.ack()  # type: ignore[attr-defined]
     header, groups = await next_batch(h)
-    resp = await h.stub.Ack(services_pb2.AckRequest(batches=[
-        services_pb2.AckedBatch(batch_id=header.batch_id, group_ids=[g.group_id for g in groups])]))
+    resp = await h.stub.Ack(
+        services_pb2.AckRequest(
+            batches=[services_pb2.AckedBatch(batch_id=header.batch_id, group_ids=[g.group_id for g in groups])]
+        )
+    )
     assert resp.num_acked == 2
     t1 = train[0][0]
 

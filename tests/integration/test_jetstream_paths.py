@@ -44,10 +44,16 @@ async def work_queue(nc: NatsClient, max_msg_size: int = -1) -> tuple[str, str]:
     """A fresh work-queue stream with dedup; (stream, subject)."""
     n = next(_ids)
     stream, subject = f"JSP{n}", f"jsp{n}.work"
-    await nc.jetstream().add_stream(StreamConfig(
-        name=stream, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
-        duplicate_window=60.0, max_msg_size=max_msg_size,
-    ))
+    await nc.jetstream().add_stream(
+        StreamConfig(
+            name=stream,
+            subjects=[subject],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=60.0,
+            max_msg_size=max_msg_size,
+        )
+    )
     return stream, subject
 
 

@@ -85,8 +85,10 @@ def intruder_script(names: Names, user: str | None, password: str | None, seq: i
         "CONNECT " + json.dumps({"verbose": False, "pedantic": False, **creds}),
         f"SUB {names.rollouts} 1",
         "SUB _INBOX.raw 2",
-        f"PUB {names.rollouts} {len(forged)}", forged,
-        f"PUB $JS.API.STREAM.MSG.GET.{names.rollouts_stream} _INBOX.raw {len(get)}", get,
+        f"PUB {names.rollouts} {len(forged)}",
+        forged,
+        f"PUB $JS.API.STREAM.MSG.GET.{names.rollouts_stream} _INBOX.raw {len(get)}",
+        get,
         "PING",
     ]
 

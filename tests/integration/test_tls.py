@@ -81,10 +81,12 @@ def _write(folder: Path, stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.
 
 
 def _certificate(
-    subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
     sans: list[x509.GeneralName] | None = None,
 ) -> x509.Certificate:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     issuer_name = issuer[0].subject if issuer else _name(subject)
     builder = (
         x509.CertificateBuilder()
@@ -107,9 +109,7 @@ def _certificate(
         # One identity per service: the same certificate serves and dials.
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False)
         .add_extension(x509.SubjectAlternativeName(sans or [x509.DNSName(subject)]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()), critical=False)
     )
     return builder.sign(issuer[1], hashes.SHA256())
 
@@ -161,9 +161,11 @@ async def fitter_server(tmp_path: Path, tls: TlsSettings) -> AsyncIterator[int]:
     collector = Collector(tmp_path, "live", CurveFitSettings(), (2.0,), ComputeAxis(30.0), plot=False)
     health = Health("fitter")
     server, port = await start_server(
-        ListenSettings(port=0), health,
+        ListenSettings(port=0),
+        health,
         lambda s: services_pb2_grpc.add_FitterServicer_to_server(FitterServicer(collector), s),
-        ["asymptote.contracts.v1.Fitter"], tls,
+        ["asymptote.contracts.v1.Fitter"],
+        tls,
     )
     await health.unblock("starting")
     try:
@@ -232,9 +234,11 @@ async def test_generator_pulls_weights_over_mtls_only_with_its_certificate(pki: 
     )
     health = Health("learner")
     server, port = await start_server(
-        ListenSettings(port=0), health,
+        ListenSettings(port=0),
+        health,
         lambda s: services_pb2_grpc.add_LearnerServicer_to_server(OneVersionLearner(tensors), s),
-        ["asymptote.contracts.v1.Learner"], server_tls,
+        ["asymptote.contracts.v1.Learner"],
+        server_tls,
     )
     try:
         generator_tls = TlsSettings(ca_file=pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
@@ -270,17 +274,27 @@ def test_half_configured_tls_is_a_config_error(env: dict[str, str], message: str
 async def test_unreadable_or_non_pem_certificates_fail_at_start(pki: Pki, tmp_path: Path) -> None:
     missing = tmp_path / "missing.crt"
     with pytest.raises(ConfigError, match=f"grpc_tls.cert_file: cannot read {missing}: No such file"):
-        await start_server(ListenSettings(port=0), Health("x"), lambda s: None, [],
-                           TlsSettings(cert_file=missing, key_file=pki.server_key))
+        await start_server(
+            ListenSettings(port=0),
+            Health("x"),
+            lambda s: None,
+            [],
+            TlsSettings(cert_file=missing, key_file=pki.server_key),
+        )
     with pytest.raises(ConfigError, match=f"grpc_tls.cert_file: {pki.not_pem} is not a PEM file"):
-        await start_server(ListenSettings(port=0), Health("x"), lambda s: None, [],
-                           TlsSettings(cert_file=pki.not_pem, key_file=pki.server_key))
+        await start_server(
+            ListenSettings(port=0),
+            Health("x"),
+            lambda s: None,
+            [],
+            TlsSettings(cert_file=pki.not_pem, key_file=pki.server_key),
+        )
     # The generator's weight client fails at start, not at its first pull.
-    with pytest.raises(ConfigError, match="grpc_tls.ca_file: cannot read"):
+    with pytest.raises(ConfigError, match=r"grpc_tls\.ca_file: cannot read"):
         GrpcWeightSource(tls=TlsSettings(ca_file=missing))
     # NATS: no waiting out the start-up timeout for a setting that cannot improve.
     started = time.monotonic()
-    with pytest.raises(ConfigError, match="nats.tls_ca_file: cannot read"):
+    with pytest.raises(ConfigError, match=r"nats\.tls_ca_file: cannot read"):
         await wait_for_nats(NatsSettings(url="nats://127.0.0.1:1", tls_ca_file=missing), "x", timeout_s=30)
     assert time.monotonic() - started < 5
 

@@ -33,8 +33,15 @@ VOCAB = 24
 
 def tiny_model() -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(1234)
     return LlamaForCausalLM(config).float()
@@ -56,22 +63,26 @@ def batch(rng: random.Random, step: int, num_prompts: int, group_size: int = 4) 
             else:
                 reward = float(rng.random() < 0.5) * (2.0 if signed else 1.0) - (1.0 if signed else 0.0)
             mask = [0 if (n > 3 and t in (1, 2)) else 1 for t in range(n)]
-            completions.append(rollout_pb2.Completion(
-                token_ids=tokens,
-                logprobs=[-rng.uniform(0.5, 4.0) for _ in range(n)],
-                version_spans=[rollout_pb2.VersionSpan(version=max(0, step - rng.randrange(0, 3)), start=0, end=n)],
-                reward=reward,
-                loss_mask=mask,
-                truncated=n == 8,
-            ))
+            completions.append(
+                rollout_pb2.Completion(
+                    token_ids=tokens,
+                    logprobs=[-rng.uniform(0.5, 4.0) for _ in range(n)],
+                    version_spans=[rollout_pb2.VersionSpan(version=max(0, step - rng.randrange(0, 3)), start=0, end=n)],
+                    reward=reward,
+                    loss_mask=mask,
+                    truncated=n == 8,
+                )
+            )
         if p != 1 and len({c.reward for c in completions}) == 1:
             completions[-1].reward = -completions[-1].reward if signed else 1.0 - completions[-1].reward
         task = rollout_pb2.GenerationTask(
             task_id=f"s{step}p{p}", sampling=rollout_pb2.SamplingParams(temperature=rng.choice([1.0, 0.7]))
         )
-        groups.append(rollout_pb2.RolloutGroup(
-            group_id=f"s{step}p{p}", task=task, prompt_token_ids=prompt, completions=completions
-        ))
+        groups.append(
+            rollout_pb2.RolloutGroup(
+                group_id=f"s{step}p{p}", task=task, prompt_token_ids=prompt, completions=completions
+            )
+        )
     return groups
 
 

@@ -26,7 +26,9 @@ def part(**kwargs: object) -> bytes:
 
 
 def group(i: int) -> rollout_pb2.RolloutGroup:
-    return rollout_pb2.RolloutGroup(group_id=f"g{i}", completions=[rollout_pb2.Completion(token_ids=[1, 2], reward=1.0)])
+    return rollout_pb2.RolloutGroup(
+        group_id=f"g{i}", completions=[rollout_pb2.Completion(token_ids=[1, 2], reward=1.0)]
+    )
 
 
 HEADER = services_pb2.BatchHeader(batch_id="b1", num_groups=2)

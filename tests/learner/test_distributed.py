@@ -9,6 +9,7 @@ metrics that depend on every rank's scores.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +26,16 @@ sys.path.insert(0, str(WORKER.parent))
 from ddp_worker import CONFIGS, tiny_model  # noqa: E402
 
 PARITY = 1e-5
-SCORED = ["loss", "policy/entropy", "is/kl_gen_learner", "is/mean_abs_logp_diff", "is/capped_frac",
-          "is/rho_max", "is/rho_min", "optim/grad_norm"]
+SCORED = [
+    "loss",
+    "policy/entropy",
+    "is/kl_gen_learner",
+    "is/mean_abs_logp_diff",
+    "is/capped_frac",
+    "is/rho_max",
+    "is/rho_min",
+    "optim/grad_norm",
+]
 
 
 def free_port() -> int:
@@ -40,8 +48,15 @@ def torchrun(ranks: int, out: Path) -> None:
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(WORKER), "--out", str(out),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(WORKER),
+        "--out",
+        str(out),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"torchrun with {ranks} ranks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -81,7 +96,7 @@ def test_ranks_report_the_same_step_metrics(runs: dict[int, Path]) -> None:
     for config in CONFIGS:
         assert follower[f"{config}/followed"] == len(one[config]) == 3
         for m1, m2 in zip(one[config], two[config], strict=True):
-            for key in SCORED + ["batch/kept_prompts", "staleness/mean"]:
+            for key in [*SCORED, "batch/kept_prompts", "staleness/mean"]:
                 assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-6), (config, key)
         # The batches exercise the edge cases the parity has to hold for.
         first = one[config][0]
@@ -96,6 +111,6 @@ def test_prompt_ranges_cover_the_batch_once() -> None:
         for prompts in range(0, 11):
             ranges = [DataParallel(rank, world).prompt_range(prompts) for rank in range(world)]
             assert ranges[0][0] == 0 and ranges[-1][1] == prompts
-            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
             sizes = [b - a for a, b in ranges]
             assert max(sizes) - min(sizes) <= 1

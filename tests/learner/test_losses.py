@@ -230,7 +230,9 @@ def run_reference(
     return ref.loss.detach(), grad, ref, keep
 
 
-def assert_matches_reference(batch: Batch, normalization: Normalization, aggregation: Aggregation, eps_max: float) -> None:
+def assert_matches_reference(
+    batch: Batch, normalization: Normalization, aggregation: Aggregation, eps_max: float
+) -> None:
     loss, grad, stats, keep = run_recipe(batch, normalization, aggregation, eps_max)
     ref_loss, ref_grad, ref, ref_keep = run_reference(batch, normalization, aggregation, eps_max)
     assert keep.tolist() == ref_keep
@@ -322,7 +324,9 @@ def test_cispo_by_hand() -> None:
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("reward_kind", get_args(RewardKind))
-def test_cispo_matches_reference(normalization: Normalization, aggregation: Aggregation, reward_kind: RewardKind) -> None:
+def test_cispo_matches_reference(
+    normalization: Normalization, aggregation: Aggregation, reward_kind: RewardKind
+) -> None:
     batch = random_batch(seed=11, num_prompts=5, group_size=4, num_tokens=6, reward_kind=reward_kind)
     assert_matches_reference(batch, normalization, aggregation, eps_max=4.0)
 
@@ -522,8 +526,9 @@ def test_cispo_rejects_mismatched_shapes(
 # --------------------------------------------------------------------------
 
 
-def ref_aggregate(token_terms: list[list[torch.Tensor]], prompt_index: list[int], aggregation: str,
-                  zero: torch.Tensor) -> torch.Tensor:
+def ref_aggregate(
+    token_terms: list[list[torch.Tensor]], prompt_index: list[int], aggregation: str, zero: torch.Tensor
+) -> torch.Tensor:
     """RECIPE 2 aggregation over per-completion lists of token terms, one at a time."""
     if aggregation == "token":
         terms = [x for row in token_terms for x in row]
@@ -543,9 +548,17 @@ def _clamp(x: float) -> float:
     return min(max(x, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
 
 
-def ref_ppo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[float], mask: list[list[int]],
-            prompt_index: list[int], eps_low: float, eps_high: float, aggregation: str,
-            tis_cap: float | None) -> torch.Tensor:
+def ref_ppo(
+    logp: torch.Tensor,
+    logp_gen: list[list[float]],
+    advantages: list[float],
+    mask: list[list[int]],
+    prompt_index: list[int],
+    eps_low: float,
+    eps_high: float,
+    aggregation: str,
+    tis_cap: float | None,
+) -> torch.Tensor:
     """Per token -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) [x sg(min(pi/pi_gen, C))]."""
     terms: list[list[torch.Tensor]] = []
     for n in range(logp.shape[0]):
@@ -566,8 +579,16 @@ def ref_ppo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[fl
     return ref_aggregate(terms, prompt_index, aggregation, logp.sum() * 0.0)
 
 
-def ref_gspo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[float], mask: list[list[int]],
-             prompt_index: list[int], eps_low: float, eps_high: float, aggregation: str) -> torch.Tensor:
+def ref_gspo(
+    logp: torch.Tensor,
+    logp_gen: list[list[float]],
+    advantages: list[float],
+    mask: list[list[int]],
+    prompt_index: list[int],
+    eps_low: float,
+    eps_high: float,
+    aggregation: str,
+) -> torch.Tensor:
     """s_i = exp(mean of token log-ratios); -min(s A, clip(s) A) on each of the sequence's tokens."""
     terms: list[list[torch.Tensor]] = []
     for n in range(logp.shape[0]):
@@ -586,8 +607,9 @@ def ref_gspo(logp: torch.Tensor, logp_gen: list[list[float]], advantages: list[f
 PPO_CASES = [("grpo", None), ("dapo", None), ("grpo", 2.0), ("dapo", 2.0), ("gspo", None)]
 
 
-def assert_ppo_matches_reference(batch: Batch, name: str, tis_cap: float | None, normalization: Normalization,
-                                 aggregation: Aggregation) -> None:
+def assert_ppo_matches_reference(
+    batch: Batch, name: str, tis_cap: float | None, normalization: Normalization, aggregation: Aggregation
+) -> None:
     from services.learner.config import LossSettings
     from services.learner.losses import policy_loss
 
@@ -595,8 +617,17 @@ def assert_ppo_matches_reference(batch: Batch, name: str, tis_cap: float | None,
     low, high = settings.clip
     rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
     advantages, keep = group_advantages(rewards, normalization)
-    loss, _ = policy_loss(name, logp, logp_gen, advantages.reshape(-1), mask * keep[prompt_index, None],
-                          prompt_index, aggregation, clip=(low, high), tis_cap=tis_cap)
+    loss, _ = policy_loss(
+        name,
+        logp,
+        logp_gen,
+        advantages.reshape(-1),
+        mask * keep[prompt_index, None],
+        prompt_index,
+        aggregation,
+        clip=(low, high),
+        tis_cap=tis_cap,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
 
     ref_adv, ref_keep = ref_advantages(batch.rewards, normalization)
@@ -616,8 +647,9 @@ def assert_ppo_matches_reference(batch: Batch, name: str, tis_cap: float | None,
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("reward_kind", ["binary", "signed"])
-def test_ppo_style_losses_match_reference(name: str, tis_cap: float | None, normalization: Normalization,
-                                          aggregation: Aggregation, reward_kind: RewardKind) -> None:
+def test_ppo_style_losses_match_reference(
+    name: str, tis_cap: float | None, normalization: Normalization, aggregation: Aggregation, reward_kind: RewardKind
+) -> None:
     batch = random_batch(seed=23, num_prompts=5, group_size=4, num_tokens=6, reward_kind=reward_kind)
     assert_ppo_matches_reference(batch, name, tis_cap, normalization, aggregation)
 
@@ -632,8 +664,12 @@ def test_ppo_style_losses_match_reference(name: str, tis_cap: float | None, norm
     reward_kind=st.sampled_from(get_args(RewardKind)),
 )
 def test_ppo_style_losses_match_reference_random_shapes(
-    seed: int, case: tuple[str, float | None], num_tokens: int, normalization: Normalization,
-    aggregation: Aggregation, reward_kind: RewardKind,
+    seed: int,
+    case: tuple[str, float | None],
+    num_tokens: int,
+    normalization: Normalization,
+    aggregation: Aggregation,
+    reward_kind: RewardKind,
 ) -> None:
     batch = random_batch(seed, 3, 3, num_tokens, reward_kind)
     assert_ppo_matches_reference(batch, case[0], case[1], normalization, aggregation)
@@ -645,8 +681,16 @@ def test_ppo_clip_by_hand() -> None:
     # One token each: r = 1.5 with A = +1 is clipped at 1.2 (no gradient);
     # r = 0.5 with A = +1 is not clipped (gradient -r); mean over the two.
     logp = torch.tensor([[math.log(1.5)], [math.log(0.5)]], dtype=torch.float64, requires_grad=True)
-    loss, stats = ppo_clip_loss(logp, torch.zeros(2, 1, dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64),
-                                torch.ones(2, 1), torch.tensor([0, 1]), 0.2, 0.2, "sample")
+    loss, stats = ppo_clip_loss(
+        logp,
+        torch.zeros(2, 1, dtype=torch.float64),
+        torch.tensor([1.0, 1.0], dtype=torch.float64),
+        torch.ones(2, 1),
+        torch.tensor([0, 1]),
+        0.2,
+        0.2,
+        "sample",
+    )
     assert loss.item() == pytest.approx(-(1.2 + 0.5) / 2)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [-0.25]], dtype=torch.float64))

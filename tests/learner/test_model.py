@@ -54,7 +54,7 @@ def test_tokenizer_vocabulary_and_exact_round_trip() -> None:
         ids = tok(text)["input_ids"]
         assert len(ids) == len(text) + 1
         assert tok.decode(ids, skip_special_tokens=True) == text
-        assert tok.decode(ids[1:] + [tok.eos_token_id], skip_special_tokens=True) == text
+        assert tok.decode([*ids[1:], tok.eos_token_id], skip_special_tokens=True) == text
     # Every id the model can sample decodes; reserved and special ids vanish.
     assert tok.decode(list(range(32)), skip_special_tokens=True) == ALPHABET
 

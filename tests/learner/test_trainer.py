@@ -252,9 +252,9 @@ def test_step_with_nothing_to_learn_leaves_weights_alone(tiny_llama: LlamaForCau
 def test_lm_head_runs_in_float32_for_a_bfloat16_model() -> None:
     """FP32 LM head: with bf16 weights the logits are a float32 matmul of the
     bf16 hidden states, not bf16 logits cast afterwards."""
+    from asymptote.tasks import ALPHABET
     from services.learner.model import ModelSpec, build_model, build_tokenizer, pack
     from services.learner.trainer import forward
-    from asymptote.tasks import ALPHABET
 
     spec = ModelSpec(init_seed=4)
     tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
@@ -264,11 +264,12 @@ def test_lm_head_runs_in_float32_for_a_bfloat16_model() -> None:
     logp, _ = forward(model, batch, temperature)
     assert logp.dtype == torch.float32
     with torch.no_grad():
-        hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids).last_hidden_state[:, batch.prompt_len - 1 : -1]
+        hidden = model.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).last_hidden_state[:, batch.prompt_len - 1 : -1]
         fp32 = torch.log_softmax(hidden.float() @ model.lm_head.weight.float().T, -1)
         bf16 = torch.log_softmax(model.lm_head(hidden).float(), -1)
-    targets = batch.input_ids[:, batch.prompt_len:]
+    targets = batch.input_ids[:, batch.prompt_len :]
     want = fp32.gather(-1, targets[..., None]).squeeze(-1)
     rounded = bf16.gather(-1, targets[..., None]).squeeze(-1)
     mask = batch.completion_mask.bool()
