@@ -7,4 +7,4 @@ bin=.venv/bin
 "$bin/ruff" check .
 "$bin/ruff" format --check .
 "$bin/mypy" --strict asymptote
-"$bin/mypy" services
+"$bin/mypy" services benchmarks ops

@@ -1,16 +1,28 @@
 """The ``asymptote`` command: one subcommand per service, plus the local
-stack (``up``), offline curve fitting (``fit``) and benchmarks (``bench``).
+stack (``up``), offline curve fitting (``fit``), benchmarks (``bench``) and
+operating a deployed run (``kube``).
 
-Each subcommand imports its service lazily, so ``asymptote broker`` never
-loads torch or vLLM.
+This module sits above everything it dispatches to: the services, the
+local stack, ``benchmarks/`` and ``ops/``. It imports each of them lazily,
+inside the subcommand that needs it, so ``asymptote broker`` never loads
+torch or vLLM, a service image without ``benchmarks/`` still runs, and no
+module below imports back up into the command line.
+
+A user's mistake is answered in one line on stderr that names the flag (or
+the file) and what is accepted, with exit status 2; a traceback is for bugs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from asymptote.errors import ConfigError
 
@@ -25,16 +37,46 @@ services:
 local and offline:
   up           run nats-server and the four services on this machine
   fit          fit eval.jsonl files offline, print a table, write a plot
-  bench        every performance figure as a ratio, side by side (bench.json, bench.md)
+  bench        every performance figure against its baseline, side by side (bench.json, bench.md)
   prepare-model  build and warm-start the tiny local model (cached)
   kube         a deployed run: status, scale generators, gRPC health
 """
+
+UP_FLAGS = {
+    "run_dir": "--run-dir",
+    "max_steps": "--max-steps",
+    "num_generators": "--generators",
+    "learner_ranks": "--learner-ranks",
+}
+"""StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
+REQUEST_KEYS = ("cache_dir", "task", "model", "warmstart")
+"""What a ``prepare-model --request`` object may hold."""
+
+
+def validation_problems(exc: ValidationError, name: Callable[[tuple[int | str, ...]], str]) -> str:
+    """Every error of ``exc`` as ``<name of its location>: <what was wrong>, got <input>``, joined by "; "."""
+    problems = []
+    for err in exc.errors():
+        what = str(err["msg"]).removeprefix("Value error, ")
+        what = what[0].lower() + what[1:] if what else what
+        got = f", got {err['input']!r}" if err["type"] != "missing" and not isinstance(err["input"], Mapping) else ""
+        problems.append(f"{name(tuple(err['loc']))}: {what}{got}")
+    return "; ".join(problems)
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """Create ``path`` if missing; ConfigError naming ``flag`` when it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot create the directory: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the directory is not writable")
 
 
 def _up(argv: list[str]) -> int:
     from asymptote.config import load_config
     from services.local.config import StackConfig
-    from services.local.stack import LocalStack
 
     parser = argparse.ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
@@ -44,19 +86,42 @@ def _up(argv: list[str]) -> int:
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
     args = parser.parse_args(argv)
     config = load_config(StackConfig, args.config, "ASY_UP")
-    overrides = {
-        k: v
-        for k, v in {
-            "run_dir": args.run_dir,
-            "max_steps": args.max_steps,
-            "num_generators": args.generators,
-            "learner_ranks": args.learner_ranks,
-        }.items()
-        if v is not None
-    }
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in UP_FLAGS.items()}
+    overrides = {field: value for field, value in given.items() if value is not None}
     if overrides:
-        config = StackConfig.model_validate({**config.model_dump(), **overrides})
+
+        def name(loc: tuple[int | str, ...]) -> str:
+            # A check across fields (empty loc) can only have failed through the flags given.
+            return UP_FLAGS.get(str(loc[0]) if loc else "") or ", ".join(UP_FLAGS[f] for f in overrides)
+
+        try:
+            config = StackConfig.model_validate({**config.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise ConfigError(validation_problems(exc, name)) from exc
+    if config.run_dir is not None:
+        writable_dir(config.run_dir, "--run-dir" if args.run_dir is not None else "--config run_dir")
+    from services.local.stack import LocalStack
+
     return LocalStack(config).run()
+
+
+def prepare_request(text: str) -> dict[str, Any]:
+    """The ``--request`` JSON object, its keys checked; ConfigError naming ``--request`` otherwise."""
+    try:
+        request = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--request: not valid JSON ({exc})") from exc
+    if not isinstance(request, dict):
+        raise ConfigError(f"--request: must be a JSON object with {', '.join(REQUEST_KEYS)}, got {text!r}")
+    unknown = sorted(set(request) - set(REQUEST_KEYS))
+    if unknown:
+        raise ConfigError(f"--request: unknown keys {unknown}; accepted: {', '.join(REQUEST_KEYS)}")
+    if not isinstance(request.get("cache_dir"), str) or not request["cache_dir"]:
+        raise ConfigError(f"--request: cache_dir must be a directory path, got {request.get('cache_dir')!r}")
+    for key in ("task", "model", "warmstart"):
+        if not isinstance(request.get(key) or {}, dict):
+            raise ConfigError(f"--request: {key} must be a JSON object, got {request[key]!r}")
+    return request
 
 
 def _prepare_model(argv: list[str]) -> int:
@@ -65,22 +130,27 @@ def _prepare_model(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="asymptote prepare-model")
     parser.add_argument("--request", required=True, help="JSON: cache_dir, task, model, warmstart")
     args = parser.parse_args(argv)
+    req = prepare_request(args.request)
+    writable_dir(Path(req["cache_dir"]), "--request cache_dir")
     logging.basicConfig(level="INFO", format="%(asctime)s prepare-model %(levelname)s: %(message)s")
-    req = json.loads(args.request)
+    # Imports torch: only after the request is known to be well formed.
     import torch
 
     from asymptote.tasks import TaskSettings
     from services.learner.model import ModelSpec
     from services.learner.warmstart import WarmstartSettings, prepare_model
 
+    try:
+        model = ModelSpec.model_validate(req.get("model") or {})
+        task = TaskSettings.model_validate(req.get("task") or {})
+        warmstart = WarmstartSettings.model_validate(req.get("warmstart") or {})
+    except ValidationError as exc:
+        section = {"ModelSpec": "model", "TaskSettings": "task", "WarmstartSettings": "warmstart"}[exc.title]
+        raise ConfigError(
+            validation_problems(exc, lambda loc: "--request " + ".".join(str(p) for p in (section, *loc)))
+        ) from exc
     torch.set_num_threads(1)
-    path = prepare_model(
-        Path(req["cache_dir"]),
-        ModelSpec.model_validate(req.get("model") or {}),
-        TaskSettings.model_validate(req.get("task") or {}),
-        WarmstartSettings.model_validate(req.get("warmstart") or {}),
-    )
-    print(path)
+    print(prepare_model(Path(req["cache_dir"]), model, task, warmstart))
     return 0
 
 
@@ -90,37 +160,78 @@ def _fit(argv: list[str]) -> int:
     return fit_main(argv)
 
 
+def _bench(argv: list[str]) -> int:
+    from benchmarks.run import main as bench_main
+
+    return bench_main(argv)
+
+
+def _kube(argv: list[str]) -> int:
+    from ops.kube import main as kube_main
+
+    return kube_main(argv)
+
+
+def _service(name: str) -> Callable[[list[str]], int]:
+    """The ``main`` of a service, imported when its command runs."""
+
+    def run(argv: list[str]) -> int:
+        if name == "broker":
+            from services.broker.main import main
+        elif name == "generator":
+            from services.generator.main import main
+        elif name == "learner":
+            from services.learner.main import main
+        else:
+            from services.fitter.main import main
+        return main(argv)
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    **{name: _service(name) for name in ("broker", "generator", "learner", "fitter")},
+    "up": _up,
+    "fit": _fit,
+    "bench": _bench,
+    "prepare-model": _prepare_model,
+    "kube": _kube,
+}
+
+
+def _config_flag(argv: list[str]) -> str | None:
+    """The value given to ``--config`` in ``argv``, if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def one_line(exc: ConfigError, argv: list[str]) -> str:
+    """``exc`` on one line, with ``--config`` in front when it is about the file given there."""
+    message = " ".join(str(exc).split())
+    config = _config_flag(argv)
+    if config is not None and str(Path(config)) in message and not message.startswith("--config"):
+        message = f"--config: {message}"
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    run = COMMANDS.get(command)
+    if run is None:
+        print(f"asymptote: unknown command {command!r}; accepted: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     try:
-        if command == "broker":
-            from services.broker.main import main as run
-        elif command == "generator":
-            from services.generator.main import main as run
-        elif command == "learner":
-            from services.learner.main import main as run
-        elif command == "fitter":
-            from services.fitter.main import main as run
-        elif command == "up":
-            run = _up
-        elif command == "fit":
-            run = _fit
-        elif command == "bench":
-            from services.bench import main as run
-        elif command == "kube":
-            from services.kube import main as run
-        elif command == "prepare-model":
-            run = _prepare_model
-        else:
-            print(f"asymptote: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-            return 2
         return run(rest)
     except ConfigError as exc:
-        print(f"asymptote {command}: {exc}", file=sys.stderr)
+        print(f"asymptote {command}: {one_line(exc, rest)}", file=sys.stderr)
         return 2
 
 

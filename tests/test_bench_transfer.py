@@ -12,18 +12,23 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from services.local.bench_transfer import VERSION, bench_transfer
+from benchmarks.transfer import VERSION, bench_transfer
 
 
 def test_quick_transfer_bench_pulls_the_served_weights(tmp_path: Path) -> None:
-    r = bench_transfer(quick=True, workdir=tmp_path)
-    assert r["name"] == "weight_transfer_grpc_vs_disk"
-    assert {"ratio", "baseline", "measured", "target", "passed", "bytes"} <= r.keys()
-    assert all(isinstance(r[k], str) and r[k] for k in ("baseline", "measured", "target"))
-    for key in ("ratio", "pull_s", "pull_verify_s", "stage_s", "disk_read_s", "disk_cold_read_s"):
-        assert math.isfinite(r[key]) and r[key] > 0, key
-    assert r["ratio"] == pytest.approx(r["disk_read_s"] / r["pull_s"], rel=1e-9)
-    assert r["passed"] == (r["ratio"] >= 0.5)
+    fig = bench_transfer(quick=True, workdir=tmp_path)
+    r = fig.details
+    assert fig.name == "weight_transfer_grpc_vs_disk" and fig.unit == "s"
+    assert all(isinstance(text, str) and text for text in (fig.baseline, fig.measured, fig.target))
+    assert fig.value is not None and fig.ratio is not None
+    for key, x in {
+        "ratio": fig.ratio,
+        "pull_s": fig.value,
+        **{k: r[k] for k in ("pull_verify_s", "stage_s", "disk_read_s", "disk_cold_read_s")},
+    }.items():
+        assert math.isfinite(x) and x > 0, key
+    assert fig.ratio == pytest.approx(r["disk_read_s"] / fig.value, rel=1e-9)
+    assert fig.met == (fig.ratio >= 0.5)
     assert len(r["pull_s_each"]) == len(r["disk_read_s_each"]) == r["repeats"] == 3
 
     # float32 weights: four bytes a parameter, about 20 MB, and the file holds them plus its header.

@@ -122,19 +122,131 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_no_service_imports_another() -> None:
     # Each deployable ships alone (its own image): it may import the shared
-    # runtime and itself, never another service. Only the local stack and the
-    # project-wide benchmark compose them.
+    # runtime and itself, never another service, the benchmarks or the
+    # operator tools. Only the local stack, the benchmarks and the command
+    # line compose them.
     crossing = []
     for service in DEPLOYABLES:
         others = (
             *tuple(f"services.{s}" for s in DEPLOYABLES if s != service),
             "services.local",
-            "services.bench",
             "services.cli",
-            "services.kube",
+            "benchmarks",
+            "ops",
         )
         for path in sorted((ROOT / "services" / service).rglob("*.py")):
             for module in imported_modules(path):
                 if module.startswith(others):
                     crossing.append(f"{path.relative_to(ROOT)} imports {module}")
     assert crossing == []
+
+
+def test_services_holds_the_services_and_the_local_stack_only() -> None:
+    """services/ is the four deployables, the local stack and the command line; benchmarks live in
+    benchmarks/ and operator tools in ops/, so no module under services/ is a benchmark."""
+    folders = sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted([*DEPLOYABLES, "local"])
+    assert sorted(p.name for p in (ROOT / "services").glob("*.py")) == ["__init__.py", "cli.py"]
+    benches = [str(p.relative_to(ROOT)) for p in (ROOT / "services").rglob("*.py") if p.stem.startswith("bench")]
+    assert benches == []
+
+
+PROJECT_PACKAGES = ("asymptote", "benchmarks", "ops", "services")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports of a module that run when it is imported (those inside functions excluded)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each project module -> the project modules it imports (at any depth, lazy and TYPE_CHECKING
+    imports included), except the lazy imports inside services/cli.py's functions."""
+    paths = {module_name(p): p for pkg in PROJECT_PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        nodes = top_level_imports(tree) if name == "services.cli" else list(ast.walk(tree))
+        targets: set[str] = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], node.module or ""])
+                module = (base if node.level else node.module or "").strip(".")
+                # ``from package import name``: the submodule if it is one, else the package itself.
+                subs = {f"{module}.{alias.name}" for alias in node.names} & paths.keys()
+                targets.update(subs or {module})
+        graph[name] = set()
+        for target in targets:
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    """Dependencies point one way across asymptote/, services/, benchmarks/ and ops/.
+
+    Every import counts, at any depth (a lazy import inside a function and an
+    import under ``TYPE_CHECKING`` are still a dependency), with one named
+    exception: the imports inside the functions of ``services/cli.py``. The
+    command line sits above everything it dispatches to (the services, the
+    local stack, ``benchmarks.run``, ``ops.kube``) and imports each lazily
+    inside its subcommand; its module-level imports still count.
+    """
+    graph = import_graph()
+    assert {"benchmarks.run", "benchmarks.figure", "ops.kube", "services.cli", "asymptote.config"} <= graph.keys()
+    assert "benchmarks.figure" in graph["benchmarks.run"]  # the graph sees the edges it should
+    assert not graph["services.cli"] & {"benchmarks.run", "ops.kube"}  # only lazily, excluded
+    assert import_circles(graph) == []

@@ -11,6 +11,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asymptote ./asymptote
 COPY services ./services
+# ops/ holds `asymptote kube`, whose `health` is the chart's `helm test`; benchmarks/ stays out.
+COPY ops ./ops
 RUN /opt/venv/bin/pip install .
 
 FROM ${PYTHON_IMAGE}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.bench import bench_broker
+from benchmarks.broker import bench_broker
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -29,16 +29,18 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_quick_broker_bench_counts_every_group(tmp_path: Path) -> None:
-    r = bench_broker(quick=True, workdir=tmp_path)
-    assert r["name"] == "broker_groups_per_s_vs_raw_nats"
-    assert {"ratio", "baseline", "measured", "target", "passed", "groups_per_s", "raw_groups_per_s"} <= r.keys()
-    assert all(isinstance(r[k], str) and r[k] for k in ("baseline", "measured", "target"))
-    for key in ("groups_per_s", "raw_groups_per_s", "ratio", "window_s"):
-        assert math.isfinite(r[key]) and r[key] > 0, key
+    fig = bench_broker(quick=True, workdir=tmp_path)
+    r = fig.details
+    assert fig.name == "broker_groups_per_s_vs_raw_nats" and fig.unit == "groups/s"
+    assert all(isinstance(text, str) and text for text in (fig.baseline, fig.measured, fig.target))
+    assert fig.value is not None and fig.ratio is not None
+    for key, x in {"groups_per_s": fig.value, "raw_groups_per_s": r["raw_groups_per_s"], "ratio": fig.ratio}.items():
+        assert math.isfinite(x) and x > 0, key
+    assert math.isfinite(r["window_s"]) and r["window_s"] > 0
     assert all(math.isfinite(x) and x > 0 for x in r["raw_groups_per_s_each"])
-    assert r["ratio"] == pytest.approx(r["groups_per_s"] / r["raw_groups_per_s"], rel=1e-9)
-    assert r["groups_per_s"] == pytest.approx(r["groups"] / r["window_s"], rel=1e-9)
-    assert r["passed"] == (r["ratio"] >= 0.5 and r["groups_per_s"] >= 5000)
+    assert fig.ratio == pytest.approx(fig.value / r["raw_groups_per_s"], rel=1e-9)
+    assert fig.value == pytest.approx(r["groups"] / r["window_s"], rel=1e-9)
+    assert fig.met == (fig.ratio >= 0.5 and fig.value >= 5000)
 
     # The window holds exactly the groups asked for; the learner trained every
     # group it was served (warm-up included), none was filtered or duplicated.

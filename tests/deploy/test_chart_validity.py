@@ -97,12 +97,12 @@ def test_lint_is_clean(value_set: str) -> None:
 
 
 def test_values_schema_is_generated_from_the_config_models() -> None:
-    spec = importlib.util.spec_from_file_location("values_schema", REPO / "deploy" / "helm" / "values_schema.py")
+    spec = importlib.util.spec_from_file_location("gen_values_schema", REPO / "scripts" / "gen_values_schema.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     committed = (CHART / "values.schema.json").read_text()
-    assert module.render() == committed, "values.schema.json is stale: run python deploy/helm/values_schema.py"
+    assert module.render() == committed, "values.schema.json is stale: run python scripts/gen_values_schema.py"
 
 
 BAD_VALUES = [

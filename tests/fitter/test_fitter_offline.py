@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from services.fitter.bench import BENCH_FILE_NAME, bench_fit, bench_fitter
-from services.fitter.bench import main as bench_main
+from benchmarks.figure import Target
+from benchmarks.fitter import BENCH_FILE_NAME, bench_fit, bench_fitter
+from benchmarks.fitter import main as bench_main
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.evals import EvalFileError, read_eval_log
 from services.fitter.offline import EXIT_BAD_INPUT, EXIT_OK, load_run, main, main_fit, plot_run
@@ -244,7 +245,7 @@ def test_command_line_reads_settings_from_file_and_environment(
 def test_fitter_modules_stay_torch_free_and_import_lazily() -> None:
     code = (
         "import sys\n"
-        "import services.fitter.curve, services.fitter.plot, services.fitter.offline, services.fitter.bench\n"
+        "import services.fitter.curve, services.fitter.plot, services.fitter.offline, benchmarks.fitter\n"
         "import services.fitter.holdout, services.fitter.evals\n"
         "print(sorted(m for m in ('torch', 'vllm', 'matplotlib') if m in sys.modules))\n"
     )
@@ -355,20 +356,21 @@ def test_margin_and_targets_are_checked(tmp_path: Path) -> None:
 
 
 def test_bench_fitter_reports_against_the_target(tmp_path: Path) -> None:
-    report = bench_fitter(quick=True)
-    assert report["name"] == "fitter_fit_and_bootstrap_1000_points"
-    assert report["target"] == 2.0
-    assert report["passed"] == (report["seconds"] < 2.0)
+    figure = bench_fitter(quick=True)
+    report = figure.details
+    assert figure.name == "fitter_fit_and_bootstrap_1000_points"
+    assert figure.targets == (Target(of="value", direction="under", bound=2.0),) and figure.unit == "s"
+    assert figure.value is not None and figure.met == (figure.value < 2.0)
     assert report["num_points"] == 1000 and report["num_bootstrap_resamples"] == 200
     assert report["repeats"] == 3 and len(report["total_s_each"]) == 3
-    assert report["seconds"] == sorted(report["total_s_each"])[1]
+    assert figure.value == sorted(report["total_s_each"])[1]
     assert report["scalar_grid_nodes"] == 160 * 100  # A in 0.205..1.000 by 0.005, 100 C_mid values
     assert report["scalar_grid_over_vectorised_fit"] == pytest.approx(
         report["scalar_grid_s_extrapolated"] / report["fit_s"]
     )
     assert bench_main(["--output", str(tmp_path), "--quick"]) == 0
     written = json.loads((tmp_path / BENCH_FILE_NAME).read_text())
-    assert set(written) == set(report)
+    assert set(written) == set(figure.as_json())
 
 
 def test_bench_reports_times_and_the_target() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -378,10 +379,21 @@ def _as_flags(message: str) -> str:
     return message
 
 
+def _check_health_args(args: argparse.Namespace) -> None:
+    """ConfigError naming the argument when ``--timeout-s`` or a HOST:PORT target is malformed."""
+    if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
+        raise ConfigError(f"--timeout-s: must be a number of seconds > 0, got {args.timeout_s}")
+    for target in args.targets:
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"HOST:PORT {target!r}: expected a host and a port from 1 to 65535")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "health":
         try:
+            _check_health_args(args)
             results = check_health(args.targets, args.timeout_s, _health_tls(args))
         except ConfigError as exc:
             print(f"asymptote kube health: {_as_flags(str(exc))}", file=sys.stderr)

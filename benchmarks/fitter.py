@@ -1,6 +1,6 @@
 """The fitter benchmark: how long a refit (fit + bootstrap intervals) takes.
 
-Owns timing only; the maths is ``curve.py``. Synthetic data follow the
+Owns timing only; the maths is ``services/fitter/curve.py``. Synthetic data follow the
 paper's 8B ScaleRL curve (arXiv 2510.13786, Table 1) with eval noise, so the
 work done matches a run of the same size. Beside the absolute time against
 the target it measures, in the same run, the paper's procedure done the
@@ -8,7 +8,7 @@ obvious way (one scalar least-squares fit of B per (A, C_mid) grid node) on
 a sample of nodes, and reports how many times slower that way would be on
 the whole grid.
 
-    python -m services.fitter.bench --output DIR [--quick]
+    python -m benchmarks.fitter --output DIR [--quick]
 
 Target: a 1,000-point fit with the default grid plus its bootstrap
 intervals (200 resamples) in under 2 s on this machine.
@@ -23,12 +23,12 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
+from benchmarks.figure import Figure, Target
 from services.fitter.curve import CurveFitSettings, bootstrap_intervals, fit_curve, predict
 
 # The budget a refit may take: the fitter refits on every eval result, and
@@ -96,57 +96,60 @@ def scalar_grid_node_s(num_nodes: int, num_points: int = NUM_POINTS, seed: int =
     return (time.perf_counter() - start) / num_nodes, a_grid.size * settings.num_c_mid
 
 
-def bench_fitter(quick: bool = False) -> dict[str, Any]:
-    """The fitter's entry in the project-wide benchmark.
+def bench_fitter(quick: bool = False) -> Figure:
+    """The fitter's figure: seconds of a 1,000-point fit with the default grid plus its bootstrap intervals.
 
-    Median over repeats (after one warm-up) of a 1,000-point fit with the
-    default grid plus its bootstrap intervals. Returns ``name``, ``seconds``,
-    ``target`` (2 s), ``passed`` and the details: fit and bootstrap medians,
-    every repeat, and the scalar node-by-node grid extrapolated from a sample
-    of nodes with its ratio to the vectorised fit. ``quick`` takes fewer
-    repeats and samples.
+    Median over repeats (after one warm-up), under ``TARGET_S``. The details
+    hold the fit and bootstrap medians, every repeat, and the scalar
+    node-by-node grid extrapolated from a sample of nodes with its ratio to
+    the vectorised fit. ``quick`` takes fewer repeats and samples.
     """
     repeats, num_nodes = (3, 50) if quick else (10, 300)
     bench_fit()  # warm-up: imports, allocator, BLAS threads
     runs = [bench_fit() for _ in range(repeats)]
     seconds = statistics.median(run["total_s"] for run in runs)
     fit_s = statistics.median(run["fit_s"] for run in runs)
+    bootstrap_s = statistics.median(run["bootstrap_s"] for run in runs)
     node_s, num_grid_nodes = scalar_grid_node_s(num_nodes)
     scalar_grid_s = node_s * num_grid_nodes
-    return {
-        "name": "fitter_fit_and_bootstrap_1000_points",
-        "seconds": seconds,
-        "target": TARGET_S,
-        "passed": seconds < TARGET_S,
-        "fit_s": fit_s,
-        "bootstrap_s": statistics.median(run["bootstrap_s"] for run in runs),
-        "total_s_each": [run["total_s"] for run in runs],
-        "repeats": repeats,
-        "num_points": NUM_POINTS,
-        "num_bootstrap_resamples": CurveFitSettings().num_bootstrap_resamples,
-        "scalar_grid_nodes": num_grid_nodes,
-        "scalar_grid_nodes_timed": num_nodes,
-        "scalar_grid_s_extrapolated": scalar_grid_s,
-        "scalar_grid_over_vectorised_fit": scalar_grid_s / fit_s,
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-    }
+    num_resamples = CurveFitSettings().num_bootstrap_resamples
+    return Figure(
+        name="fitter_fit_and_bootstrap_1000_points",
+        value=seconds,
+        unit="s",
+        baseline=f"node-by-node scalar grid ~{scalar_grid_s:.1f} s",
+        measured=f"fit {fit_s:.3f} s + bootstrap {bootstrap_s:.3f} s ({num_resamples} resamples), median of {repeats}",
+        targets=(Target(of="value", direction="under", bound=TARGET_S),),
+        details={
+            "fit_s": fit_s,
+            "bootstrap_s": bootstrap_s,
+            "total_s_each": [run["total_s"] for run in runs],
+            "repeats": repeats,
+            "num_points": NUM_POINTS,
+            "num_bootstrap_resamples": num_resamples,
+            "scalar_grid_nodes": num_grid_nodes,
+            "scalar_grid_nodes_timed": num_nodes,
+            "scalar_grid_s_extrapolated": scalar_grid_s,
+            "scalar_grid_over_vectorised_fit": scalar_grid_s / fit_s,
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.fitter.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fitter", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME}")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (for CI)")
     args = parser.parse_args(argv)
-    result = bench_fitter(args.quick)
+    figure = bench_fitter(args.quick)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(figure.as_json(), indent=2) + "\n")
+    d = figure.details
     print(
-        f"fitter: {result['num_points']}-point fit + {result['num_bootstrap_resamples']}-resample bootstrap "
-        f"{result['seconds']:.3f} s median of {result['repeats']} (fit {result['fit_s']:.3f} s, bootstrap "
-        f"{result['bootstrap_s']:.3f} s); target < {TARGET_S} s: {'PASS' if result['passed'] else 'FAIL'}. "
-        f"Node-by-node scalar grid: ~{result['scalar_grid_s_extrapolated']:.1f} s "
-        f"({result['scalar_grid_over_vectorised_fit']:.0f}x the vectorised fit)"
+        f"{figure.name}: {figure.measured}; target {figure.target}: {figure.verdict}. "
+        f"Node-by-node scalar grid: ~{d['scalar_grid_s_extrapolated']:.1f} s "
+        f"({d['scalar_grid_over_vectorised_fit']:.0f}x the vectorised fit)"
     )
     return 0
 

@@ -1,12 +1,11 @@
-"""``asymptote bench``: every performance claim as a ratio, measured side by side.
+"""``asymptote bench``: every performance claim as a figure against a baseline, measured side by side.
 
 Owns running each benchmark of the project in one invocation and writing
-``bench.json`` (the figures, each with ``name``, ``ratio`` or ``seconds``,
-``baseline``, ``measured``, ``target`` and ``passed``, plus a machine
-description), ``bench.md`` (the same as tables), the scaling sweep's
-``scaling.png`` and every run directory it made. Machines are noisy, so each
-figure compares against a baseline measured in the same invocation on the
-same machine:
+``bench.json`` (one :class:`benchmarks.figure.Figure` record per figure plus
+a machine description), ``bench.md`` (the same as tables), the scaling
+sweep's ``scaling.png`` and every run directory it made. Machines are noisy,
+so each figure compares against a baseline measured in the same invocation
+on the same machine:
 
   pipeline            in-flight (k = 8) vs synchronous trained samples/s   >= 1.5
   generator           tokens/s inside the RL loop vs the engine alone       >= 0.9
@@ -24,6 +23,11 @@ runs every benchmark that does not need several local-stack runs at a small
 size, one short stack run for the generator and swap figures, and lists the
 pipeline, learning-speed and scaling figures as not run.
 
+A stack run whose metrics give an in-loop rate runs at least its number of
+steps and on until its steady part holds ``RATE_SAMPLES`` samples of the
+services' counters, so a fast machine cannot finish it before there is
+anything to measure; ``DEADLINE_STEPS_FACTOR`` times its steps bounds it.
+
     asymptote bench --output DIR [--quick]
 """
 
@@ -34,7 +38,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import threading
@@ -48,51 +51,25 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from services.local.bench_pipeline import (
-    PAUSE_SLACK_S,
-    RATIO_TARGET,
-    copy_time_s,
-    swap_pauses_s,
-    trained_samples_per_s,
-)
+from asymptote.errors import ConfigError
+from benchmarks.figure import Figure, Target, not_run, quantity
+from benchmarks.pipeline import PIPELINE_TARGETS, model_dir_of, pipeline_figure, swap_figure, trained_samples_per_s
 from services.local.config import StackConfig
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
 
-GENERATOR_TARGET = 0.9
-LEARNING_SPEED_TARGET = 1.3
+GENERATOR_TARGETS = (Target(of="ratio", direction="at least", bound=0.9),)
+LEARNING_SPEED_TARGETS = (Target(of="ratio", direction="at least", bound=1.3, rule="on-policy time / stack time"),)
 LEARNING_GAIN = 0.3
+LEARNING_SPEED_NAME = f"learning_speed_plus_{LEARNING_GAIN}_onpolicy_vs_stack"
 SCALING_GENERATORS = (1, 2, 4)
 SCALING_GROUP_SIZES = (4, 8, 16)
+RATE_SAMPLES = 5
+"""Metric samples the steady part of a measured stack run must hold before it may stop."""
+DEADLINE_STEPS_FACTOR = 10
+"""A measured stack run stops at this many times its steps even without ``RATE_SAMPLES``."""
 
 console = Console()
-
-
-def figure(
-    name: str,
-    *,
-    baseline: str,
-    measured: str,
-    target: str,
-    passed: bool | None,
-    ratio: float | None = None,
-    seconds: float | None = None,
-    **details: Any,
-) -> dict[str, Any]:
-    """One row of bench.json: exactly one of ``ratio`` and ``seconds`` is set, unless it was not run."""
-    row: dict[str, Any] = {"name": name}
-    if ratio is not None:
-        row["ratio"] = ratio
-    if seconds is not None:
-        row["seconds"] = seconds
-    row.update(baseline=baseline, measured=measured, target=target, passed=passed)
-    if details:
-        row["details"] = details
-    return row
-
-
-def not_run(name: str, target: str, why: str) -> dict[str, Any]:
-    return figure(name, baseline="-", measured=f"not run: {why}", target=target, passed=None)
 
 
 def machine() -> dict[str, Any]:
@@ -169,12 +146,22 @@ class Scraper(threading.Thread):
         self._halt.set()
         self.join(timeout=5.0)
 
+    def count(self, t_from: float, t_to: float) -> int:
+        """Samples taken between ``t_from`` and ``t_to`` (Unix seconds)."""
+        return sum(t_from <= t <= t_to for t, _ in list(self.samples))
+
     def rate(self, counter: str, t_from: float, t_to: float) -> float | None:
         """Increase per second of ``counter`` between the samples nearest ``t_from`` and ``t_to``."""
         inside = [(t, v[counter]) for t, v in self.samples if t_from <= t <= t_to]
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return None
         return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+def steady_window(steps: list[dict[str, Any]], skip_fraction: float = 0.2) -> tuple[float, float]:
+    """Unix times of the steady part of a run's learner steps: after the first ``skip_fraction`` of them."""
+    first = steps[min(len(steps) - 2, max(1, int(len(steps) * skip_fraction)))]
+    return first["unix_s"], steps[-1]["unix_s"]
 
 
 @dataclass
@@ -185,33 +172,50 @@ class StackRun:
     scraper: Scraper
     steps: list[dict[str, Any]] = field(default_factory=list)
 
-    def window(self, skip_fraction: float = 0.2) -> tuple[float, float]:
-        """Unix times of the steady part of the run: after the first ``skip_fraction`` of the steps."""
-        first = self.steps[min(len(self.steps) - 2, max(1, int(len(self.steps) * skip_fraction)))]
-        return first["unix_s"], self.steps[-1]["unix_s"]
-
     def rate(self, counter: str) -> float | None:
-        return self.scraper.rate(counter, *self.window())
+        return self.scraper.rate(counter, *steady_window(self.steps))
 
 
-def run_stack(
-    out: Path, name: str, until: Callable[[dict[str, Any]], bool] | None = None, **overrides: Any
-) -> StackRun:
+Until = Callable[[dict[str, Any], Scraper], bool]
+"""Whether a stack run may stop, from its progress snapshot and its metric samples so far."""
+
+
+def run_stack(out: Path, name: str, until: Until | None = None, **overrides: Any) -> StackRun:
     """One local-stack run in ``out/name`` (generators pinned apart from the learner)."""
     config = StackConfig.model_validate({"run_dir": out / name, "pin_cores": True, **overrides})
     stack = LocalStack(config)
     scraper = Scraper(stack)
     scraper.start()
     try:
-        code = stack.run(until)
+        code = stack.run(None if until is None else lambda snap: until(snap, scraper))
     finally:
         scraper.stop()
     if code != 0:
         raise RuntimeError(f"stack run {name} failed (exit {code}); see {stack.run_dir / 'logs'}")
-    import yaml
+    return StackRun(
+        stack.run_dir, model_dir_of(stack.run_dir), config, scraper, read_jsonl(stack.run_dir / "metrics.jsonl")
+    )
 
-    model_dir = Path(yaml.safe_load((stack.run_dir / "config" / "learner.yaml").read_text())["model_dir"])
-    return StackRun(stack.run_dir, model_dir, config, scraper, read_jsonl(stack.run_dir / "metrics.jsonl"))
+
+def rates_measurable(scraper: Scraper, metrics: Path, min_steps: int) -> bool:
+    """Whether a run has ``min_steps`` learner steps in ``metrics`` (its metrics.jsonl) and the steady
+    part of them holds ``RATE_SAMPLES`` of ``scraper``'s samples."""
+    rows = read_jsonl(metrics)
+    return len(rows) >= max(2, min_steps) and scraper.count(*steady_window(rows)) >= RATE_SAMPLES
+
+
+def measured_run(out: Path, name: str, steps: int, **overrides: Any) -> StackRun:
+    """A stack run of at least ``steps`` learner steps that goes on until its rates can be measured.
+
+    It stops at the first progress poll where :func:`rates_measurable`, or at
+    ``DEADLINE_STEPS_FACTOR * steps`` steps (then its rates may be None).
+    """
+    deadline_steps = DEADLINE_STEPS_FACTOR * steps
+
+    def until(snap: dict[str, Any], scraper: Scraper) -> bool:
+        return snap["step"] >= steps and rates_measurable(scraper, out / name / "metrics.jsonl", steps)
+
+    return run_stack(out, name, until, max_steps=deadline_steps, eval_every_versions=deadline_steps, **overrides)
 
 
 def pinned(role: str) -> Callable[[], None] | None:
@@ -238,64 +242,31 @@ def run_module(module: str, args: list[str], role: str, timeout_s: float = 900.0
 # -- the figures ---------------------------------------------------------------
 
 
-def learner_figure(quick: bool) -> dict[str, Any]:
+def learner_figure(quick: bool) -> Figure:
     import torch
 
-    from services.learner.bench import TARGET, bench_learner_step
+    from benchmarks.learner import bench_learner_step
 
     torch.set_num_threads(1)
-    r = bench_learner_step(repeats=8 if quick else 30)
-    return figure(
-        "learner_step_service_vs_bare",
-        ratio=r["ratio"],
-        baseline=f"bare PyTorch step {r['bare_step_s'] * 1e3:.1f} ms",
-        measured=f"service step {r['service_step_s'] * 1e3:.1f} ms ({r['samples_per_step']} samples)",
-        target=f"<= {TARGET}",
-        passed=r["passed"],
-        repeats=r["repeats"],
-    )
+    return bench_learner_step(repeats=8 if quick else 30)
 
 
-def fitter_figure(quick: bool) -> dict[str, Any]:
-    from services.fitter.bench import bench_fitter
+def fitter_figure(quick: bool) -> Figure:
+    from benchmarks.fitter import bench_fitter
 
-    r = bench_fitter(quick)
-    return figure(
-        "fitter_fit_and_bootstrap_1000_points",
-        seconds=r["seconds"],
-        baseline=f"node-by-node scalar grid ~{r['scalar_grid_s_extrapolated']:.1f} s",
-        measured=f"fit {r['fit_s']:.3f} s + bootstrap {r['bootstrap_s']:.3f} s ({r['num_bootstrap_resamples']} "
-        f"resamples), median of {r['repeats']}",
-        target=f"< {r['target']} s",
-        passed=r["passed"],
-    )
+    return bench_fitter(quick)
 
 
-def transfer_figure(quick: bool, out: Path) -> dict[str, Any]:
-    from services.local.bench_transfer import bench_transfer
+def transfer_figure(quick: bool, out: Path) -> Figure:
+    from benchmarks.transfer import bench_transfer
 
-    return _as_figure(bench_transfer(quick=quick, workdir=out / "transfer"))
-
-
-def broker_figure(quick: bool, out: Path) -> dict[str, Any]:
-    from services.broker.bench import bench_broker
-
-    return _as_figure(bench_broker(quick=quick, workdir=out / "broker"))
+    return bench_transfer(quick=quick, workdir=out / "transfer")
 
 
-def _as_figure(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("name", "ratio", "seconds", "baseline", "measured", "target", "passed")
-    details = {k: v for k, v in result.items() if k not in keys}
-    return figure(
-        result["name"],
-        ratio=result.get("ratio"),
-        seconds=result.get("seconds"),
-        baseline=str(result["baseline"]),
-        measured=str(result["measured"]),
-        target=str(result["target"]),
-        passed=bool(result["passed"]),
-        **details,
-    )
+def broker_figure(quick: bool, out: Path) -> Figure:
+    from benchmarks.broker import bench_broker
+
+    return bench_broker(quick=quick, workdir=out / "broker")
 
 
 def standalone_generator(run: StackRun, out: Path, window_s: float) -> dict[str, Any]:
@@ -305,7 +276,7 @@ def standalone_generator(run: StackRun, out: Path, window_s: float) -> dict[str,
     gen_cfg = yaml.safe_load((run.run_dir / "config" / "generator-0.yaml").read_text())
     result = out / "generator_standalone.json"
     run_module(
-        "services.generator.bench",
+        "benchmarks.generator",
         [
             "--model-dir",
             str(run.model_dir),
@@ -329,57 +300,29 @@ def standalone_generator(run: StackRun, out: Path, window_s: float) -> dict[str,
     return json.loads(result.read_text())
 
 
-def generator_figure(run: StackRun, standalone: dict[str, Any]) -> dict[str, Any]:
+def generator_figure(run: StackRun, standalone: dict[str, Any]) -> Figure:
     in_loop = run.rate("asymptote_generator_tokens")
     if in_loop is None:
-        raise RuntimeError(f"{run.run_dir}: too few metric samples for the generator's in-loop rate")
-    ratio = in_loop / standalone["tokens_per_s"]
-    return figure(
-        "generator_tokens_per_s_in_loop_vs_standalone",
-        ratio=ratio,
+        raise RuntimeError(
+            f"{run.run_dir}: fewer than two metric samples in the steady part of its {len(run.steps)} steps "
+            f"(at most {run.config.max_steps})"
+        )
+    return Figure(
+        name="generator_tokens_per_s_in_loop_vs_standalone",
+        value=in_loop,
+        unit="tokens/s",
+        ratio=in_loop / standalone["tokens_per_s"],
         baseline=f"engine alone {standalone['tokens_per_s']:.0f} tokens/s (median of "
         f"{len(standalone['window_tokens_per_s'])} windows of {standalone['window_s']:.0f} s, "
         f"{standalone['concurrency_groups']} groups in flight)",
         measured=f"in the RL loop {in_loop:.0f} tokens/s (steady part of {len(run.steps)} steps)",
-        target=f">= {GENERATOR_TARGET}",
-        passed=ratio >= GENERATOR_TARGET,
+        targets=GENERATOR_TARGETS,
+        details={"standalone": standalone},
     )
 
 
-def swap_figure(run: StackRun) -> dict[str, Any]:
-    pauses = swap_pauses_s(run.run_dir)
-    copy_s, num_bytes = copy_time_s(run.model_dir)
-    if not pauses:
-        raise RuntimeError(f"{run.run_dir}: no weight swap was logged")
-    median = statistics.median(pauses)
-    bound = 2 * copy_s + PAUSE_SLACK_S
-    p90 = statistics.quantiles(pauses, n=10)[-1] if len(pauses) >= 2 else pauses[0]
-    return figure(
-        "swap_pause_median_vs_memory_copy",
-        seconds=median,
-        baseline=f"copy of {num_bytes:,} bytes in memory {copy_s * 1e3:.3f} ms",
-        measured=f"median of {len(pauses)} swaps {median * 1e3:.1f} ms (p90 {p90 * 1e3:.1f} ms)",
-        target=f"<= 2 x copy + 20 ms = {bound * 1e3:.1f} ms",
-        passed=median <= bound,
-    )
-
-
-def pipeline_figure(inflight: StackRun, sync: StackRun) -> dict[str, Any]:
-    a, s = trained_samples_per_s(inflight.run_dir), trained_samples_per_s(sync.run_dir)
-    ratio = a / s
-    return figure(
-        "pipeline_samples_per_s_inflight_vs_sync",
-        ratio=ratio,
-        baseline=f"synchronous {s:.1f} samples/s",
-        measured=f"in-flight k=8 {a:.1f} samples/s",
-        target=f">= {RATIO_TARGET}",
-        passed=ratio >= RATIO_TARGET,
-        steps=len(inflight.steps),
-    )
-
-
-def gain_reached(gain: float) -> Callable[[dict[str, Any]], bool]:
-    def until(snap: dict[str, Any]) -> bool:
+def gain_reached(gain: float) -> Until:
+    def until(snap: dict[str, Any], _: Scraper) -> bool:
         evals = snap["evals"]
         r0 = next((e["pass_rate"] for e in evals if e["policy_version"] == 0), None)
         return r0 is not None and any(e["pass_rate"] - r0 >= gain for e in evals)
@@ -442,34 +385,34 @@ def onpolicy_time_to_gain(
     return hit["wall_s"] - hit["time/eval_total_s"], info
 
 
-def learning_speed_figure(out: Path, gain: float = LEARNING_GAIN, eval_every: int = 20) -> dict[str, Any]:
+def learning_speed_figure(out: Path, gain: float = LEARNING_GAIN, eval_every: int = 20) -> Figure:
     run = run_stack(out, "learning", until=gain_reached(gain), eval_every_versions=eval_every)
     stack_s, stack_info = stack_time_to_gain(run, gain)
     base_s, base_info = onpolicy_time_to_gain(run, out, gain, eval_every)
-    target = f"stack >= {LEARNING_SPEED_TARGET}x faster"
+    details = {"stack": stack_info, "onpolicy": base_info}
     if stack_s is None or base_s is None:
+        # It ran and one side never gained: a miss, not a figure that was not run.
         missing = "the local stack" if stack_s is None else "the on-policy loop"
-        return figure(
-            f"learning_speed_plus_{gain}_onpolicy_vs_stack",
+        return Figure(
+            name=LEARNING_SPEED_NAME,
+            value=stack_s,
+            unit="s",
             baseline=f"on-policy {base_s} s",
             measured=f"stack {stack_s} s; {missing} never gained {gain}",
-            target=target,
-            passed=False,
-            stack=stack_info,
-            onpolicy=base_info,
+            targets=LEARNING_SPEED_TARGETS,
+            details=details,
         )
-    ratio = base_s / stack_s
-    return figure(
-        f"learning_speed_plus_{gain}_onpolicy_vs_stack",
-        ratio=ratio,
+    return Figure(
+        name=LEARNING_SPEED_NAME,
+        value=stack_s,
+        unit="s",
+        ratio=base_s / stack_s,
         baseline=f"single-process on-policy {base_s:.1f} s (step {base_info['step']}, "
         f"{base_info['r0']:.3f} -> {base_info['pass_rate']:.3f})",
         measured=f"local stack {stack_s:.1f} s (version {stack_info['version']}, "
         f"{stack_info['r0']:.3f} -> {stack_info['pass_rate']:.3f})",
-        target=target,
-        passed=ratio >= LEARNING_SPEED_TARGET,
-        stack=stack_info,
-        onpolicy=base_info,
+        targets=LEARNING_SPEED_TARGETS,
+        details=details,
     )
 
 
@@ -495,9 +438,7 @@ def scaling_sweep(out: Path, steps: int, base: StackRun | None) -> list[dict[str
             rows.append(scaling_row(base, n, g))
             continue
         console.print(f"[bold]scaling: {n} generator(s), group size {g}[/bold]")
-        run = run_stack(
-            out, f"scaling-g{n}-G{g}", num_generators=n, group_size=g, max_steps=steps, eval_every_versions=steps
-        )
+        run = measured_run(out, f"scaling-g{n}-G{g}", steps, num_generators=n, group_size=g)
         rows.append(scaling_row(run, n, g))
     return rows
 
@@ -531,20 +472,9 @@ def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
 # -- the report ------------------------------------------------------------------
 
 
-def _value(fig: dict[str, Any]) -> str:
-    if "ratio" in fig:
-        return f"{fig['ratio']:.2f}x"
-    if "seconds" in fig:
-        return f"{fig['seconds'] * 1e3:.1f} ms" if fig["seconds"] < 1 else f"{fig['seconds']:.2f} s"
-    return "-"
-
-
-def _verdict(fig: dict[str, Any]) -> str:
-    return {True: "met", False: "MISSED", None: "not run"}[fig["passed"]]
-
-
-def write_report(out: Path, report: dict[str, Any]) -> None:
-    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+def write_report(out: Path, report: dict[str, Any], figures: list[Figure]) -> None:
+    """bench.json (``report`` with every figure's record) and bench.md (the same as tables)."""
+    (out / "bench.json").write_text(json.dumps({**report, "figures": [f.as_json() for f in figures]}, indent=2) + "\n")
     m = report["machine"]
     lines = [
         f"# Asymptote benchmarks ({report['mode']})",
@@ -552,12 +482,13 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, no GPU; Python {m['python']}, "
         f"torch {m['packages'].get('torch')}, vLLM {m['packages'].get('vllm')}. Wall time {report['wall_s']:.0f} s.",
         "",
-        "| figure | value | baseline | measured | target | result |",
-        "|---|---|---|---|---|---|",
+        "| figure | value | ratio | baseline | measured | target | result |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for f in report["figures"]:
+    for f in figures:
         lines.append(
-            f"| {f['name']} | {_value(f)} | {f['baseline']} | {f['measured']} | {f['target']} | {_verdict(f)} |"
+            f"| {f.name} | {quantity(f.value, f.unit)} | {quantity(f.ratio, 'x')} | {f.baseline} | {f.measured} "
+            f"| {f.target} | {f.verdict} |"
         )
     if report.get("scaling"):
         lines += [
@@ -581,30 +512,26 @@ def _num(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:,.0f}"
 
 
-def run_all(out: Path, quick: bool) -> dict[str, Any]:
+def run_all(out: Path, quick: bool) -> tuple[dict[str, Any], list[Figure]]:
+    """Every benchmark into ``out``; the report (machine, mode, scaling, errors) and the figures."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {
-        "mode": "quick" if quick else "full",
-        "machine": machine(),
-        "figures": [],
-        "scaling": [],
-        "errors": [],
-    }
+    report: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(), "scaling": [], "errors": []}
+    figures: list[Figure] = []
     steps = 8 if quick else 60
 
-    def section(title: str, body: Callable[[], list[dict[str, Any]]]) -> None:
+    def section(title: str, body: Callable[[], list[Figure]]) -> None:
         t0 = time.monotonic()
         console.print(f"[bold cyan]== {title}[/bold cyan]")
         try:
-            figs = body()
+            made = body()
         except Exception as exc:
             report["errors"].append({"section": title, "error": f"{type(exc).__name__}: {exc}"})
             console.print(f"[red]{escape(title)} failed: {escape(str(exc))}[/red]")
             return
-        for f in figs:
-            report["figures"].append(f)
-            console.print(escape(f"  {f['name']}: {_value(f)}  target {f['target']}  -> {_verdict(f)}"))
+        for f in made:
+            figures.append(f)
+            console.print(escape(f"  {f.name}: {quantity(f.value, f.unit)}  target {f.target}  -> {f.verdict}"))
         console.print(f"  ({time.monotonic() - t0:.0f} s)")
 
     section("learner step", lambda: [learner_figure(quick)])
@@ -613,31 +540,46 @@ def run_all(out: Path, quick: bool) -> dict[str, Any]:
     section("broker", lambda: [broker_figure(quick, out)])
     runs: dict[str, StackRun] = {}
 
-    def stack_figures() -> list[dict[str, Any]]:
-        runs["inflight"] = run_stack(out, "pipeline-inflight", mode="async", max_steps=steps, eval_every_versions=steps)
+    def stack_figures() -> list[Figure]:
+        runs["inflight"] = measured_run(out, "pipeline-inflight", steps, mode="async")
         standalone = standalone_generator(runs["inflight"], out, window_s=3.0 if quick else 8.0)
-        figs = [generator_figure(runs["inflight"], standalone), swap_figure(runs["inflight"])]
+        made = [
+            generator_figure(runs["inflight"], standalone),
+            swap_figure(runs["inflight"].run_dir, runs["inflight"].model_dir),
+        ]
         if quick:
-            return [not_run("pipeline_samples_per_s_inflight_vs_sync", f">= {RATIO_TARGET}", "full mode only"), *figs]
+            name = "pipeline_samples_per_s_inflight_vs_sync"
+            return [not_run(name, "samples/s", PIPELINE_TARGETS, "full mode only"), *made]
         runs["sync"] = run_stack(out, "pipeline-sync", mode="sync", max_steps=steps, eval_every_versions=steps)
-        return [pipeline_figure(runs["inflight"], runs["sync"]), *figs]
+        return [pipeline_figure(runs["inflight"].run_dir, runs["sync"].run_dir), *made]
 
     section("pipeline, generator efficiency and weight swaps (local stack)", stack_figures)
-    name = f"learning_speed_plus_{LEARNING_GAIN}_onpolicy_vs_stack"
     if quick:
-        report["figures"].append(not_run(name, f"stack >= {LEARNING_SPEED_TARGET}x faster", "full mode only"))
+        figures.append(not_run(LEARNING_SPEED_NAME, "s", LEARNING_SPEED_TARGETS, "full mode only"))
     else:
         section("learning speed (local stack vs single-process on-policy)", lambda: [learning_speed_figure(out)])
 
-        def sweep() -> list[dict[str, Any]]:
+        def sweep() -> list[Figure]:
             report["scaling"] = scaling_sweep(out, 20, runs.get("inflight"))
             plot_scaling(report["scaling"], out / "scaling.png")
             return []
 
         section("scaling sweep", sweep)
     report["wall_s"] = time.monotonic() - started
-    write_report(out, report)
-    return report
+    write_report(out, report, figures)
+    return report, figures
+
+
+def writable_dir(path: Path) -> Path:
+    """``path`` resolved, created if missing; ConfigError naming ``--output`` when it cannot be written."""
+    try:
+        path = path.resolve()
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot create the directory: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output {path}: the directory is not writable")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -645,15 +587,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
     parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
     args = parser.parse_args(argv)
-    report = run_all(args.output.resolve(), args.quick)
-    print((args.output / "bench.md").read_text())
-    missed = [f["name"] for f in report["figures"] if f["passed"] is False]
+    out = writable_dir(args.output)
+    report, figures = run_all(out, args.quick)
+    print((out / "bench.md").read_text())
     if report["errors"]:
         console.print(f"[red]{len(report['errors'])} benchmark(s) failed to run[/red]")
         return 1
+    missed = [f.name for f in figures if f.met is False]
     console.print(
-        f"{len(report['figures']) - len(missed)} of {len(report['figures'])} figures met or not run; "
-        f"missed: {', '.join(missed) or 'none'}"
+        f"{len(figures) - len(missed)} of {len(figures)} figures met or not run; missed: {', '.join(missed) or 'none'}"
     )
     return 0
 

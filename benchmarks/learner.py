@@ -7,7 +7,7 @@ minimal step (forward, CISPO with prompt aggregation, backward, AdamW) on
 the same model, tokens and rewards, interleaved in one run so machine noise
 hits both alike.
 
-    python -m services.learner.bench --output DIR [--repeats 30]
+    python -m benchmarks.learner --output DIR [--repeats 30]
 
 Target: service step / bare step <= 1.15.
 """
@@ -27,11 +27,13 @@ import torch
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.tasks import ALPHABET
+from benchmarks.figure import Figure, Target
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.model import ModelSpec, build_model, build_tokenizer
 from services.learner.trainer import Trainer, collate
 
 TARGET = 1.15
+BENCH_FILE_NAME = "learner_bench.json"
 
 
 def synthetic_groups(
@@ -86,8 +88,8 @@ def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, inputs: Any, e
     opt.step()
 
 
-def bench_learner_step(repeats: int = 30, num_prompts: int = 32, group_size: int = 8) -> dict[str, Any]:
-    """Median seconds of the service step and the bare step, interleaved; their ratio."""
+def bench_learner_step(repeats: int = 30, num_prompts: int = 32, group_size: int = 8) -> Figure:
+    """Median seconds of the service step against the bare step, interleaved; their ratio is the figure."""
     torch.manual_seed(0)
     spec = ModelSpec()
     tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
@@ -110,32 +112,29 @@ def bench_learner_step(repeats: int = 30, num_prompts: int = 32, group_size: int
             service_s.append(t1 - t0)
             bare_s.append(t2 - t1)
     service, bare = statistics.median(service_s), statistics.median(bare_s)
-    ratio = service / bare
-    return {
-        "name": "learner_step_service_vs_bare",
-        "service_step_s": service,
-        "bare_step_s": bare,
-        "ratio": ratio,
-        "target": TARGET,
-        "passed": ratio <= TARGET,
-        "repeats": repeats,
-        "samples_per_step": num_prompts * group_size,
-    }
+    samples = num_prompts * group_size
+    return Figure(
+        name="learner_step_service_vs_bare",
+        value=service,
+        unit="s",
+        ratio=service / bare,
+        baseline=f"bare PyTorch step {bare * 1e3:.1f} ms",
+        measured=f"service step {service * 1e3:.1f} ms ({samples} samples), median of {repeats}",
+        targets=(Target(of="ratio", direction="at most", bound=TARGET),),
+        details={"service_step_s": service, "bare_step_s": bare, "repeats": repeats, "samples_per_step": samples},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.learner.bench")
-    parser.add_argument("--output", type=Path, required=True)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME}")
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    result = bench_learner_step(args.repeats)
+    figure = bench_learner_step(args.repeats)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "learner_bench.json").write_text(json.dumps(result, indent=2))
-    print(
-        f"learner step: service {result['service_step_s'] * 1e3:.1f} ms vs bare {result['bare_step_s'] * 1e3:.1f} ms "
-        f"= {result['ratio']:.3f}x (target <= {TARGET}; {'PASS' if result['passed'] else 'FAIL'})"
-    )
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(figure.as_json(), indent=2) + "\n")
+    print(f"{figure.name}: {figure.measured} vs {figure.baseline} (target {figure.target}: {figure.verdict})")
     return 0
 
 

@@ -9,7 +9,7 @@ publishing around it. ``asymptote bench`` runs it in a process pinned to the
 generator's cores and compares the tokens per second a generator achieves
 inside a running RL loop against it.
 
-    python -m services.generator.bench --model-dir DIR --output FILE [--window-s 8]
+    python -m benchmarks.generator --model-dir DIR --output FILE [--window-s 8]
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ async def standalone_tokens_per_s(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.generator.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.generator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True, help="JSON file for the result")
     parser.add_argument("--window-s", type=float, default=8.0, help="length of the warm-up and of each timed window")

@@ -8,15 +8,14 @@ This process pulls the version as a generator's swapper does before it
 touches the engine (``GrpcWeightSource.pull``, which verifies framing,
 sha256 and finiteness; the digest against the announced one; the tensor
 signature; then ``stage`` as a safetensors folder), and, interleaved with
-each pull, reads the model's safetensors file from local disk. It lives with
-the local stack because it runs both sides of the transfer, the learner's
-and the generator's.
+each pull, reads the model's safetensors file from local disk. It runs both
+sides of the transfer, the learner's and the generator's.
 
 The disk read follows the file's write, so it is likely served from the page
 cache, which makes the target stricter; a read after asking the kernel to
 drop the file's cached pages (``posix_fadvise``) is reported beside it.
 
-    python -m services.local.bench_transfer --output DIR [--quick]
+    python -m benchmarks.transfer --output DIR [--quick]
 
 Target: disk read time / pull time >= 0.5 (the pull at least half as fast).
 """
@@ -42,6 +41,7 @@ from asymptote.config import ListenSettings
 from asymptote.errors import WeightsError
 from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
+from benchmarks.figure import Figure, Target
 from services.generator.weights import GrpcWeightSource, check_signature, stage
 from services.learner.model import ModelSpec, create_model_dir
 
@@ -175,14 +175,13 @@ async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any
             server.join(5)
 
 
-def bench_transfer(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
-    """The weight transfer's entry in the project-wide benchmark (see the module docstring).
+def bench_transfer(quick: bool = False, workdir: Path | None = None) -> Figure:
+    """The weight transfer's figure (see the module docstring): seconds of a pull, against a disk read.
 
     Medians over interleaved repeats. The pull is timed through staging (as
     the swapper's pull time is); pull-and-verify and staging are also given
-    apart. Returns ``name``, ``ratio`` (disk read seconds / pull seconds),
-    ``baseline``, ``measured``, ``target``, ``passed``, ``bytes`` and the
-    details. ``quick``: a 20 MB model and 3 repeats instead of 82 MB and 7.
+    apart in the details. The ratio is disk read seconds / pull seconds.
+    ``quick``: a 20 MB model and 3 repeats instead of 82 MB and 7.
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
@@ -196,40 +195,39 @@ def bench_transfer(quick: bool = False, workdir: Path | None = None) -> dict[str
     read = statistics.median(m["read_s"])
     cold = statistics.median(m["cold_read_s"])
     mb = m["num_bytes"] / 1e6
-    ratio = read / pull
-    return {
-        "name": "weight_transfer_grpc_vs_disk",
-        "ratio": ratio,
-        "baseline": (
+    return Figure(
+        name="weight_transfer_grpc_vs_disk",
+        value=pull,
+        unit="s",
+        ratio=read / pull,
+        baseline=(
             f"local disk read {m['file_bytes'] / 1e6 / read:,.0f} MB/s (safetensors file, likely page-cache warm; "
             f"after evicting its pages {m['file_bytes'] / 1e6 / cold:,.0f} MB/s)"
         ),
-        "measured": (
+        measured=(
             f"gRPC pull {mb / pull:,.0f} MB/s ({mb:.1f} MB in {pull * 1e3:.0f} ms: pull and verify "
             f"{statistics.median(m['pull_s']) * 1e3:.0f} ms, staging {statistics.median(m['stage_s']) * 1e3:.0f} ms; "
             f"median of {repeats})"
         ),
-        "target": f">= {TARGET}",
-        "passed": ratio >= TARGET,
-        "bytes": m["num_bytes"],
-        "file_bytes": m["file_bytes"],
-        "num_parameters": num_parameters,
-        "repeats": repeats,
-        "pull_s": pull,
-        "pull_verify_s": statistics.median(m["pull_s"]),
-        "stage_s": statistics.median(m["stage_s"]),
-        "disk_read_s": read,
-        "disk_cold_read_s": cold,
-        "ratio_vs_cold_read": cold / pull,
-        "pull_s_each": [p + s for p, s in zip(m["pull_s"], m["stage_s"])],
-        "disk_read_s_each": m["read_s"],
-    }
+        targets=(Target(of="ratio", direction="at least", bound=TARGET),),
+        details={
+            "bytes": m["num_bytes"],
+            "file_bytes": m["file_bytes"],
+            "num_parameters": num_parameters,
+            "repeats": repeats,
+            "pull_verify_s": statistics.median(m["pull_s"]),
+            "stage_s": statistics.median(m["stage_s"]),
+            "disk_read_s": read,
+            "disk_cold_read_s": cold,
+            "ratio_vs_cold_read": cold / pull,
+            "pull_s_each": [p + s for p, s in zip(m["pull_s"], m["stage_s"])],
+            "disk_read_s_each": m["read_s"],
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m services.local.bench_transfer", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transfer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME}")
     parser.add_argument("--quick", action="store_true", help="a 20 MB model and fewer repeats (for CI)")
     args = parser.parse_args(argv)
@@ -237,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
 
     disable_progress_bar()
     args.output.mkdir(parents=True, exist_ok=True)
-    result = bench_transfer(args.quick, args.output / "transfer-bench")
-    (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    figure = bench_transfer(args.quick, args.output / "transfer-bench")
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(figure.as_json(), indent=2) + "\n")
     print(
-        f"weight transfer: {result['measured']} vs {result['baseline']} = {result['ratio']:.3f} "
-        f"(target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})"
+        f"weight transfer: {figure.measured} vs {figure.baseline} = {figure.ratio:.3f} "
+        f"(target {figure.target}; {figure.verdict})"
     )
     return 0
 

@@ -23,7 +23,7 @@ serves both sides, measured in one run:
   with explicit acks, concurrently; groups/s = N / wall time, measured
   before and after the broker run (their mean is the baseline).
 
-    python -m services.broker.bench --output DIR [--quick]
+    python -m benchmarks.broker --output DIR [--quick]
 
 Target: broker rate / raw rate >= 0.5, and >= 5,000 groups/s.
 """
@@ -47,12 +47,13 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from asymptote.config import dump_config
+from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.nats_local import NatsServer, free_port, start_nats
 from asymptote.policy import publish_policy
 from asymptote.rpc import channel
 from asymptote.streams import Names, Outgoing, Publisher, durable_puller, ensure_bucket, stream_configs
+from benchmarks.figure import Figure, Target
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 
 TARGET_RATIO = 0.5
@@ -66,7 +67,7 @@ FETCH_BATCH = 64
 """Messages per fetch of the raw baseline and of the fake generators."""
 NUM_GENERATORS = 2
 PREFIX = "bench"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_completions() -> bytes:
@@ -307,10 +308,10 @@ async def fake_learner(
 
 def broker_config(nats_url: str, batch_prompts: int) -> BrokerConfig:
     return BrokerConfig(
-        nats={"url": nats_url},
+        nats=NatsSettings(url=nats_url),
         prefix=PREFIX,
-        grpc={"port": free_port()},
-        http={"port": free_port()},
+        grpc=ListenSettings(port=free_port()),
+        http=ListenSettings(port=free_port()),
         sampling=SamplingSettings(group_size=GROUP_SIZE, max_tokens=NUM_COMPLETION_TOKENS),
         eval=EvalSettings(every_versions=1_000_000, num_prompts=1),
         batch_prompts=batch_prompts,
@@ -437,13 +438,12 @@ async def measure(workdir: Path, quick: bool) -> dict[str, Any]:
     return {"broker": broker, "raw_groups_per_s_each": [raw_before, raw_after], "payload_bytes": len(payload)}
 
 
-def bench_broker(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
-    """The broker's entry in the project-wide benchmark (see the module docstring).
+def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
+    """The broker's figure (see the module docstring): groups/s through the broker against raw nats-py.
 
-    Returns ``name``, ``ratio`` (broker groups/s over raw nats-py groups/s),
-    ``baseline``, ``measured``, ``target``, ``passed``, and ``groups_per_s``,
-    ``raw_groups_per_s``, ``groups`` with the broker's counters. ``quick``:
-    batches of 16 and 800 measured groups instead of 32 and 4,000.
+    The details hold the raw rates, the window, and the broker's and the
+    fake generators' counters. ``quick``: batches of 16 and 800 measured
+    groups instead of 32 and 4,000.
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
@@ -453,39 +453,42 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> dict[str, 
     b = m["broker"]
     raw = sum(m["raw_groups_per_s_each"]) / len(m["raw_groups_per_s_each"])
     rate = b["groups_per_s"]
-    ratio = rate / raw
     dropped = sum(b["groups_dropped"].values())
-    return {
-        "name": "broker_groups_per_s_vs_raw_nats",
-        "ratio": ratio,
-        "baseline": f"raw nats-py publish+fetch {raw:,.0f} groups/s (same server, {m['payload_bytes']:,}-byte groups)",
-        "measured": (
+    return Figure(
+        name="broker_groups_per_s_vs_raw_nats",
+        value=rate,
+        unit="groups/s",
+        ratio=rate / raw,
+        baseline=f"raw nats-py publish+fetch {raw:,.0f} groups/s (same server, {m['payload_bytes']:,}-byte groups)",
+        measured=(
             f"through the broker {rate:,.0f} groups/s ({b['groups']:,} groups in {b['window_s']:.2f} s after "
             f"{b['warmup_groups']:,} warm-up; batches of {b['batch_prompts']}, G={b['group_size']}; "
             f"{b['tasks_issued']:,} tasks issued, {b['groups_admitted']:,} admitted, {dropped} dropped)"
         ),
-        "target": f">= {TARGET_RATIO} and >= {TARGET_GROUPS_PER_S:,.0f} groups/s",
-        "passed": ratio >= TARGET_RATIO and rate >= TARGET_GROUPS_PER_S,
-        "groups_per_s": rate,
-        "raw_groups_per_s": raw,
-        "groups": b["groups"],
-        "raw_groups_per_s_each": m["raw_groups_per_s_each"],
-        "payload_bytes": m["payload_bytes"],
-        **{k: v for k, v in b.items() if k not in ("groups", "groups_per_s")},
-    }
+        targets=(
+            Target(of="ratio", direction="at least", bound=TARGET_RATIO),
+            Target(of="value", direction="at least", bound=TARGET_GROUPS_PER_S),
+        ),
+        details={
+            "raw_groups_per_s": raw,
+            "raw_groups_per_s_each": m["raw_groups_per_s_each"],
+            "payload_bytes": m["payload_bytes"],
+            **{k: v for k, v in b.items() if k != "groups_per_s"},
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.broker.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.broker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME} and the logs")
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer groups (for CI)")
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    result = bench_broker(args.quick, args.output / "broker-bench")
-    (args.output / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    figure = bench_broker(args.quick, args.output / "broker-bench")
+    (args.output / BENCH_FILE_NAME).write_text(json.dumps(figure.as_json(), indent=2) + "\n")
     print(
-        f"broker: {result['groups_per_s']:,.0f} groups/s vs raw nats-py {result['raw_groups_per_s']:,.0f} "
-        f"= {result['ratio']:.3f}x (target {result['target']}; {'PASS' if result['passed'] else 'FAIL'})"
+        f"broker: {figure.value:,.0f} groups/s vs raw nats-py {figure.details['raw_groups_per_s']:,.0f} "
+        f"= {figure.ratio:.3f}x (target {figure.target}; {figure.verdict})"
     )
     return 0
 

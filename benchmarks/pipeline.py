@@ -9,7 +9,7 @@ per second. It also reports the generator's pause per swap (each swap's
 stall, from the generator's log) against the time to copy the model's
 bytes once in memory, measured in the same run.
 
-    python -m services.local.bench_pipeline --output bench-out [--steps 60]
+    python -m benchmarks.pipeline --output bench-out [--steps 60]
 
 Targets: samples/s ratio >= 1.5; median pause <= 2 x copy + 20 ms.
 """
@@ -25,12 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.figure import Figure, Target
 from services.local.config import StackConfig
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
 
 RATIO_TARGET = 1.5
 PAUSE_SLACK_S = 0.020
+PIPELINE_TARGETS = (Target(of="ratio", direction="at least", bound=RATIO_TARGET),)
+BENCH_FILE_NAME = "pipeline_bench.json"
 PAUSE_RE = re.compile(r"loaded version \d+: .* paused ([\d.]+) ms")
 
 
@@ -67,6 +70,39 @@ def copy_time_s(model_dir: Path, repeats: int = 50) -> tuple[float, int]:
     return statistics.median(times), num_bytes
 
 
+def pipeline_figure(inflight_dir: Path, sync_dir: Path) -> Figure:
+    """Trained samples/s of the in-flight run against the synchronous run."""
+    inflight, sync = trained_samples_per_s(inflight_dir), trained_samples_per_s(sync_dir)
+    return Figure(
+        name="pipeline_samples_per_s_inflight_vs_sync",
+        value=inflight,
+        unit="samples/s",
+        ratio=inflight / sync,
+        baseline=f"synchronous {sync:.1f} samples/s",
+        measured=f"in-flight k=8 {inflight:.1f} samples/s ({len(read_jsonl(inflight_dir / 'metrics.jsonl'))} steps)",
+        targets=PIPELINE_TARGETS,
+    )
+
+
+def swap_figure(run_dir: Path, model_dir: Path) -> Figure:
+    """The median pause of the run's weight swaps against one in-memory copy of the model's bytes."""
+    pauses = swap_pauses_s(run_dir)
+    if not pauses:
+        raise RuntimeError(f"{run_dir}: no weight swap was logged")
+    copy_s, num_bytes = copy_time_s(model_dir)
+    median = statistics.median(pauses)
+    p90 = statistics.quantiles(pauses, n=10)[-1] if len(pauses) >= 2 else pauses[0]
+    return Figure(
+        name="swap_pause_median_vs_memory_copy",
+        value=median,
+        unit="s",
+        baseline=f"copy of {num_bytes:,} bytes in memory {copy_s * 1e3:.3f} ms",
+        measured=f"median of {len(pauses)} swaps {median * 1e3:.1f} ms (p90 {p90 * 1e3:.1f} ms)",
+        targets=(Target(of="value", direction="at most", bound=2 * copy_s + PAUSE_SLACK_S, rule="2 x copy + 20 ms"),),
+        details={"pauses_s": pauses, "copy_s": copy_s, "model_bytes": num_bytes, "median_over_copy": median / copy_s},
+    )
+
+
 def run_mode(out: Path, mode: str, steps: int, base: dict[str, Any]) -> tuple[Path, Path]:
     config = StackConfig.model_validate(
         {**base, "run_dir": out / mode, "mode": mode, "max_steps": steps, "eval_every_versions": steps}
@@ -75,66 +111,36 @@ def run_mode(out: Path, mode: str, steps: int, base: dict[str, Any]) -> tuple[Pa
     code = stack.run()
     if code != 0:
         raise RuntimeError(f"{mode} run failed (exit {code}); see {stack.run_dir / 'logs'}")
-    return stack.run_dir, _model_dir(stack.run_dir)
+    return stack.run_dir, model_dir_of(stack.run_dir)
 
 
-def _model_dir(run_dir: Path) -> Path:
+def model_dir_of(run_dir: Path) -> Path:
+    """The model directory a local-stack run's learner started from."""
     import yaml
 
     return Path(yaml.safe_load((run_dir / "config" / "learner.yaml").read_text())["model_dir"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m services.local.bench_pipeline", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--output", type=Path, required=True, help="directory for the runs and pipeline_bench.json")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True, help=f"directory for the runs and {BENCH_FILE_NAME}")
     parser.add_argument("--steps", type=int, default=60, help="learner steps per mode")
     parser.add_argument("--batch-prompts", type=int, default=32)
     args = parser.parse_args(argv)
     out = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = {"batch_prompts": args.batch_prompts, "pin_cores": True}
-
     runs = {mode: run_mode(out, mode, args.steps, base) for mode in ("async", "sync")}
-    rates = {mode: trained_samples_per_s(run_dir) for mode, (run_dir, _) in runs.items()}
-    pauses = swap_pauses_s(runs["async"][0])
-    copy_s, num_bytes = copy_time_s(runs["async"][1])
-    ratio = rates["async"] / rates["sync"]
-    median_pause = statistics.median(pauses) if pauses else float("nan")
-    pause_bound = 2 * copy_s + PAUSE_SLACK_S
+    figures = [pipeline_figure(runs["async"][0], runs["sync"][0]), swap_figure(*runs["async"])]
     result = {
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
         "steps_per_mode": args.steps,
         "batch_prompts": args.batch_prompts,
-        "figures": [
-            {
-                "name": "pipeline_samples_per_s_inflight_vs_sync",
-                "ratio": ratio,
-                "baseline": f"sync {rates['sync']:.1f} samples/s",
-                "measured": f"in-flight k=8 {rates['async']:.1f} samples/s",
-                "target": f">= {RATIO_TARGET}",
-                "passed": ratio >= RATIO_TARGET,
-            },
-            {
-                "name": "swap_pause_median_vs_memory_copy",
-                "seconds": median_pause,
-                "baseline": f"copy of {num_bytes} bytes: {copy_s * 1e3:.3f} ms",
-                "measured": f"median of {len(pauses)} swaps; p90 {statistics.quantiles(pauses, n=10)[-1] * 1e3:.1f} ms"
-                if len(pauses) >= 2
-                else "too few swaps",
-                "target": f"<= 2 x copy + 20 ms = {pause_bound * 1e3:.1f} ms",
-                "passed": median_pause <= pause_bound,
-            },
-        ],
+        "figures": [f.as_json() for f in figures],
     }
-    (out / "pipeline_bench.json").write_text(json.dumps(result, indent=2))
-    for fig in result["figures"]:
-        value = f"{fig['ratio']:.2f}x" if "ratio" in fig else f"{fig['seconds'] * 1e3:.1f} ms"
-        print(
-            f"{fig['name']}: {value}  ({fig['measured']}; baseline {fig['baseline']}; target {fig['target']}; "
-            f"{'PASS' if fig['passed'] else 'FAIL'})"
-        )
+    (out / BENCH_FILE_NAME).write_text(json.dumps(result, indent=2) + "\n")
+    for f in figures:
+        print(f"{f.name}: {f.measured}; baseline {f.baseline}; target {f.target}: {f.verdict}")
     return 0
 
 

@@ -1,0 +1,93 @@
+"""Every ``asymptote`` subcommand answers a user's mistake in one line, not a traceback.
+
+Each case runs the command line in a fresh interpreter, as a user would,
+and checks: exit status 2, exactly one line on stderr that names the flag
+(or argument) at fault, no traceback anywhere, and that neither torch nor
+vLLM was imported, so the mistake was refused before anything heavy ran.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from badinput import BAD_INPUTS
+
+REPO = Path(__file__).resolve().parents[1]
+INTERFACE = "command line"
+# services.cli's own ``if __name__ == "__main__"`` line, plus a report of the heavy modules loaded.
+RUN_CLI = (
+    "import sys\n"
+    "from services.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cli-errors")
+    made = {
+        "not_yaml": "engine: [model_dir\n",
+        "unknown_key": "no_such_setting: 1\n",
+        "a_list": "- 1\n- 2\n",
+        "bad_value": "batch_prompts: -3\n",
+    }
+    for name, text in made.items():
+        (d / f"{name}.yaml").write_text(text)
+    return {name: d / f"{name}.yaml" for name in made} | {"missing": d / "missing.yaml", "dir": d}
+
+
+CASES: dict[str, tuple[list[str], str]] = {
+    # id: (arguments, what the line must name); an argument "{name}" is that file of the fixture above.
+    "broker-missing-config": (["broker", "--config", "{missing}"], "--config"),
+    "broker-bad-value": (["broker", "--config", "{bad_value}"], "--config"),
+    "generator-not-yaml": (["generator", "--config", "{not_yaml}"], "--config"),
+    "learner-unknown-key": (["learner", "--config", "{unknown_key}"], "--config"),
+    "fitter-not-a-mapping": (["fitter", "--config", "{a_list}"], "--config"),
+    "up-negative-max-steps": (["up", "--max-steps", "-5"], "--max-steps"),
+    "up-no-generators": (["up", "--generators", "0"], "--generators"),
+    "up-too-many-ranks": (["up", "--learner-ranks", "99"], "--learner-ranks"),
+    "up-steps-not-a-multiple-of-evals": (["up", "--max-steps", "7"], "--max-steps"),
+    "up-run-dir-not-creatable": (["up", "--run-dir", "/proc/asymptote/run"], "--run-dir"),
+    "up-missing-config": (["up", "--config", "{missing}"], "--config"),
+    "fit-not-yaml": (["fit", "{dir}", "--config", "{not_yaml}"], "--config"),
+    "bench-output-not-creatable": (["bench", "--output", "/proc/asymptote/bench"], "--output"),
+    "prepare-model-not-json": (["prepare-model", "--request", "{cache_dir: x"], "--request"),
+    "prepare-model-not-an-object": (["prepare-model", "--request", "[1, 2]"], "--request"),
+    "prepare-model-no-cache-dir": (["prepare-model", "--request", "{}"], "--request"),
+    "prepare-model-unknown-key": (["prepare-model", "--request", '{"cache_dir": "c", "size": 3}'], "--request"),
+    "kube-negative-replicas": (["kube", "scale", "generators", "-1"], "replicas"),
+    "kube-negative-timeout": (["kube", "health", "--timeout-s", "-1", "127.0.0.1:9"], "--timeout-s"),
+    "kube-target-without-port": (["kube", "health", "localhost"], "HOST:PORT"),
+    "unknown-command": (["serve"], "unknown command 'serve'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_mistake_is_one_line_naming_the_flag(case: str, files: dict[str, Path]) -> None:
+    template, named = CASES[case]
+    argv = [str(files[arg[1:-1]]) if arg[1:-1] in files else arg for arg in template]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *argv],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = proc.stdout + proc.stderr
+    BAD_INPUTS.record(INTERFACE, " ".join(argv), crashed="Traceback" in output)
+    assert "Traceback" not in output, output
+    assert proc.returncode == 2, output
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, lines
+    said_by = "asymptote:" if case == "unknown-command" else f"asymptote {argv[0]}"
+    assert lines[0].startswith(said_by) and named in lines[0], lines[0]
+    heavy = ast.literal_eval(proc.stdout.splitlines()[-1])
+    assert heavy == [], f"{heavy} imported before refusing {argv}"
