@@ -33,7 +33,6 @@ anything to measure; ``DEADLINE_STEPS_FACTOR`` times its steps bounds it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
 from benchmarks.figure import Figure, Target, not_run, quantity
 from benchmarks.pipeline import PIPELINE_TARGETS, model_dir_of, pipeline_figure, swap_figure, trained_samples_per_s
@@ -583,7 +583,7 @@ def writable_dir(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asymptote bench", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="asymptote bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
     parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
     args = parser.parse_args(argv)

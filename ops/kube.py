@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.config import TlsSettings
 from asymptote.errors import ConfigError
 
@@ -332,7 +333,7 @@ def _current_namespace(args: argparse.Namespace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asymptote kube", description="Operate a run deployed with the Helm chart.")
+    parser = ArgumentParser(prog="asymptote kube", description="Operate a run deployed with the Helm chart.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def cluster_args(p: argparse.ArgumentParser) -> None:

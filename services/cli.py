@@ -14,7 +14,6 @@ the file) and what is accepted, with exit status 2; a traceback is for bugs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
 
 USAGE = """asymptote <command> [options]
@@ -78,7 +78,7 @@ def _up(argv: list[str]) -> int:
     from asymptote.config import load_config
     from services.local.config import StackConfig
 
-    parser = argparse.ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
+    parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
@@ -127,7 +127,7 @@ def prepare_request(text: str) -> dict[str, Any]:
 def _prepare_model(argv: list[str]) -> int:
     import logging
 
-    parser = argparse.ArgumentParser(prog="asymptote prepare-model")
+    parser = ArgumentParser(prog="asymptote prepare-model")
     parser.add_argument("--request", required=True, help="JSON: cache_dir, task, model, warmstart")
     args = parser.parse_args(argv)
     req = prepare_request(args.request)

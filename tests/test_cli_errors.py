@@ -23,7 +23,10 @@ INTERFACE = "command line"
 RUN_CLI = (
     "import sys\n"
     "from services.cli import main\n"
-    "code = main(sys.argv[1:])\n"
+    "try:\n"
+    "    code = main(sys.argv[1:])\n"
+    "except SystemExit as exit:\n"  # argparse's refusals exit from inside main
+    "    code = exit.code\n"
     "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))\n"
     "sys.exit(code)\n"
 )
@@ -66,6 +69,15 @@ CASES: dict[str, tuple[list[str], str]] = {
     "kube-negative-timeout": (["kube", "health", "--timeout-s", "-1", "127.0.0.1:9"], "--timeout-s"),
     "kube-target-without-port": (["kube", "health", "localhost"], "HOST:PORT"),
     "unknown-command": (["serve"], "unknown command 'serve'"),
+    # argparse's own refusals: a value of the wrong type, a flag no command has, a missing argument.
+    "up-max-steps-not-a-number": (["up", "--max-steps", "abc"], "--max-steps"),
+    "broker-unknown-flag": (["broker", "--no-such-flag"], "--no-such-flag"),
+    "generator-config-without-value": (["generator", "--config"], "--config"),
+    "fit-no-runs": (["fit"], "paths"),
+    "fit-missing-run": (["fit", "{missing}"], "missing.yaml"),
+    "bench-flag-with-a-value": (["bench", "--quick=3"], "--quick"),
+    "kube-timeout-not-a-number": (["kube", "health", "--timeout-s", "soon", "127.0.0.1:9"], "--timeout-s"),
+    "kube-no-command": (["kube"], "command"),
 }
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from pathlib import Path
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
 from asymptote.lifecycle import run_until_stopped
@@ -59,7 +59,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asymptote broker", description=__doc__)
+    parser = ArgumentParser(prog="asymptote broker", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_BROKER__...)")
     args = parser.parse_args(argv)
     config = load_config(BrokerConfig, args.config, "ASY_BROKER")

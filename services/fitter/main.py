@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -13,6 +12,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
 from asymptote.errors import parse
@@ -162,7 +162,7 @@ async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asymptote fitter", description=__doc__)
+    parser = ArgumentParser(prog="asymptote fitter", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_FITTER__...)")
     args = parser.parse_args(argv)
     config = load_config(FitterConfig, args.config, "ASY_FITTER")

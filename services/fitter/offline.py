@@ -15,7 +15,6 @@ unit works if all runs share it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ import numpy.typing as npt
 from rich.console import Console
 from rich.table import Table
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.logs import setup_logging
 from services.fitter.curve import (
@@ -286,11 +286,12 @@ def main_fit(
     reported and written).
     """
     if error_console is None:
-        error_console = console if console is not None else Console(stderr=True)
+        # soft_wrap: a refusal is one line however long its path, as every subcommand's is.
+        error_console = console if console is not None else Console(stderr=True, soft_wrap=True)
     console = console or Console()
 
     def refuse(message: str) -> int:
-        error_console.print(f"[red]fit: {message}[/red]")
+        error_console.print(f"[red]asymptote fit: {message}[/red]")
         return EXIT_BAD_INPUT
 
     if not paths:
@@ -348,7 +349,7 @@ def main(argv: list[str]) -> int:
     fields) plus ``ASY_FIT__<FIELD>`` environment overrides; a bad value
     raises ConfigError, which the command line turns into exit code 2.
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="asymptote fit",
         description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs' eval.jsonl and project them.",
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import shutil
 from pathlib import Path
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
@@ -79,7 +79,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asymptote generator", description=__doc__)
+    parser = ArgumentParser(prog="asymptote generator", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_GENERATOR__...)")
     args = parser.parse_args(argv)
     config = load_config(GeneratorConfig, args.config, "ASY_GENERATOR")

@@ -10,10 +10,10 @@ its steps (services/learner/distributed.py).
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
+from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asymptote learner", description=__doc__)
+    parser = ArgumentParser(prog="asymptote learner", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_LEARNER__...)")
     args = parser.parse_args(argv)
     from services.learner.config import LearnerConfig
