@@ -4,8 +4,9 @@ Each service owns one frozen pydantic model; this module only loads it:
 a YAML (or JSON) file, then environment overrides, validated at start.
 Overrides use ``ASY_<SERVICE>__FIELD__SUBFIELD=value`` (scalars are
 converted to the field's type by pydantic; lists and mappings are YAML), which is what Kubernetes
-ConfigMaps and Secrets feed a pod. Also the connection settings that several
-services share.
+ConfigMaps and Secrets feed a pod. Also the settings that several services
+share: how to reach NATS, listeners, TLS, and the fields every service's
+config starts with (``ServiceSettings``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from asymptote.errors import ConfigError
+from asymptote.logs import LogFormat
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +30,13 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 class Frozen(BaseModel):
-    """Base for config models: unknown keys are errors, values immutable."""
+    """Base for config models: unknown keys are errors, values immutable.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    A field's docstring becomes its description in the JSON schema (and so in
+    the Helm chart's values.schema.json).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class NatsSettings(Frozen):
@@ -133,6 +139,42 @@ class ListenSettings(Frozen):
     """Interface to bind; 0.0.0.0 only inside a pod."""
     port: int = Field(default=0, ge=0, le=65535)
     """Port; 0 picks a free one (tests)."""
+
+
+class ServiceSettings(Frozen):
+    """The fields every service's config starts with.
+
+    Each service subclasses it and redeclares ``grpc`` and ``http`` with its
+    own default ports, so services on one host do not collide.
+    """
+
+    nats: NatsSettings = NatsSettings()
+    """Where JetStream is."""
+    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
+    """Namespace of this run's streams, subjects and buckets."""
+    grpc: ListenSettings = ListenSettings()
+    """gRPC listener (the service's RPCs and health)."""
+    grpc_tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) for the gRPC server and the gRPC calls this service makes; off by default."""
+    http: ListenSettings = ListenSettings()
+    """HTTP listener (/metrics, /healthz, /readyz)."""
+    log_format: LogFormat = "auto"
+    """Log format: JSON in pods, text on a terminal."""
+
+
+class MeteredServiceSettings(ServiceSettings):
+    """A service whose accelerator time counts as the run's compute (generators and the learner).
+
+    These fields feed asymptote.compute.ComputeMeter, whose telemetry the
+    fitter sums into the compute axis of the scaling curve.
+    """
+
+    device_kind: str = "cpu-core"
+    """What this service's accelerator is, for compute accounting."""
+    num_devices: int = Field(default=1, ge=1)
+    """Accelerators this service holds, for compute accounting."""
+    telemetry_interval_s: float = Field(default=5.0, gt=0.0)
+    """How often compute telemetry is published."""
 
 
 def _parse_override(raw: str) -> Any:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import logging
+import typing
 from pathlib import Path
 
 import pytest
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 
-from asymptote.config import Frozen, NatsSettings, dump_config, env_overrides, load_config, log_resolved
+from asymptote.config import (
+    Frozen,
+    ListenSettings,
+    NatsSettings,
+    ServiceSettings,
+    dump_config,
+    env_overrides,
+    load_config,
+    log_resolved,
+)
 from asymptote.errors import ConfigError
 from services.broker.config import BrokerConfig
 from services.fitter.config import FitterConfig
@@ -216,3 +226,51 @@ def test_every_service_masks_the_nats_password_in_its_log_and_dump(
     for text in (caplog.text, dumped.read_text()):
         assert secret not in text and "**********" in text
     assert secret not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("model", "grpc_port", "http_port"),
+    [
+        (BrokerConfig, 50051, 9101),
+        (GeneratorConfig, 50061, 9102),
+        (LearnerConfig, 50071, 9103),
+        (FitterConfig, 50081, 9104),
+    ],
+)
+def test_each_service_has_its_own_default_ports(model: type[ServiceSettings], grpc_port: int, http_port: int) -> None:
+    assert model.model_fields["grpc"].default == ListenSettings(port=grpc_port)
+    assert model.model_fields["http"].default == ListenSettings(port=http_port)
+
+
+def test_shared_fields_take_file_and_env_values_in_every_service(tmp_path: Path) -> None:
+    path = write(tmp_path, "grpc:\n  port: 6000\nnum_devices: 8\n")
+    env = {"ASY_LEARNER__MODEL_DIR": "/models/tiny", "ASY_LEARNER__HTTP__PORT": "9200", "ASY_LEARNER__PREFIX": "run2"}
+    config = load_config(LearnerConfig, path, "ASY_LEARNER", env)
+    assert (config.grpc.port, config.http.port, config.prefix, config.num_devices) == (6000, 9200, "run2", 8)
+    assert config.grpc.host == "127.0.0.1"  # the rest of the listener keeps its default
+    with pytest.raises(ConfigError, match=r"prefix: String should match pattern"):
+        load_config(FitterConfig, None, "ASY_FITTER", {"ASY_FITTER__PREFIX": "Run-2"})
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+@pytest.mark.parametrize("model", [BrokerConfig, FitterConfig, GeneratorConfig, LearnerConfig])
+def test_every_config_field_has_a_description(model: type[BaseModel]) -> None:
+    """Field docstrings are the descriptions of the chart's values schema; a redeclared field needs its own."""
+    todo: list[type[BaseModel]] = [model]
+    seen: set[type[BaseModel]] = set()
+    missing: list[str] = []
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, field in current.model_fields.items():
+            if not field.description:
+                missing.append(f"{current.__name__}.{name}")
+            todo.extend(_models_in(field.annotation))
+    assert not missing

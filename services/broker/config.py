@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
+from asymptote.config import Frozen, ListenSettings, ServiceSettings
 from asymptote.tasks import TaskSettings
 
 
@@ -27,7 +27,9 @@ class EvalSettings(Frozen):
     """Held-out evaluation rounds that feed the fitter."""
 
     every_versions: int = Field(default=10, ge=1)
-    """Issue an eval round whenever the policy version reaches a multiple of this."""
+    """Issue an eval round at each policy version the broker sees that is a multiple of this, and also at
+    the first version it sees and at the learner's final one (a learner restart can skip versions, and
+    with them a multiple)."""
     num_samples: int = Field(default=4, ge=1)
     """k: samples per held-out prompt; the pass rate is their mean."""
     num_prompts: int | None = Field(default=None, ge=1)
@@ -36,17 +38,11 @@ class EvalSettings(Frozen):
     """Eval sampling temperature (the RL temperature measures what RL optimises)."""
 
 
-class BrokerConfig(Frozen):
+class BrokerConfig(ServiceSettings):
     """Broker: curriculum, admission, batching and the learner's data feed."""
 
-    nats: NatsSettings = NatsSettings()
-    """Where JetStream is."""
-    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
-    """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50051)
     """gRPC listener (Broker service and health)."""
-    grpc_tls: TlsSettings = TlsSettings()
-    """TLS (or mTLS) for the gRPC server; off by default."""
     http: ListenSettings = ListenSettings(port=9101)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     task: TaskSettings = TaskSettings()
@@ -75,8 +71,6 @@ class BrokerConfig(Frozen):
     """JetStream ack wait on rollout groups; the broker heartbeats held ones well inside it."""
     batch_release_s: float = Field(default=900.0, gt=1.0)
     """A batch handed out and not acked for this long goes back to the queue."""
-    log_format: Literal["auto", "json", "text"] = "auto"
-    """Log format: JSON in pods, text on a terminal."""
 
     @property
     def outstanding_limit(self) -> int:

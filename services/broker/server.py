@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -68,7 +68,7 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
     async def Ack(
         self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext
     ) -> services_pb2.AckResponse:
-        batches = [(b, (), ()) for b in request.batch_ids]
+        batches: list[tuple[str, Sequence[str], Sequence[str]]] = [(b, (), ()) for b in request.batch_ids]
         batches += [(b.batch_id, list(b.group_ids), list(b.duplicate_group_ids)) for b in request.batches]
         num, unknown = await self.pipeline.batcher.ack(batches)
         self.pipeline.metrics.groups_trained.inc(num)

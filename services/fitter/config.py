@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
+from asymptote.config import ListenSettings, ServiceSettings
 from services.fitter.curve import CurveFitSettings
 
 
-class FitterConfig(Frozen):
+class FitterConfig(ServiceSettings):
     """Fitter: the validation curve, its sigmoid fit and the projections."""
 
-    nats: NatsSettings = NatsSettings()
-    """Where JetStream is."""
-    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
-    """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50081)
     """gRPC listener (Fitter service and health)."""
-    grpc_tls: TlsSettings = TlsSettings()
-    """TLS (or mTLS) for the gRPC server; off by default."""
     http: ListenSettings = ListenSettings(port=9104)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     run_dir: Path = Path("runs/latest")
@@ -36,5 +29,3 @@ class FitterConfig(Frozen):
     """An instance silent for this long is treated as gone (its compute stops growing)."""
     plot: bool = True
     """Write curve.png on every refit."""
-    log_format: Literal["auto", "json", "text"] = "auto"
-    """Log format: JSON in pods, text on a terminal."""

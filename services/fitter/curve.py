@@ -29,10 +29,11 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from scipy.optimize import least_squares
 from scipy.special import expit
 
+from asymptote.config import Frozen
 from asymptote.errors import AsymptoteError
 from services.fitter.kernels import FloatArray, polish_batch, residuals_and_jacobian, sigmoid_sums, weighted_sse
 
@@ -58,10 +59,8 @@ class FitError(AsymptoteError, ValueError):
     """The data cannot support a curve fit; the message names the reason."""
 
 
-class CurveFitSettings(BaseModel):
+class CurveFitSettings(Frozen):
     """How the curve is fitted and how its uncertainty is estimated."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     a_min: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Lowest asymptote A on the grid (pass rate); None starts one step above R0."""

@@ -67,11 +67,11 @@ class ProjectionCollector(Collector):
             "Projected pass rate at a target compute",
             labels=["run", "compute", "bound"],
         )
-        for value in p.projections:
-            compute = f"{value.compute:.6g}"
-            projected.add_metric([self.run, compute, "mid"], value.pass_rate)
-            projected.add_metric([self.run, compute, "low"], value.interval.low)
-            projected.add_metric([self.run, compute, "high"], value.interval.high)
+        for projection in p.projections:
+            compute = f"{projection.compute:.6g}"
+            projected.add_metric([self.run, compute, "mid"], projection.pass_rate)
+            projected.add_metric([self.run, compute, "low"], projection.interval.low)
+            projected.add_metric([self.run, compute, "high"], projection.interval.high)
         yield projected
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
+from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
 
 
 class EngineSettings(Frozen):
@@ -29,17 +29,11 @@ class EngineSettings(Frozen):
     """Engine sampling seed."""
 
 
-class GeneratorConfig(Frozen):
+class GeneratorConfig(MeteredServiceSettings):
     """Generator: vLLM rollouts, verifier scoring, in-flight weight swaps."""
 
-    nats: NatsSettings = NatsSettings()
-    """Where JetStream is."""
-    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
-    """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50061)
     """gRPC listener (Generator service and health)."""
-    grpc_tls: TlsSettings = TlsSettings()
-    """TLS (or mTLS) for the gRPC server and the weight pulls from the learner; off by default."""
     http: ListenSettings = ListenSettings(port=9102)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     engine: EngineSettings
@@ -52,11 +46,3 @@ class GeneratorConfig(Frozen):
     """inflight: pause keeping requests and KV cache, swap, resume (PipelineRL); drain: finish running requests first."""
     weights_dir: Path = Path("/dev/shm/asymptote")
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""
-    device_kind: str = "cpu-core"
-    """What this generator's accelerator is, for compute accounting."""
-    num_devices: int = Field(default=1, ge=1)
-    """Accelerators this generator holds, for compute accounting."""
-    telemetry_interval_s: float = Field(default=5.0, gt=0.0)
-    """How often compute telemetry is published."""
-    log_format: Literal["auto", "json", "text"] = "auto"
-    """Log format: JSON in pods, text on a terminal."""

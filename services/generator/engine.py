@@ -87,7 +87,6 @@ class Engine:
             # Never vLLM's "auto", which falls back to pickle-based *.bin / *.pt files.
             load_format="safetensors",
             dtype=s.dtype,
-            max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
             kv_cache_memory_bytes=s.kv_cache_memory_bytes,
             enforce_eager=s.enforce_eager,
@@ -99,6 +98,9 @@ class Engine:
             enable_prefix_caching=True,
             worker_extension_cls="services.generator.worker_ext.StagedWeightsExtension",
         )
+        if s.max_model_len is not None:
+            # Left unset, vLLM derives it from the model's config (its field is typed int, defaulting to None).
+            args.max_model_len = s.max_model_len
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")

@@ -79,14 +79,15 @@ def save(
         },
         tmp / "trainer.pt",
     )
+    steps_done = version if step is None else step
     meta = {
         "version": version,
-        "step": version if step is None else step,
+        "step": steps_done,
         "samples_trained": samples_trained,
         "trained_group_ids": list(trained_group_ids),
     }
     (tmp / "meta.json").write_text(json.dumps(meta))
-    failpoint("learner.checkpoint.written", meta["step"])
+    failpoint("learner.checkpoint.written", steps_done)
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())

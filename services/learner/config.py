@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from asymptote.config import Frozen, ListenSettings, NatsSettings, TlsSettings
+from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
 
 
 class LossSettings(Frozen):
@@ -62,21 +62,15 @@ class OptimizerSettings(Frozen):
     """Gradient clipping by global norm."""
 
 
-class LearnerConfig(Frozen):
+class LearnerConfig(MeteredServiceSettings):
     """Learner: CISPO on the broker's batches, weights served to generators."""
 
-    nats: NatsSettings = NatsSettings()
-    """Where JetStream is."""
-    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
-    """Namespace of this run's streams, subjects and buckets."""
     grpc: ListenSettings = ListenSettings(port=50071)
     """gRPC listener (Learner.PullWeights, Status, health)."""
-    grpc_tls: TlsSettings = TlsSettings()
-    """TLS (or mTLS) for the gRPC server and the calls to the broker; off by default."""
-    advertise_host: str = "127.0.0.1"
-    """Host generators use to reach this learner's gRPC port (the pod's Service name in Kubernetes)."""
     http: ListenSettings = ListenSettings(port=9103)
     """HTTP listener (/metrics, /healthz, /readyz)."""
+    advertise_host: str = "127.0.0.1"
+    """Host generators use to reach this learner's gRPC port (the pod's Service name in Kubernetes)."""
     broker_endpoint: str = "127.0.0.1:50051"
     """host:port of the broker's gRPC service."""
     model_dir: Path
@@ -90,26 +84,22 @@ class LearnerConfig(Frozen):
     batch_prompts: int = Field(default=16, ge=1)
     """Prompt groups per step (asked of the broker)."""
     max_steps: int = Field(default=200, ge=1)
-    """Stop after this many optimizer steps (the policy version equals the step)."""
+    """Stop once the weights hold this many optimizer steps in all: a run resumed from a checkpoint
+    continues from that checkpoint's step, so steps lost with a crash are trained again and the total
+    stays max_steps. The policy version can run ahead of the step after a restart (versions announced
+    after the last checkpoint are never reused)."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
-    """Checkpoint interval; batches are acked to the broker only once a checkpoint holds them."""
+    """Checkpoint whenever the step is a multiple of this, and at max_steps; batches are acked to the
+    broker only once a checkpoint holds them."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk."""
     batch_wait_s: float = Field(default=10.0, gt=0.0)
     """How long one NextBatch call waits for a full batch before asking again."""
     num_threads: int = Field(default=1, ge=1)
     """torch intra-op threads (one core on the embedded default)."""
-    device_kind: str = "cpu-core"
-    """What this learner's accelerator is, for compute accounting."""
-    num_devices: int = Field(default=1, ge=1)
-    """Accelerators this learner holds, for compute accounting."""
-    telemetry_interval_s: float = Field(default=5.0, gt=0.0)
-    """How often compute telemetry is published."""
     seed: int = 0
     """torch seed."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL on GPUs, else gloo)."""
     dist_timeout_s: float = Field(default=86_400.0, gt=0.0)
     """How long a rank waits in a collective: ranks > 0 wait there while rank 0 waits for data."""
-    log_format: Literal["auto", "json", "text"] = "auto"
-    """Log format: JSON in pods, text on a terminal."""

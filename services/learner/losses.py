@@ -31,7 +31,7 @@ LOG_RATIO_CLAMP = 20.0
 _STD_FLOOR = 1e-8
 
 
-def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
+def zero_variance_mask(*, rewards: torch.Tensor) -> torch.Tensor:
     """[P, G] rewards -> [P] bool, True where the group's rewards are not all equal.
 
     Tests "all equal" rather than "0 < mean < 1" so {-1, +1} rewards work.
@@ -40,7 +40,7 @@ def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(
-    rewards: torch.Tensor, normalization: Normalization = "batch"
+    *, rewards: torch.Tensor, normalization: Normalization = "batch"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL, RECIPE 1).
 
@@ -52,7 +52,7 @@ def group_advantages(
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_prompts, group_size], got shape {tuple(rewards.shape)}")
     rewards = rewards.to(torch.float64) if rewards.dtype == torch.float64 else rewards.float()
-    keep = zero_variance_mask(rewards)
+    keep = zero_variance_mask(rewards=rewards)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if normalization == "batch":
         kept = centred[keep]
@@ -69,6 +69,7 @@ def group_advantages(
 
 
 def aggregation_weights(
+    *,
     mask: torch.Tensor,
     prompt_index: torch.Tensor,
     aggregation: Aggregation = "prompt",
@@ -99,6 +100,7 @@ def aggregation_weights(
 
 
 def aggregate(
+    *,
     token_loss: torch.Tensor,
     mask: torch.Tensor,
     prompt_index: torch.Tensor,
@@ -117,18 +119,21 @@ def aggregate(
     whole batch's loss.
     """
     if weights is None:
-        weights = aggregation_weights(mask.to(token_loss.dtype), prompt_index, aggregation)
+        weights = aggregation_weights(
+            mask=mask.to(token_loss.dtype), prompt_index=prompt_index, aggregation=aggregation
+        )
     elif weights.shape != token_loss.shape:
         raise ValueError(f"weights must be {tuple(token_loss.shape)}, got {tuple(weights.shape)}")
     return (token_loss * weights.to(token_loss.dtype)).sum()
 
 
-def log_ratio(logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
+def log_ratio(*, logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
     """Clamped ``logp - logp_gen`` (see LOG_RATIO_CLAMP for why)."""
     return (logp - logp_gen).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def cispo_loss(
+    *,
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
@@ -146,15 +151,18 @@ def cispo_loss(
     ``eps_max`` caps the weight itself (ScaleRL's convention: eps_max = 4
     equals ``1 + eps_high`` with eps_high = 3 in the MiniMax/verl notation).
     """
-    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
-    ratio = torch.exp(log_ratio(logp.detach(), logp_gen))
+    _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
+    ratio = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
     weight = ratio.clamp(max=eps_max)
     token_loss = -weight * advantages[:, None] * logp
-    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
-    return loss, ratio_stats(ratio, mask, capped=ratio > eps_max)
+    loss = aggregate(
+        token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation, weights=weights
+    )
+    return loss, ratio_stats(ratio=ratio, mask=mask, capped=ratio > eps_max)
 
 
 def ppo_clip_loss(
+    *,
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
@@ -175,26 +183,30 @@ def ppo_clip_loss(
     ``r`` is taken against the learner's own pre-step log-probs and the token
     loss is multiplied by ``sg(min(pi_learner / pi_gen, tis_cap))``.
     """
-    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
+    _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
     if tis_cap is None:
-        ratio = torch.exp(log_ratio(logp, logp_gen))
+        ratio = torch.exp(log_ratio(logp=logp, logp_gen=logp_gen))
         weight = None
     else:
         ratio = torch.exp(logp - logp.detach())
-        weight = torch.exp(log_ratio(logp.detach(), logp_gen)).clamp(max=tis_cap)
+        weight = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen)).clamp(max=tis_cap)
     adv = advantages[:, None]
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     token_loss = -torch.minimum(ratio * adv, clipped * adv)
     if weight is not None:
         token_loss = token_loss * weight
-    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
+    loss = aggregate(
+        token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation, weights=weights
+    )
     r = ratio.detach()
     active = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
-    stats = ratio_stats(r if weight is None else torch.exp(log_ratio(logp.detach(), logp_gen)), mask, capped=active)
+    is_ratio = r if weight is None else torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
+    stats = ratio_stats(ratio=is_ratio, mask=mask, capped=active)
     return loss, stats
 
 
 def gspo_loss(
+    *,
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
@@ -212,22 +224,24 @@ def gspo_loss(
     sequence's loss stands on each of its loss tokens and is then aggregated
     (sample: the plain mean over sequences).
     """
-    _check_shapes(logp, logp_gen, advantages, mask, prompt_index)
+    _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
     m = mask.to(logp.dtype)
     counts = m.sum(dim=1)
-    mean_diff = (log_ratio(logp, logp_gen) * m).sum(dim=1) / counts.clamp_min(1.0)
+    mean_diff = (log_ratio(logp=logp, logp_gen=logp_gen) * m).sum(dim=1) / counts.clamp_min(1.0)
     s = torch.exp(mean_diff)
     clipped = s.clamp(1.0 - eps_low, 1.0 + eps_high)
     seq_loss = -torch.minimum(s * advantages, clipped * advantages)
     token_loss = seq_loss[:, None].expand_as(logp)
-    loss = aggregate(token_loss, mask, prompt_index, aggregation, weights)
+    loss = aggregate(
+        token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation, weights=weights
+    )
     sd = s.detach()[:, None].expand_as(logp)
     adv = advantages[:, None].expand_as(logp)
     active = ((adv > 0) & (sd > 1.0 + eps_high)) | ((adv < 0) & (sd < 1.0 - eps_low))
-    return loss, ratio_stats(sd, mask, capped=active)
+    return loss, ratio_stats(ratio=sd, mask=mask, capped=active)
 
 
-def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> dict[str, float]:
+def ratio_stats(*, ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> dict[str, float]:
     """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4)."""
     m = mask.bool()
     if not m.any():
@@ -241,6 +255,7 @@ def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -
 
 
 def _check_shapes(
+    *,
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
     advantages: torch.Tensor,
@@ -260,6 +275,7 @@ def _check_shapes(
 
 
 def policy_loss(
+    *,
     name: str,
     logp: torch.Tensor,
     logp_gen: torch.Tensor,
@@ -274,11 +290,39 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss named in the learner's config (``weights``: see ``aggregate``)."""
     if name == "cispo":
-        return cispo_loss(logp, logp_gen, advantages, mask, prompt_index, eps_max, aggregation, weights)
+        return cispo_loss(
+            logp=logp,
+            logp_gen=logp_gen,
+            advantages=advantages,
+            mask=mask,
+            prompt_index=prompt_index,
+            eps_max=eps_max,
+            aggregation=aggregation,
+            weights=weights,
+        )
     if name in ("grpo", "dapo"):
         return ppo_clip_loss(
-            logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, tis_cap, weights
+            logp=logp,
+            logp_gen=logp_gen,
+            advantages=advantages,
+            mask=mask,
+            prompt_index=prompt_index,
+            eps_low=clip[0],
+            eps_high=clip[1],
+            aggregation=aggregation,
+            tis_cap=tis_cap,
+            weights=weights,
         )
     if name == "gspo":
-        return gspo_loss(logp, logp_gen, advantages, mask, prompt_index, clip[0], clip[1], aggregation, weights)
+        return gspo_loss(
+            logp=logp,
+            logp_gen=logp_gen,
+            advantages=advantages,
+            mask=mask,
+            prompt_index=prompt_index,
+            eps_low=clip[0],
+            eps_high=clip[1],
+            aggregation=aggregation,
+            weights=weights,
+        )
     raise ValueError(f"unknown loss {name!r}; choose cispo, grpo, dapo or gspo")

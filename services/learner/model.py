@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -37,8 +37,6 @@ VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 class ModelSpec(Frozen):
     """Shape of the tiny Llama; the vocabulary comes from the task's alphabet."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     hidden_size: int = Field(default=128, ge=32)
     """Width of the residual stream."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 class OnPolicySettings(Frozen):
     """The on-policy loop; defaults are the tuned values for the tiny model."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
     task: TaskSettings = Field(default_factory=ArithmeticSettings)
     """Task the model was warm-started on (problems and verifier)."""
     num_steps: int = Field(default=400, ge=0)
@@ -53,7 +51,7 @@ class OnPolicySettings(Frozen):
     max_wall_s: float | None = Field(default=None, gt=0)
     """Stop after this much wall time (evaluation included), if set."""
     target_gain: float | None = Field(default=None, gt=0)
-    """Stop at the first evaluation whose held-out pass rate exceeds step 0's by this much, if set."""
+    """Stop at the first evaluation whose held-out pass rate is at least step 0's plus this, if set."""
     num_prompts_per_step: int = Field(default=32, ge=1)
     """B: prompts per batch."""
     group_size: int = Field(default=8, ge=2)
@@ -117,7 +115,7 @@ def _update(
 ) -> dict[str, float]:
     """One CISPO step on the non-zero-variance groups of ``rollouts``; returns loss metrics."""
     group = s.group_size
-    advantages, keep = group_advantages(rollouts.rewards, s.normalization)
+    advantages, keep = group_advantages(rewards=rollouts.rewards, normalization=s.normalization)
     metrics: dict[str, float] = {"batch/kept_prompts": float(keep.sum())}
     kept_rows = [p * group + g for p in range(keep.numel()) if keep[p] for g in range(group)]
     if not kept_rows:
@@ -133,7 +131,15 @@ def _update(
     prompt_index = torch.arange(len(kept_rows)) // group
     logp = completion_logprobs(model, batch, temperature=s.temperature)
     mask = batch.completion_mask.float()
-    loss, stats = cispo_loss(logp, logp_gen, advantages[keep].reshape(-1), mask, prompt_index, s.eps_max, s.aggregation)
+    loss, stats = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages[keep].reshape(-1),
+        mask=mask,
+        prompt_index=prompt_index,
+        eps_max=s.eps_max,
+        aggregation=s.aggregation,
+    )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)

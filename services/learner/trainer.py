@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import LlamaForCausalLM
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
@@ -85,7 +86,7 @@ def collate(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> StepInpu
     )
 
 
-def _rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
+def _rows(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=dtype)
     for i, r in enumerate(rows):
         if r:
@@ -93,7 +94,9 @@ def _rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dt
     return out
 
 
-def forward(model: torch.nn.Module, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    model: LlamaForCausalLM, batch: PackedBatch, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] log-probs of the completion tokens and [N, T] entropies.
 
     The LM head's output is taken in float32 whatever the model's dtype
@@ -118,7 +121,7 @@ def forward(model: torch.nn.Module, batch: PackedBatch, temperature: torch.Tenso
 class PolicyForward(torch.nn.Module):
     """``forward`` as a module, so DistributedDataParallel sees the call it synchronises."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__()
         self.model = model
 
@@ -146,7 +149,7 @@ class Trainer:
     """
 
     def __init__(
-        self, model: torch.nn.Module, loss: LossSettings, opt: OptimizerSettings, dp: DataParallel | None = None
+        self, model: LlamaForCausalLM, loss: LossSettings, opt: OptimizerSettings, dp: DataParallel | None = None
     ) -> None:
         self.model = model
         self.dp = dp or DataParallel()
@@ -209,12 +212,12 @@ class Trainer:
         started = time.perf_counter()
         s = self.loss_settings
         self.model.train()
-        advantages, keep = group_advantages(inputs.rewards, s.normalization)
+        advantages, keep = group_advantages(rewards=inputs.rewards, normalization=s.normalization)
         per_completion_adv = advantages.reshape(-1)
         # Zero-variance prompts are dropped from the loss (RECIPE 1): masking
         # their tokens keeps them out of the aggregation's denominators too.
         loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
-        weights = aggregation_weights(loss_mask, inputs.prompt_index, s.aggregation)
+        weights = aggregation_weights(mask=loss_mask, prompt_index=inputs.prompt_index, aggregation=s.aggregation)
         score_mask = inputs.loss_mask
         batch, temperature, logp_gen = inputs.batch, inputs.temperature, inputs.logp_gen
         if self.dp.distributed:
@@ -233,13 +236,13 @@ class Trainer:
             prompt_index = inputs.prompt_index
         logp, entropy = self.policy(batch, temperature)
         loss, stats = policy_loss(
-            s.name,
-            logp,
-            logp_gen,
-            per_completion_adv,
-            loss_mask,
-            prompt_index,
-            s.aggregation,
+            name=s.name,
+            logp=logp,
+            logp_gen=logp_gen,
+            advantages=per_completion_adv,
+            mask=loss_mask,
+            prompt_index=prompt_index,
+            aggregation=s.aggregation,
             eps_max=s.eps_max,
             clip=s.clip,
             tis_cap=s.tis_cap,
@@ -298,7 +301,7 @@ class Trainer:
         """Metrics of the learner's own scores, summed over ranks (one process: as they are)."""
         mask = score_mask.bool()
         with torch.no_grad():
-            diff = log_ratio(logp.detach(), logp_gen)[mask]
+            diff = log_ratio(logp=logp.detach(), logp_gen=logp_gen)[mask]
             # k3 estimator of KL(gen || learner): E_gen[exp(d) - 1 - d], d = logp - logp_gen.
             kl = diff.exp() - 1 - diff
             in_loss = float(loss_mask.sum())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from asymptote.config import Frozen
@@ -59,8 +59,6 @@ class WarmstartSettings(Frozen):
     varies with seed and floating-point details (a few hundred steps, more or
     less), so a fixed count could end anywhere between 0 and 0.9.
     """
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     max_steps: int = Field(default=1200, ge=0)
     """Optimizer steps at most (about 2 minutes of one core with the default model)."""

@@ -205,11 +205,17 @@ def run_recipe(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor]:
     """The vectorised code used as the learner uses it: (loss, d loss / d logp, stats, keep)."""
     rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
-    advantages, keep = group_advantages(rewards, normalization)
+    advantages, keep = group_advantages(rewards=rewards, normalization=normalization)
     # Zero-variance prompts are dropped from the loss: none of their tokens count.
     loss_mask = mask * keep[prompt_index, None]
     loss, stats = cispo_loss(
-        logp, logp_gen, advantages.reshape(-1), loss_mask, prompt_index, eps_max=eps_max, aggregation=aggregation
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages.reshape(-1),
+        mask=loss_mask,
+        prompt_index=prompt_index,
+        eps_max=eps_max,
+        aggregation=aggregation,
     )
     (grad,) = torch.autograd.grad(loss, logp, allow_unused=False)
     return loss.detach(), grad, stats, keep
@@ -253,7 +259,7 @@ def assert_matches_reference(
 def test_group_advantages_match_reference(normalization: Normalization, reward_kind: RewardKind) -> None:
     batch = random_batch(seed=7, num_prompts=6, group_size=5, num_tokens=1, reward_kind=reward_kind)
     rewards = torch.tensor(batch.rewards, dtype=torch.float64)
-    advantages, keep = group_advantages(rewards, normalization)
+    advantages, keep = group_advantages(rewards=rewards, normalization=normalization)
     ref_adv, ref_keep = ref_advantages(batch.rewards, normalization)
     assert advantages.dtype == torch.float64
     assert keep.tolist() == ref_keep
@@ -262,16 +268,16 @@ def test_group_advantages_match_reference(normalization: Normalization, reward_k
 
 def test_advantages_by_hand() -> None:
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
-    none, keep = group_advantages(rewards, "none")
+    none, keep = group_advantages(rewards=rewards, normalization="none")
     assert keep.tolist() == [True, False, True]
     torch.testing.assert_close(
         none, torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.0] * 4, [-1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
     )
     # Batch std over the 8 kept advantages only: sqrt((0.75^2 + 3 * 0.25^2 + 4) / 8) = sqrt(4.75 / 8).
-    batch, _ = group_advantages(rewards, "batch")
+    batch, _ = group_advantages(rewards=rewards, normalization="batch")
     torch.testing.assert_close(batch, none / math.sqrt(4.75 / 8))
     # Group std: sqrt(3) / 4 for the first prompt, 1 for the third.
-    group, _ = group_advantages(rewards, "group")
+    group, _ = group_advantages(rewards=rewards, normalization="group")
     torch.testing.assert_close(group[0], none[0] / (math.sqrt(3) / 4))
     torch.testing.assert_close(group[2], none[2])
     assert group[1].abs().sum() == 0
@@ -280,9 +286,9 @@ def test_advantages_by_hand() -> None:
 @pytest.mark.parametrize("rows", [[[0.0, 0.0]], [[1.0, 1.0, 1.0]], [[-1.0, -1.0], [1.0, 1.0]]])
 def test_zero_variance_prompts_are_not_kept(rows: list[list[float]]) -> None:
     rewards = torch.tensor(rows, dtype=torch.float64)
-    assert not zero_variance_mask(rewards).any()
+    assert not zero_variance_mask(rewards=rewards).any()
     for normalization in NORMALIZATIONS:
-        advantages, keep = group_advantages(rewards, normalization)
+        advantages, keep = group_advantages(rewards=rewards, normalization=normalization)
         assert not keep.any()
         assert torch.isfinite(advantages).all()
         assert advantages.abs().sum() == 0
@@ -290,15 +296,15 @@ def test_zero_variance_prompts_are_not_kept(rows: list[list[float]]) -> None:
 
 def test_signed_rewards_with_zero_mean_are_kept() -> None:
     # mean 0, as often with {-1, +1}: a "0 < mean < 1" test would drop it.
-    keep = zero_variance_mask(torch.tensor([[-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0]]))
+    keep = zero_variance_mask(rewards=torch.tensor([[-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0]]))
     assert keep.tolist() == [True, True, False]
 
 
 def test_group_advantages_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="num_prompts, group_size"):
-        group_advantages(torch.zeros(4))
+        group_advantages(rewards=torch.zeros(4))
     with pytest.raises(ValueError, match="normalization"):
-        group_advantages(torch.tensor([[0.0, 1.0]]), "whiten")  # type: ignore[arg-type]
+        group_advantages(rewards=torch.tensor([[0.0, 1.0]]), normalization="whiten")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------
@@ -312,7 +318,9 @@ def test_cispo_by_hand() -> None:
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
     advantages = torch.tensor([0.5, -0.5], dtype=torch.float64)
     prompt_index = torch.tensor([0, 0])
-    loss, stats = cispo_loss(logp, logp.detach(), advantages, mask, prompt_index)
+    loss, stats = cispo_loss(
+        logp=logp, logp_gen=logp.detach(), advantages=advantages, mask=mask, prompt_index=prompt_index
+    )
     # -(0.5 * (-1) + 0.5 * (-2) - 0.5 * (-1)) / 3 tokens
     torch.testing.assert_close(loss, torch.tensor(1.0 / 3.0, dtype=torch.float64))
     loss.backward()
@@ -370,7 +378,15 @@ def test_capped_weights() -> None:
     logp_gen = logp.detach() - torch.tensor([[3.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
     advantages = torch.tensor([2.0], dtype=torch.float64)
     mask = torch.ones_like(logp_gen)
-    loss, stats = cispo_loss(logp, logp_gen, advantages, mask, torch.tensor([0]), eps_max=4.0, aggregation="token")
+    loss, stats = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages,
+        mask=mask,
+        prompt_index=torch.tensor([0]),
+        eps_max=4.0,
+        aggregation="token",
+    )
     weights = torch.tensor([4.0, math.e, 1.0, math.exp(-1.0)], dtype=torch.float64)
     torch.testing.assert_close(loss, (-weights * 2.0 * -0.5).mean())
     loss.backward()
@@ -388,7 +404,14 @@ def test_log_ratio_clamp_keeps_loss_finite() -> None:
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 2)
     for aggregation in AGGREGATIONS:
-        loss, stats = cispo_loss(logp, logp_gen, advantages, mask, torch.tensor([0, 0]), aggregation=aggregation)
+        loss, stats = cispo_loss(
+            logp=logp,
+            logp_gen=logp_gen,
+            advantages=advantages,
+            mask=mask,
+            prompt_index=torch.tensor([0, 0]),
+            aggregation=aggregation,
+        )
         (grad,) = torch.autograd.grad(loss, logp)
         assert torch.isfinite(loss)
         assert torch.isfinite(grad).all()
@@ -396,7 +419,14 @@ def test_log_ratio_clamp_keeps_loss_finite() -> None:
         assert stats["is/rho_min"] == pytest.approx(math.exp(-LOG_RATIO_CLAMP), rel=1e-5)
         assert stats["is/capped_frac"] == pytest.approx(0.25)
     # The clamped-low token's weight is e^-20: its gradient is -e^-20 * A / count, not 0 and not inf.
-    loss, _ = cispo_loss(logp, logp_gen, advantages, mask, torch.tensor([0, 0]), aggregation="token")
+    loss, _ = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages,
+        mask=mask,
+        prompt_index=torch.tensor([0, 0]),
+        aggregation="token",
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert grad[0, 1].item() == pytest.approx(-math.exp(-LOG_RATIO_CLAMP) / 4, rel=1e-4)
     assert grad[0, 0].item() == pytest.approx(-4.0 / 4)
@@ -444,8 +474,15 @@ def test_zero_variance_prompt_contributes_nothing(aggregation: Aggregation) -> N
     assert grad_c[len(base.mask) :].abs().sum() == 0
     # Even left in the mask, its zero advantages give it no gradient.
     rewards, logp, logp_gen, mask, prompt_index = combined.tensors()
-    advantages, _ = group_advantages(rewards)
-    loss_u, _ = cispo_loss(logp, logp_gen, advantages.reshape(-1), mask, prompt_index, aggregation=aggregation)
+    advantages, _ = group_advantages(rewards=rewards)
+    loss_u, _ = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages.reshape(-1),
+        mask=mask,
+        prompt_index=prompt_index,
+        aggregation=aggregation,
+    )
     (grad_u,) = torch.autograd.grad(loss_u, logp)
     assert grad_u[len(base.mask) :].abs().sum() == 0
 
@@ -456,11 +493,18 @@ def test_all_prompts_zero_variance(aggregation: Aggregation, drop_from_mask: boo
     """Nothing to learn: the loss is finite (0) and the gradient exactly zero."""
     batch = random_batch(seed=9, num_prompts=3, group_size=3, num_tokens=4, reward_kind="signed", zero_variance_prob=1)
     rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
-    advantages, keep = group_advantages(rewards)
+    advantages, keep = group_advantages(rewards=rewards)
     assert not keep.any()
     if drop_from_mask:
         mask = mask * keep[prompt_index, None]
-    loss, stats = cispo_loss(logp, logp_gen, advantages.reshape(-1), mask, prompt_index, aggregation=aggregation)
+    loss, stats = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages.reshape(-1),
+        mask=mask,
+        prompt_index=prompt_index,
+        aggregation=aggregation,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and loss.item() == 0.0
     assert grad.abs().sum() == 0
@@ -473,21 +517,32 @@ def test_aggregations_by_hand() -> None:
     token_loss = torch.tensor([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0], [2.0, 2.0, 0.0], [8.0, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.float64)
     prompt_index = torch.tensor([0, 0, 1, 1])
+
     # prompt: (3 + 4) / 4 and (4 + 8) / 3, averaged
-    assert aggregate(token_loss, mask, prompt_index, "prompt").item() == pytest.approx((7 / 4 + 12 / 3) / 2)
+    def agg(aggregation: Aggregation) -> float:
+        return aggregate(token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation).item()
+
+    assert agg("prompt") == pytest.approx((7 / 4 + 12 / 3) / 2)
     # sample: completion means 1, 4, 2, 8
-    assert aggregate(token_loss, mask, prompt_index, "sample").item() == pytest.approx(15 / 4)
+    assert agg("sample") == pytest.approx(15 / 4)
     # token: 19 over 7 tokens
-    assert aggregate(token_loss, mask, prompt_index, "token").item() == pytest.approx(19 / 7)
+    assert agg("token") == pytest.approx(19 / 7)
     with pytest.raises(ValueError, match="aggregation"):
-        aggregate(token_loss, mask, prompt_index, "batch")  # type: ignore[arg-type]
+        agg("batch")  # type: ignore[arg-type]
 
 
 def test_ratio_stats_ignore_masked_tokens() -> None:
     logp = torch.zeros(1, 3)
     logp_gen = torch.tensor([[-1.0, 0.0, -5.0]])  # rho e^1, 1, e^5 (masked)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    _, stats = cispo_loss(logp, logp_gen, torch.tensor([1.0]), mask, torch.tensor([0]), eps_max=2.0)
+    _, stats = cispo_loss(
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=torch.tensor([1.0]),
+        mask=mask,
+        prompt_index=torch.tensor([0]),
+        eps_max=2.0,
+    )
     assert stats["is/capped_frac"] == pytest.approx(0.5)
     assert stats["is/rho_max"] == pytest.approx(math.e, rel=1e-6)
     assert stats["is/rho_min"] == pytest.approx(1.0)
@@ -513,11 +568,11 @@ def test_cispo_rejects_mismatched_shapes(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         cispo_loss(
-            torch.zeros(logp_shape),
-            torch.zeros(gen_shape),
-            torch.zeros(adv_len),
-            torch.ones(mask_shape),
-            torch.zeros(index_len, dtype=torch.long),
+            logp=torch.zeros(logp_shape),
+            logp_gen=torch.zeros(gen_shape),
+            advantages=torch.zeros(adv_len),
+            mask=torch.ones(mask_shape),
+            prompt_index=torch.zeros(index_len, dtype=torch.long),
         )
 
 
@@ -616,15 +671,15 @@ def assert_ppo_matches_reference(
     settings = LossSettings(name=name, tis_cap=tis_cap, aggregation=aggregation, normalization=normalization)
     low, high = settings.clip
     rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
-    advantages, keep = group_advantages(rewards, normalization)
+    advantages, keep = group_advantages(rewards=rewards, normalization=normalization)
     loss, _ = policy_loss(
-        name,
-        logp,
-        logp_gen,
-        advantages.reshape(-1),
-        mask * keep[prompt_index, None],
-        prompt_index,
-        aggregation,
+        name=name,
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages.reshape(-1),
+        mask=mask * keep[prompt_index, None],
+        prompt_index=prompt_index,
+        aggregation=aggregation,
         clip=(low, high),
         tis_cap=tis_cap,
     )
@@ -682,14 +737,14 @@ def test_ppo_clip_by_hand() -> None:
     # r = 0.5 with A = +1 is not clipped (gradient -r); mean over the two.
     logp = torch.tensor([[math.log(1.5)], [math.log(0.5)]], dtype=torch.float64, requires_grad=True)
     loss, stats = ppo_clip_loss(
-        logp,
-        torch.zeros(2, 1, dtype=torch.float64),
-        torch.tensor([1.0, 1.0], dtype=torch.float64),
-        torch.ones(2, 1),
-        torch.tensor([0, 1]),
-        0.2,
-        0.2,
-        "sample",
+        logp=logp,
+        logp_gen=torch.zeros(2, 1, dtype=torch.float64),
+        advantages=torch.tensor([1.0, 1.0], dtype=torch.float64),
+        mask=torch.ones(2, 1),
+        prompt_index=torch.tensor([0, 1]),
+        eps_low=0.2,
+        eps_high=0.2,
+        aggregation="sample",
     )
     assert loss.item() == pytest.approx(-(1.2 + 0.5) / 2)
     loss.backward()
@@ -704,3 +759,20 @@ def test_tis_needs_a_ppo_loss() -> None:
 
     with pytest.raises(ValidationError, match="tis_cap applies to grpo and dapo"):
         LossSettings(name="cispo", tis_cap=2.0)
+
+
+def test_public_functions_take_keyword_arguments_only() -> None:
+    """Several tensors share one shape; naming each at the call keeps them from being swapped."""
+    import inspect
+
+    from services.learner import losses
+
+    public = [
+        f
+        for name, f in vars(losses).items()
+        if inspect.isfunction(f) and not name.startswith("_") and f.__module__ == losses.__name__
+    ]
+    assert len(public) >= 10
+    for f in public:
+        kinds = {p.kind for p in inspect.signature(f).parameters.values()}
+        assert kinds == {inspect.Parameter.KEYWORD_ONLY}, f.__name__
