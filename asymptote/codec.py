@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Self
 
 import numpy as np
-from google.protobuf.descriptor import FieldDescriptor
 
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import WeightsError
@@ -156,13 +155,13 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _length_delimited_key(field: FieldDescriptor) -> bytes:
+def _length_delimited_key(field_number: int) -> bytes:
     """The key protobuf writes before a length-delimited (wire type 2) field's length."""
-    return varint(field.number << 3 | 2)
+    return varint(field_number << 3 | 2)
 
 
-_CHUNK_KEY = _length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"])
-_DATA_KEY = _length_delimited_key(tensors_pb2.TensorChunk.DESCRIPTOR.fields_by_name["data"])
+_CHUNK_KEY = _length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"].number)
+_DATA_KEY = _length_delimited_key(tensors_pb2.TensorChunk.DESCRIPTOR.fields_by_name["data"].number)
 
 
 def encode_frames(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[bytes]:

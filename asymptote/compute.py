@@ -16,7 +16,7 @@ import time
 from nats.js import JetStreamContext
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.streams import Names
+from asymptote.jetstream.names import Names
 
 log = logging.getLogger(__name__)
 

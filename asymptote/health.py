@@ -88,7 +88,7 @@ async def start_http(health: Health, registry: CollectorRegistry, listen: Listen
     await runner.setup()
     site = web.TCPSite(runner, listen.host, listen.port)
     await site.start()
-    server = site._server  # aiohttp exposes the bound socket only here
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else listen.port  # type: ignore[union-attr]
+    # The bound address: the port the OS picked when ``listen.port`` is 0.
+    port = runner.addresses[0][1] if runner.addresses else listen.port
     log.info("http on %s:%d (/healthz /readyz /metrics)", listen.host, port)
     return runner, int(port)

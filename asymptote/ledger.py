@@ -26,7 +26,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.streams import Names, Outgoing, Publisher
+from asymptote.jetstream.names import Names
+from asymptote.jetstream.publish import Outgoing, Publisher
+from asymptote.messages import decode_ledger_entry
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class Ledger:
     def entry(
         self,
         task_id: str,
-        event: rollout_pb2.LedgerEvent.ValueType,
+        event: rollout_pb2.LedgerEvent,
         reason: str = "",
         policy_version: int = 0,
         batch_id: str = "",
@@ -143,7 +145,7 @@ class Ledger:
             msg = await self.js.get_msg(self.names.ledger_stream, subject=self.names.ledger(task_id))
         except NotFoundError:
             return None
-        return rollout_pb2.LedgerEntry.FromString(msg.data or b"")
+        return decode_ledger_entry(msg.data or b"")
 
     async def entries(self, task_id: str) -> list[rollout_pb2.LedgerEntry]:
         """Every entry for ``task_id``, oldest first (a task has a handful)."""
@@ -156,7 +158,7 @@ class Ledger:
                 )
             except NotFoundError:
                 return out
-            out.append(rollout_pb2.LedgerEntry.FromString(msg.data or b""))
+            out.append(decode_ledger_entry(msg.data or b""))
             assert msg.seq is not None  # a stored message has its sequence
             seq = msg.seq + 1
 
@@ -218,7 +220,7 @@ async def read_entries(js: JetStreamContext, names: Names, batch: int = 2000) ->
     try:
         while True:
             msgs = await sub.fetch(batch, timeout=5.0)
-            out.extend(rollout_pb2.LedgerEntry.FromString(m.data) for m in msgs)
+            out.extend(decode_ledger_entry(m.data) for m in msgs)
             if not msgs or msgs[-1].metadata.num_pending == 0:
                 break
     finally:
@@ -239,7 +241,8 @@ async def queued_ids(js: JetStreamContext, stream: str, subject: str) -> set[str
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
         if msg_id:
             ids.add(msg_id)
-        seq = int(msg.seq) + 1
+        assert msg.seq is not None  # a stored message has its sequence
+        seq = msg.seq + 1
     return ids
 
 

@@ -15,20 +15,14 @@ from collections.abc import AsyncIterator
 from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError, parse
-from asymptote.streams import Names
+from asymptote.errors import PayloadError
+from asymptote.jetstream.names import Names
+from asymptote.messages import decode_policy
 
 log = logging.getLogger(__name__)
 
 POLL_AFTER_QUIET_S = 2.0
 """Seconds without a watch update after which the key is read directly."""
-
-
-def decode_policy(raw: bytes) -> rollout_pb2.PolicyVersion:
-    policy = parse(rollout_pb2.PolicyVersion, raw)
-    if not policy.weights_endpoint or not policy.sha256:
-        raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or sha256")
-    return policy
 
 
 async def publish_policy(kv: KeyValue, names: Names, policy: rollout_pb2.PolicyVersion) -> None:
@@ -56,8 +50,10 @@ async def watch_policy(kv: KeyValue, names: Names, stop: asyncio.Event) -> Async
         try:
             quiet_s = 0.0
             while not stop.is_set():
+                entry: KeyValue.Entry | None
                 try:
-                    entry = await watcher.updates(timeout=1.0)
+                    # nats-py leaves KeyWatcher's methods unannotated.
+                    entry = await watcher.updates(timeout=1.0)  # type: ignore[no-untyped-call]
                     quiet_s = 0.0
                 except TimeoutError:  # nats raises its subclass, or asyncio's own
                     # After a server restart a watch can stay silent until its
@@ -83,6 +79,6 @@ async def watch_policy(kv: KeyValue, names: Names, stop: asyncio.Event) -> Async
                     yield policy
         finally:
             try:
-                await watcher.stop()
+                await watcher.stop()  # type: ignore[no-untyped-call]
             except Exception:
                 pass

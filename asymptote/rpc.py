@@ -82,7 +82,7 @@ def channel(target: str, tls: TlsSettings | None = None) -> grpc.aio.Channel:
     """A client channel to ``target``: TLS when ``tls`` turns it on for clients, else plaintext."""
     if tls is None or not tls.client_enabled:
         return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    options = [*CHANNEL_OPTIONS]
+    options: list[tuple[str, str | int]] = [*CHANNEL_OPTIONS]
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from asymptote.config import ListenSettings, NatsSettings
 from asymptote.health import Health, start_http
-from asymptote.streams import Names, ensure_streams, wait_for_nats
+from asymptote.jetstream.connect import wait_for_nats
+from asymptote.jetstream.names import Names, ensure_streams
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +59,19 @@ async def service_runtime(
 ) -> AsyncIterator[Runtime]:
     health = Health(service)
     runner, http_port = await start_http(health, registry, http)
+
+    async def nats_down() -> None:
+        await health.block("nats", f"disconnected from {nats_settings.url}")
+
+    async def nats_up() -> None:
+        await health.unblock("nats")
+
     try:
-        nc = await wait_for_nats(nats_settings, service, nats_wait_s)
+        nc = await wait_for_nats(nats_settings, service, nats_wait_s, on_disconnect=nats_down, on_reconnect=nats_up)
         js = nc.jetstream(timeout=10.0)
         names = Names(prefix)
         await ensure_streams(js, names)
         rt = Runtime(service, instance_id(service), names, nc, js, health, registry, http_port)
-
-        async def nats_down() -> None:
-            await health.block("nats", f"disconnected from {nats_settings.url}")
-
-        async def nats_up() -> None:
-            await health.unblock("nats")
-
-        nc._disconnected_cb = nats_down  # nats-py keeps callbacks on the client
-        nc._reconnected_cb = nats_up
         try:
             yield rt
         finally:
@@ -91,8 +90,12 @@ async def supervise(stop: asyncio.Event, loops: dict[str, Coroutine[Any, Any, No
     A loop that returns before stop is a bug in that loop only if it raised;
     returning normally just means its work is done.
     """
+
+    async def stopped() -> None:
+        await stop.wait()
+
     tasks = {asyncio.create_task(coro, name=name): name for name, coro in loops.items()}
-    stopper = asyncio.create_task(stop.wait(), name="stop")
+    stopper = asyncio.create_task(stopped(), name="stop")
     failure: tuple[str, BaseException] | None = None
     pending = set(tasks)
     while pending and failure is None and not stop.is_set():

@@ -16,7 +16,7 @@ serves both sides, measured in one run:
   process with each other (and the machine with the broker and the
   server), so they are kept cheap, to measure the broker rather than
   them: groups are built from pre-serialized completions, published and
-  leased with the broker's own JetStream paths (``asymptote.streams``),
+  leased with the broker's own JetStream paths (``asymptote.jetstream``),
   and the learner sends each Ack alongside its next NextBatch.
 - raw: the same serialized group published N times into a stream shaped
   like the rollouts stream, fetched by a durable pull consumer in batches
@@ -49,10 +49,12 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.jetstream.names import Names, ensure_bucket, stream_configs
+from asymptote.jetstream.publish import Outgoing, Publisher
+from asymptote.jetstream.pull import durable_puller
 from asymptote.nats_local import NatsServer, free_port, start_nats
 from asymptote.policy import publish_policy
 from asymptote.rpc import channel
-from asymptote.streams import Names, Outgoing, Publisher, durable_puller, ensure_bucket, stream_configs
 from benchmarks.figure import Figure, Target
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 

@@ -1,9 +1,10 @@
 """Admission and continuous batch assembly.
 
-Owns what happens to a rollout group between JetStream and the learner:
-validation, the zero-variance filter, the staleness bound (PipelineRL-k),
-the buffer of ready groups, batches handed out and waiting for the
-learner's ack, and the counters of everything dropped with its reason.
+Owns what happens to a valid rollout group (asymptote.messages decodes and
+validates it) between JetStream and the learner: the zero-variance filter,
+the staleness bound (PipelineRL-k), the buffer of ready groups, batches
+handed out and waiting for the learner's ack, and the counters of
+everything dropped with its reason.
 Messages are held unacked until the learner confirms; the batcher never
 acks a group it has not either dropped (with a reason) or seen trained.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections import Counter, deque
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError
 from asymptote.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -48,44 +47,6 @@ class HandedOut:
     batch_id: str
     items: list[Held]
     handed_s: float = field(default_factory=time.monotonic)
-
-
-def validate_group(group: rollout_pb2.RolloutGroup) -> None:
-    """Raise PayloadError naming the first thing wrong with a group."""
-    if not group.group_id:
-        raise PayloadError("rollout group has no group_id")
-    if not group.completions:
-        raise PayloadError(f"group {group.group_id}: no completions")
-    if not group.prompt_token_ids:
-        raise PayloadError(f"group {group.group_id}: no prompt tokens")
-    for i, c in enumerate(group.completions):
-        n = len(c.token_ids)
-        if n == 0:
-            raise PayloadError(f"group {group.group_id} completion {i}: no tokens")
-        # One conversion to a list: min, max and sum then run in C (over the
-        # protobuf container each element would be fetched through Python).
-        logprobs = list(c.logprobs)
-        if len(logprobs) != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
-        if c.loss_mask and len(c.loss_mask) != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
-        # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
-        total = sum(logprobs)
-        if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
-            raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
-        if not math.isfinite(c.reward):
-            raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
-        spans = c.version_spans
-        if spans:
-            covered = 0
-            for span in spans:
-                if span.start != covered or span.end <= span.start:
-                    raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
-                covered = span.end
-            if covered != n:
-                raise PayloadError(
-                    f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens"
-                )
 
 
 def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
@@ -179,7 +140,7 @@ class Batcher:
         return "duplicate"
 
     async def _record(
-        self, group_id: str, event: rollout_pb2.LedgerEvent.ValueType, reason: str = "", batch_id: str = ""
+        self, group_id: str, event: rollout_pb2.LedgerEvent, reason: str = "", batch_id: str = ""
     ) -> None:
         if self.ledger is not None:
             await self.ledger.record(self.ledger.entry(group_id, event, reason, self.learner_version, batch_id))

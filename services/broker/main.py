@@ -9,11 +9,11 @@ from pathlib import Path
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
 from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
-from asymptote.streams import ensure_bucket
 from services.broker.config import BrokerConfig
 from services.broker.metrics import BrokerMetrics
 from services.broker.pipeline import BrokerPipeline

@@ -20,12 +20,16 @@ from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
+from asymptote.jetstream.deadletter import deadletter
+from asymptote.jetstream.names import Names
+from asymptote.jetstream.publish import Outgoing, Publisher
+from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import Event, Ledger
 from asymptote.lifecycle import wait_or_stop
+from asymptote.messages import decode, decode_group
 from asymptote.policy import watch_policy
-from asymptote.streams import Names, Outgoing, Publisher, durable_puller
 from asymptote.tasks import Problem, get_task
-from services.broker.batcher import Ackable, Batcher, pass_rate, validate_group
+from services.broker.batcher import Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
@@ -92,7 +96,7 @@ class BrokerPipeline:
         try:
             entry = await self.curriculum_kv.get(STATE_KEY)
             if entry.value:
-                state = rollout_pb2.CurriculumState.FromString(entry.value)
+                state = decode(rollout_pb2.CurriculumState, entry.value)
                 log.info(
                     "resuming curriculum: epoch %d, cursor %d, %d pass rates",
                     state.epoch,
@@ -202,7 +206,7 @@ class BrokerPipeline:
         async with self._issue_lock:
             mark = self.curriculum.mark()
             state = self.curriculum.state
-            tasks = []
+            tasks: list[rollout_pb2.GenerationTask] = []
             while len(tasks) < num:
                 tasks.append(self._train_task(*self.curriculum.next()))
                 if state.cursor >= len(state.epoch_order):
@@ -361,15 +365,14 @@ class BrokerPipeline:
     async def _decode(self, msg: Msg) -> rollout_pb2.RolloutGroup | None:
         """The message's valid group, or None once a poison message is dead-lettered."""
         try:
-            group = rollout_pb2.RolloutGroup.FromString(msg.data)
-            validate_group(group)
-            return group
-        except Exception as exc:  # poison: DecodeError or PayloadError
-            reason = str(exc) if isinstance(exc, PayloadError) else f"undecodable RolloutGroup: {exc}"
+            return decode_group(msg.data)
+        except PayloadError as exc:  # poison
+            reason = str(exc)
             group_id = _group_id_of(msg)
             if group_id:
                 await self.ledger.record(self.ledger.entry(group_id, Event.LEDGER_EVENT_DEADLETTERED, reason))
-            await self.deadletter(msg, "rollouts", reason)
+            await deadletter(self.js, self.names, msg, "rollouts", reason)
+            self.metrics.deadlettered.labels("rollouts").inc()
             return None
 
     async def _admit(self, msg: Msg, group: rollout_pb2.RolloutGroup, ended: bool) -> None:
@@ -389,14 +392,6 @@ class BrokerPipeline:
         reason = await self.batcher.admit(group, msg, ended=ended)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
-
-    async def deadletter(self, msg: Msg, source: str, reason: str) -> None:
-        log.error("dead-lettering a %s message: %s", source, reason)
-        try:
-            await self.js.publish(self.names.deadletter(source), msg.data, headers={"Asymptote-Reason": reason[:512]})
-        finally:
-            await msg.term()
-        self.metrics.deadlettered.labels(source).inc()
 
     # -- upkeep ------------------------------------------------------------
 

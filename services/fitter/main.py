@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -14,14 +13,16 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
-from asymptote.contracts.v1 import rollout_pb2, services_pb2_grpc
-from asymptote.errors import parse
+from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.errors import PayloadError
+from asymptote.jetstream.deadletter import deadletter
+from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
+from asymptote.messages import decode_eval_result, decode_telemetry
 from asymptote.policy import watch_policy
 from asymptote.rpc import start_server
 from asymptote.runtime import Runtime, service_runtime, supervise
-from asymptote.streams import ensure_bucket
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.config import FitterConfig
@@ -31,35 +32,19 @@ from services.fitter.server import FitterServicer
 log = logging.getLogger(__name__)
 
 
-def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
-    """Decode and check one telemetry sample; raises ValueError (PayloadError) naming the problem."""
-    t = parse(rollout_pb2.ComputeTelemetry, data)
-    if not t.service or not t.instance_id:
-        raise ValueError("compute telemetry lacks service or instance_id")
-    if t.service not in ("generator", "learner"):
-        raise ValueError(f"compute telemetry from unknown service {t.service!r}")
-    for name in ("device_seconds_total", "busy_seconds_total", "unix_s"):
-        value = getattr(t, name)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"compute telemetry {name} is {value}")
-    return t
-
-
 async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
     """Replay the whole telemetry stream, then follow it (an ordered consumer)."""
 
     async def on_msg(msg: Msg) -> None:
         try:
-            axis.observe(decode_telemetry(msg.data))
-        except Exception as exc:
-            log.error("dead-lettering bad compute telemetry: %s", exc)
-            # The stream is replayed on every start: the message id keeps one copy.
+            telemetry = decode_telemetry(msg.data)
+        except PayloadError as exc:
+            # The stream is replayed on every start: the message id keeps one
+            # copy. An ordered consumer's message takes no acknowledgement.
             seq = msg.metadata.sequence.stream if msg.metadata else 0
-            await rt.js.publish(
-                rt.names.deadletter("telemetry"),
-                msg.data,
-                headers={"Asymptote-Reason": str(exc)[:512], "Nats-Msg-Id": f"telemetry-{seq}"},
-            )
+            await deadletter(rt.js, rt.names, msg, "telemetry", str(exc), msg_id=f"telemetry-{seq}", terminate=False)
+            return
+        axis.observe(telemetry)
 
     sub = await rt.js.subscribe(rt.names.telemetry, cb=on_msg, ordered_consumer=True)
     try:
@@ -95,20 +80,9 @@ async def _collect_evals(
             continue
         for msg in msgs:
             try:
-                result = rollout_pb2.EvalResult.FromString(msg.data)
-                if not result.eval_id or not result.task_id or result.num_samples == 0:
-                    raise ValueError("eval result lacks eval_id, task_id or samples")
-                if result.num_correct > result.num_samples or result.eval_num_prompts == 0:
-                    raise ValueError(
-                        f"eval result {result.task_id}: {result.num_correct} correct of {result.num_samples} "
-                        f"samples, {result.eval_num_prompts} prompts in the round"
-                    )
-            except Exception as exc:
-                log.error("dead-lettering a bad eval result: %s", exc)
-                await rt.js.publish(
-                    rt.names.deadletter("evals"), msg.data, headers={"Asymptote-Reason": str(exc)[:512]}
-                )
-                await msg.term()
+                result = decode_eval_result(msg.data)
+            except PayloadError as exc:
+                await deadletter(rt.js, rt.names, msg, "evals", str(exc))
                 continue
             # Refits run in a thread: a bootstrap must not stall the event loop.
             await asyncio.to_thread(collector.add_result, result)

@@ -11,11 +11,11 @@ from asymptote.cli_args import ArgumentParser
 from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
 from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
-from asymptote.streams import ensure_bucket
 from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics

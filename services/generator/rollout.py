@@ -22,8 +22,10 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError, parse
-from asymptote.streams import Names
+from asymptote.errors import PayloadError
+from asymptote.jetstream.deadletter import deadletter
+from asymptote.jetstream.names import Names
+from asymptote.messages import decode_task
 from asymptote.tasks import Task, get_task
 from services.generator.engine import Engine, Sample
 from services.generator.metrics import GeneratorMetrics
@@ -37,21 +39,6 @@ HAND_BACK_DELAY_S = 1.5
 server may still hold a pull request of this generator's for up to a fetch
 timeout (1 s) after its fetch returned, and a task redelivered into it would
 wait out its lease."""
-
-
-def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
-    task = parse(rollout_pb2.GenerationTask, data)
-    if not task.task_id or not task.prompt:
-        raise PayloadError("task has no task_id or prompt")
-    if task.kind not in (rollout_pb2.TASK_KIND_TRAIN, rollout_pb2.TASK_KIND_EVAL):
-        raise PayloadError(f"task {task.task_id}: unknown kind {task.kind}")
-    s = task.sampling
-    if not 1 <= s.num_samples <= 1024 or not 1 <= s.max_tokens <= 1_000_000 or not s.temperature > 0:
-        raise PayloadError(
-            f"task {task.task_id}: sampling out of range (num_samples {s.num_samples}, "
-            f"max_tokens {s.max_tokens}, temperature {s.temperature})"
-        )
-    return task
 
 
 def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
@@ -171,8 +158,9 @@ class RolloutLoop:
         try:
             task = decode_task(msg.data)
             verifier = self._task(task.task_name)
-        except (PayloadError, ValueError) as exc:
-            await self._deadletter(msg, str(exc))
+        except (PayloadError, ValueError) as exc:  # ValueError: a task name no verifier knows
+            await deadletter(self.js, self.names, msg, "tasks", str(exc))
+            self.metrics.task_errors.labels("poison").inc()
             return
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
@@ -200,10 +188,12 @@ class RolloutLoop:
             num_tokens = sum(len(x.token_ids) for x in samples)
             kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
             if task.kind == rollout_pb2.TASK_KIND_TRAIN:
-                payload, subject = self._group(task, prompt_ids, samples, rewards, started), self.names.rollouts
+                group = self._group(task, prompt_ids, samples, rewards, started)
+                payload, subject = group.SerializeToString(), self.names.rollouts
             else:
-                payload, subject = self._eval_result(task, samples, rewards, num_tokens), self.names.eval_results
-            await self.js.publish(subject, payload.SerializeToString(), headers={"Nats-Msg-Id": task.task_id})
+                result = self._eval_result(task, samples, rewards, num_tokens)
+                payload, subject = result.SerializeToString(), self.names.eval_results
+            await self.js.publish(subject, payload, headers={"Nats-Msg-Id": task.task_id})
             await msg.ack()
             self.metrics.tokens.labels(kind).inc(num_tokens)
             self.metrics.groups.labels(kind).inc()
@@ -267,11 +257,3 @@ class RolloutLoop:
             finished_unix_s=time.time(),
             num_tokens=num_tokens,
         )
-
-    async def _deadletter(self, msg: Msg, reason: str) -> None:
-        log.error("dead-lettering a task: %s", reason)
-        try:
-            await self.js.publish(self.names.deadletter("tasks"), msg.data, headers={"Asymptote-Reason": reason[:512]})
-        finally:
-            await msg.term()
-        self.metrics.task_errors.labels("poison").inc()

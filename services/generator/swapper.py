@@ -18,8 +18,8 @@ from nats.js.kv import KeyValue
 from asymptote.codec import read_signature
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import WeightsError
+from asymptote.jetstream.names import Names
 from asymptote.policy import watch_policy
-from asymptote.streams import Names
 from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics
 from services.generator.weights import WeightSource, check_signature, prune, stage

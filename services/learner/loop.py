@@ -29,11 +29,11 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.errors import PayloadError
 from asymptote.faults import failpoint
 from asymptote.health import Health
+from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import wait_or_stop
 from asymptote.policy import current_policy, publish_policy
 from asymptote.rpc import channel, start_server
 from asymptote.runtime import Runtime, service_runtime, supervise
-from asymptote.streams import ensure_bucket
 from services.learner import checkpoint
 from services.learner.config import LearnerConfig
 from services.learner.distributed import DataParallel

@@ -1,29 +1,25 @@
-"""Live progress and the final summary of a local run.
+"""Live progress and the final summary of a local run: what is shown, not what is done.
 
 Reads only what the services write to the run directory (``metrics.jsonl``
-from the learner, ``eval.jsonl`` and ``fit.json`` from the fitter) and the
-services' readiness endpoints: the stack learns nothing through a side
-channel. On a terminal it draws a live panel; otherwise it prints a line
-every few seconds.
+from the learner, ``eval.jsonl`` and ``fit.json`` from the fitter) and what
+the stack hands it (each service's readiness, restarts): the stack learns
+nothing through a side channel. Renders a live panel (for a terminal) or a
+line, and writes ``summary.json``. Knows nothing of processes: the stack
+(services.local.stack) drives the run and calls it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from services.fitter.holdout import half_run_projection
-
-if TYPE_CHECKING:
-    from services.local.config import StackConfig
-    from services.local.stack import LocalStack
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -46,13 +42,18 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 class Progress:
+    """One run's progress as the run directory shows it, and how it ended (set by the stack)."""
+
     def __init__(self, run_dir: Path, max_steps: int) -> None:
         self.run_dir = run_dir
         self.max_steps = max_steps
         self.console = Console()
         self.started = time.monotonic()
+        """When the run started (monotonic seconds)."""
         self.rl_started: float | None = None
+        """When the learner's first step was seen."""
         self.rl_finished: float | None = None
+        """When the run was seen complete (or its ``until`` met)."""
         self.outcome = "incomplete"
 
     def snapshot(self) -> dict[str, Any]:
@@ -72,7 +73,8 @@ class Progress:
             "fit": fit,
         }
 
-    def render(self, stack: LocalStack, snap: dict[str, Any]) -> Table:
+    def render(self, snap: dict[str, Any], ready: Mapping[str, bool]) -> Table:
+        """The live panel for ``snap``, with each service's readiness (``ready``, by name)."""
         t = Table(title=f"asymptote up — {self.run_dir.name}", show_header=False)
         t.add_column(style="bold")
         t.add_column()
@@ -101,7 +103,8 @@ class Progress:
         elif fit.get("reason"):
             t.add_row("projection", f"[dim]{fit['reason']}[/dim]")
         services = "  ".join(
-            f"{p.name}:{'[green]ready[/green]' if p.ready else '[red]not ready[/red]'}" for p in stack.procs
+            f"{name}:{'[green]ready[/green]' if is_ready else '[red]not ready[/red]'}"
+            for name, is_ready in ready.items()
         )
         t.add_row("services", services)
         return t
@@ -119,67 +122,13 @@ class Progress:
         return "  ".join(parts)
 
     def finished(self, snap: dict[str, Any]) -> bool:
+        """Every step is trained and an eval round has measured the last policy version."""
         return snap["step"] >= self.max_steps and any(
             e["policy_version"] >= snap["policy_version"] for e in snap["evals"]
         )
 
-    def follow(
-        self, stack: LocalStack, config: StackConfig, until: Callable[[dict[str, Any]], bool] | None = None
-    ) -> int:
-        """Watch the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0)."""
-        deadline_ready = time.monotonic() + config.startup_timeout_s
-        final_deadline: float | None = None
-        last_print = 0.0
-        live = Live(console=self.console, refresh_per_second=2) if self.console.is_terminal else None
-        if live:
-            live.start()
-        try:
-            while True:
-                stack.poll_ready()
-                events, failed = stack.supervise()
-                for event in events:
-                    self.console.print(f"[yellow]{event}[/yellow]")
-                if failed:
-                    for p in failed:
-                        self.console.print(
-                            f"[red]{p.name} exited with code {p.popen.returncode} after {p.restarts} restarts"
-                            f"[/red]; last log lines:\n{p.tail()}"
-                        )
-                    self.outcome = f"failed: {', '.join(p.name for p in failed)} exited"
-                    return 1
-                snap = self.snapshot()
-                if self.rl_started is None and snap["step"] > 0:
-                    self.rl_started = time.monotonic()
-                if snap["step"] == 0 and time.monotonic() > deadline_ready and not all(p.ready for p in stack.procs):
-                    waiting = [f"{p.name} ({p.extra.get('detail', '')})" for p in stack.procs if not p.ready]
-                    self.console.print(
-                        f"[red]services not ready after {config.startup_timeout_s:.0f}s: {waiting}[/red]"
-                    )
-                    self.outcome = "failed: startup timeout"
-                    return 1
-                if snap["step"] >= self.max_steps and final_deadline is None:
-                    final_deadline = time.monotonic() + config.final_eval_timeout_s
-                if self.finished(snap) or (until is not None and until(snap)):
-                    self.rl_finished = time.monotonic()
-                    self.outcome = "completed" if self.finished(snap) else "stopped: target reached"
-                    if live:
-                        live.update(self.render(stack, snap))
-                    return 0
-                if final_deadline is not None and time.monotonic() > final_deadline:
-                    self.console.print("[red]the final eval round did not complete in time[/red]")
-                    self.outcome = "failed: final eval timeout"
-                    return 1
-                if live:
-                    live.update(self.render(stack, snap))
-                elif time.monotonic() - last_print > 10.0:
-                    print(self.line(snap), flush=True)
-                    last_print = time.monotonic()
-                time.sleep(0.5)
-        finally:
-            if live:
-                live.stop()
-
-    def finish(self, stack: LocalStack) -> None:
+    def finish(self, restarts: Mapping[str, int]) -> None:
+        """Write ``summary.json`` and print the summary; ``restarts``: each service's restarts, by name."""
         snap = self.snapshot()
         evals = snap["evals"]
         fit = snap["fit"]
@@ -196,7 +145,7 @@ class Progress:
             "total_wall_s": time.monotonic() - self.started,
             "fit": {k: fit.get(k) for k in ("ok", "a", "b", "c_mid", "r0", "a_interval", "reason")},
             "half_run_projection": half_run_projection(evals) if evals else None,
-            "restarts": {p.name: p.restarts for p in stack.procs if p.restarts},
+            "restarts": {name: n for name, n in restarts.items() if n},
             "ledger": read_json(self.run_dir / "ledger.json"),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -3,8 +3,14 @@
 Owns starting a real nats-server with JetStream in the run directory, the
 warm-started tiny model (built once, cached), one config file per service
 derived from the stack's few dials, the four services as separate OS
-processes on loopback ports, live progress, and a clean stop that leaves no
-process behind. Torch-free: the model is prepared in a child process.
+processes on loopback ports, following the run to its end (restarting
+exited processes), and a clean stop that leaves no process behind. What is
+shown while it runs, and the summary, is services.local.progress's.
+Torch-free: the model is prepared in a child process.
+
+    with LocalStack(config) as stack:  # leaving stops everything, writes the summary
+        stack.start()
+        code = stack.follow()
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from asymptote.config import NatsSettings, dump_config
+from pydantic import SecretStr
+from rich.live import Live
+
+from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
 from asymptote.nats_local import free_port, new_password, start_nats
@@ -65,6 +74,13 @@ class Proc:
 
 
 class LocalStack:
+    """One local run's processes, from start to a clean stop; a context manager.
+
+    Leaving the ``with`` block (normally, by an exception or Ctrl-C) saves
+    each live service's last metrics, audits the ledger, stops every process
+    and writes the run's summary.
+    """
+
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -76,6 +92,13 @@ class LocalStack:
         # their config files or logs.
         self.nats_user = "asymptote" if config.nats_auth else None
         self.nats_password = new_password() if config.nats_auth else None
+        self.progress = Progress(self.run_dir, config.max_steps)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- set-up ------------------------------------------------------------
 
@@ -219,15 +242,16 @@ class LocalStack:
 
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
         c = self.config
-        nats = {"url": f"nats://127.0.0.1:{self.nats_port}"}
+        # No credentials here: services get them in their environment (see _spawn).
+        nats = NatsSettings(url=f"nats://127.0.0.1:{self.nats_port}")
         cfg_dir = self.run_dir / "config"
         cfg_dir.mkdir(parents=True, exist_ok=True)
         self.ports = {name: (free_port(), free_port()) for name in ("broker", "learner", "fitter")}
-        common: dict[str, Any] = {"nats": nats, "log_format": "text"}
         broker = BrokerConfig(
-            **common,
-            grpc={"port": self.ports["broker"][0]},
-            http={"port": self.ports["broker"][1]},
+            nats=nats,
+            log_format="text",
+            grpc=ListenSettings(port=self.ports["broker"][0]),
+            http=ListenSettings(port=self.ports["broker"][1]),
             task=c.task,
             sampling=SamplingSettings(group_size=c.group_size, max_tokens=c.max_tokens),
             eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
@@ -236,9 +260,10 @@ class LocalStack:
             max_staleness_versions=c.max_staleness_versions,
         )
         learner = LearnerConfig(
-            **common,
-            grpc={"port": self.ports["learner"][0]},
-            http={"port": self.ports["learner"][1]},
+            nats=nats,
+            log_format="text",
+            grpc=ListenSettings(port=self.ports["learner"][0]),
+            http=ListenSettings(port=self.ports["learner"][1]),
             broker_endpoint=f"127.0.0.1:{self.ports['broker'][0]}",
             model_dir=model_dir,
             run_dir=self.run_dir,
@@ -248,9 +273,10 @@ class LocalStack:
             checkpoint_every_steps=c.checkpoint_every_steps,
         )
         fitter = FitterConfig(
-            **common,
-            grpc={"port": self.ports["fitter"][0]},
-            http={"port": self.ports["fitter"][1]},
+            nats=nats,
+            log_format="text",
+            grpc=ListenSettings(port=self.ports["fitter"][0]),
+            http=ListenSettings(port=self.ports["fitter"][1]),
             run_dir=self.run_dir,
             run_name=self.run_dir.name,
         )
@@ -260,9 +286,10 @@ class LocalStack:
             dump_config(cfg, paths[name])
         for i in range(c.num_generators):
             gen = GeneratorConfig(
-                **common,
-                grpc={"port": free_port()},
-                http={"port": free_port()},
+                nats=nats,
+                log_format="text",
+                grpc=ListenSettings(port=free_port()),
+                http=ListenSettings(port=free_port()),
                 engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
             )
@@ -326,14 +353,16 @@ class LocalStack:
 
     def nats_settings(self, **overrides: Any) -> NatsSettings:
         """How a client on this machine reaches this run's nats-server."""
+        password = SecretStr(self.nats_password) if self.nats_password is not None else None
         return NatsSettings(
-            url=f"nats://127.0.0.1:{self.nats_port}", user=self.nats_user, password=self.nats_password, **overrides
+            url=f"nats://127.0.0.1:{self.nats_port}", user=self.nats_user, password=password, **overrides
         )
 
     def audit_ledger(self) -> dict[str, Any] | None:
         """Account for every issued task (asymptote.ledger) into ledger.json."""
+        from asymptote.jetstream.connect import connect
+        from asymptote.jetstream.names import Names
         from asymptote.ledger import audit
-        from asymptote.streams import Names, connect
 
         async def run() -> dict[str, Any]:
             nc = await connect(self.nats_settings(max_reconnect_attempts=2), "audit")
@@ -399,23 +428,100 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 pass
 
-    def run(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
-        """Run to max_steps and the final eval (or until ``until(progress snapshot)``); the exit code."""
+    # -- the run as a whole -----------------------------------------------
+
+    def start(self) -> None:
+        """Prepare the model, then start nats-server and every service."""
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         model_dir = self.prepare_model()
         (self.run_dir / "stack.json").write_text(json.dumps(c.model_dump(mode="json"), indent=2))
-        progress = Progress(self.run_dir, c.max_steps)
+        self.progress.started = time.monotonic()  # the run's clock starts once the model is ready
+        self.start_nats()
+        self.start_services(self.write_configs(model_dir))
+        print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
+
+    def follow(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
+        """Supervise and show the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0).
+
+        It fails when a process is out of restarts, when the services are not
+        all ready within ``startup_timeout_s`` of the learner's first step
+        being due, or when the final eval round takes longer than
+        ``final_eval_timeout_s``. ``progress.outcome`` says how it ended.
+        """
+        c, progress = self.config, self.progress
+        console = progress.console
+        deadline_ready = time.monotonic() + c.startup_timeout_s
+        final_deadline: float | None = None
+        last_print = 0.0
+        live = Live(console=console, refresh_per_second=2) if console.is_terminal else None
+        if live:
+            live.start()
         try:
-            self.start_nats()
-            self.start_services(self.write_configs(model_dir))
-            print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
-            return progress.follow(self, c, until)
-        except KeyboardInterrupt:
-            print("\ninterrupted: stopping every service...", flush=True)
-            return 130
+            while True:
+                self.poll_ready()
+                events, failed = self.supervise()
+                for event in events:
+                    console.print(f"[yellow]{event}[/yellow]")
+                if failed:
+                    for p in failed:
+                        console.print(
+                            f"[red]{p.name} exited with code {p.popen.returncode} after {p.restarts} restarts"
+                            f"[/red]; last log lines:\n{p.tail()}"
+                        )
+                    progress.outcome = f"failed: {', '.join(p.name for p in failed)} exited"
+                    return 1
+                snap = progress.snapshot()
+                ready = {p.name: p.ready for p in self.procs}
+                if progress.rl_started is None and snap["step"] > 0:
+                    progress.rl_started = time.monotonic()
+                if snap["step"] == 0 and time.monotonic() > deadline_ready and not all(ready.values()):
+                    waiting = [f"{p.name} ({p.extra.get('detail', '')})" for p in self.procs if not p.ready]
+                    console.print(f"[red]services not ready after {c.startup_timeout_s:.0f}s: {waiting}[/red]")
+                    progress.outcome = "failed: startup timeout"
+                    return 1
+                if snap["step"] >= progress.max_steps and final_deadline is None:
+                    final_deadline = time.monotonic() + c.final_eval_timeout_s
+                if progress.finished(snap) or (until is not None and until(snap)):
+                    progress.rl_finished = time.monotonic()
+                    progress.outcome = "completed" if progress.finished(snap) else "stopped: target reached"
+                    if live:
+                        live.update(progress.render(snap, ready))
+                    return 0
+                if final_deadline is not None and time.monotonic() > final_deadline:
+                    console.print("[red]the final eval round did not complete in time[/red]")
+                    progress.outcome = "failed: final eval timeout"
+                    return 1
+                if live:
+                    live.update(progress.render(snap, ready))
+                elif time.monotonic() - last_print > 10.0:
+                    print(progress.line(snap), flush=True)
+                    last_print = time.monotonic()
+                time.sleep(0.5)
         finally:
+            if live:
+                live.stop()
+
+    def close(self) -> None:
+        """Save each live service's last metrics, audit the ledger, stop every process, write the summary.
+
+        Each step only where there is something to do it on: a stack that
+        never started a process stops nothing and audits no ledger.
+        """
+        if self.procs:
             self.save_final_metrics()
-            self.audit_ledger()
+            if any(p.name == "nats-server" for p in self.procs):
+                self.audit_ledger()
             self.stop()
-            progress.finish(self)
+        if self.run_dir.exists():
+            self.progress.finish({p.name: p.restarts for p in self.procs})
+
+    def run(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
+        """Start, then follow to max_steps and the final eval (or until ``until(progress snapshot)``); the exit code."""
+        with self:
+            try:
+                self.start()
+                return self.follow(until)
+            except KeyboardInterrupt:
+                print("\ninterrupted: stopping every service...", flush=True)
+                return 130

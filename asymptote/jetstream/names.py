@@ -1,0 +1,197 @@
+"""Every JetStream stream, subject, durable consumer and KV bucket of a run, and their declarations.
+
+The one place these are named and configured. Every service calls
+:func:`ensure_streams` at start; declarations are idempotent, so start order
+does not matter. A ``prefix`` namespaces one run so several runs (or tests)
+can share a NATS server. Connecting is in :mod:`asymptote.jetstream.connect`,
+the hot publish and fetch paths in :mod:`~asymptote.jetstream.publish` and
+:mod:`~asymptote.jetstream.pull`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.kv import KeyValue
+
+DEDUP_WINDOW_S = 600.0
+"""JetStream duplicate window: a group re-published within it is dropped."""
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every stream, subject, durable consumer and KV bucket of one run."""
+
+    prefix: str = "asy"
+
+    # Streams
+    @property
+    def tasks_stream(self) -> str:
+        return f"{self.prefix.upper()}_TASKS"
+
+    @property
+    def rollouts_stream(self) -> str:
+        return f"{self.prefix.upper()}_ROLLOUTS"
+
+    @property
+    def evals_stream(self) -> str:
+        return f"{self.prefix.upper()}_EVALS"
+
+    @property
+    def telemetry_stream(self) -> str:
+        return f"{self.prefix.upper()}_TELEMETRY"
+
+    @property
+    def deadletter_stream(self) -> str:
+        return f"{self.prefix.upper()}_DEADLETTER"
+
+    @property
+    def ledger_stream(self) -> str:
+        return f"{self.prefix.upper()}_LEDGER"
+
+    # Subjects
+    @property
+    def train_tasks(self) -> str:
+        return f"{self.prefix}.tasks.train"
+
+    @property
+    def eval_tasks(self) -> str:
+        return f"{self.prefix}.tasks.eval"
+
+    @property
+    def all_tasks(self) -> str:
+        return f"{self.prefix}.tasks.>"
+
+    @property
+    def rollouts(self) -> str:
+        return f"{self.prefix}.rollouts"
+
+    @property
+    def eval_results(self) -> str:
+        return f"{self.prefix}.evals.results"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.prefix}.telemetry.compute"
+
+    def deadletter(self, source: str) -> str:
+        return f"{self.prefix}.deadletter.{source}"
+
+    def ledger(self, task_id: str) -> str:
+        return f"{self.prefix}.ledger.{task_id}"
+
+    # Durable consumers (one per consuming role; generators share theirs)
+    @property
+    def generators_consumer(self) -> str:
+        return "generators"
+
+    @property
+    def broker_consumer(self) -> str:
+        return "broker"
+
+    @property
+    def fitter_evals_consumer(self) -> str:
+        return "fitter-evals"
+
+    @property
+    def fitter_telemetry_consumer(self) -> str:
+        return "fitter-telemetry"
+
+    # Key-value buckets
+    @property
+    def policy_bucket(self) -> str:
+        return f"{self.prefix}-policy"
+
+    @property
+    def curriculum_bucket(self) -> str:
+        return f"{self.prefix}-curriculum"
+
+    policy_key: str = "current"
+
+
+def stream_configs(names: Names) -> list[StreamConfig]:
+    """The configuration of every stream of the run under ``names``."""
+    dedup = DEDUP_WINDOW_S
+    return [
+        # Work queue: each task is leased by exactly one generator and
+        # removed once acked (after its group is stored).
+        StreamConfig(
+            name=names.tasks_stream,
+            subjects=[names.train_tasks, names.eval_tasks],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=dedup,
+        ),
+        # Work queue too: a group stays until the learner's checkpoint
+        # holds it and the broker acks it.
+        StreamConfig(
+            name=names.rollouts_stream,
+            subjects=[names.rollouts],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=dedup,
+            max_msg_size=8 * 1024 * 1024,
+        ),
+        StreamConfig(
+            name=names.evals_stream,
+            subjects=[names.eval_results],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=dedup,
+        ),
+        StreamConfig(
+            name=names.telemetry_stream,
+            subjects=[names.telemetry],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=7 * 24 * 3600.0,
+            discard=DiscardPolicy.OLD,
+        ),
+        # Every issued train task's fate (asymptote.ledger); kept, never consumed away.
+        StreamConfig(
+            name=names.ledger_stream,
+            subjects=[names.ledger("*")],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=dedup,
+            max_age=30 * 24 * 3600.0,
+            discard=DiscardPolicy.OLD,
+        ),
+        StreamConfig(
+            name=names.deadletter_stream,
+            subjects=[names.deadletter("*")],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=30 * 24 * 3600.0,
+            discard=DiscardPolicy.OLD,
+        ),
+    ]
+
+
+async def ensure_streams(js: JetStreamContext, names: Names) -> None:
+    """Declare every stream (idempotent; updates a stream whose config drifted)."""
+    for config in stream_configs(names):
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+
+
+async def ensure_bucket(js: JetStreamContext, bucket: str, history: int = 1) -> KeyValue:
+    """The KV bucket, created (file-backed, keeping ``history`` values a key) if it does not exist."""
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:  # create it; a racing creator's bucket is as good
+        try:
+            return await js.create_key_value(KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE))
+        except BadRequestError:
+            return await js.key_value(bucket)

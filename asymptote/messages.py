@@ -1,0 +1,143 @@
+"""Decoding and validating the payloads that travel over NATS.
+
+Owns what each message must hold to be taken: one function per message type
+turns a payload into its protobuf or raises :class:`PayloadError` naming the
+first thing wrong (undecodable bytes name the expected type). Every consumer
+decodes through here, so a producer and its consumers agree on one
+contract; what a consumer does with a refused message (dead-letter it, see
+:mod:`asymptote.jetstream.deadletter`, or ignore it) stays with the
+consumer. Pure functions: no I/O, no NATS.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import PayloadError
+
+M = TypeVar("M", bound=Message)
+
+MAX_NUM_SAMPLES = 1024
+"""Completions a task may ask for."""
+MAX_TOKENS = 1_000_000
+"""Tokens a task may ask a completion to run to."""
+TELEMETRY_SERVICES = ("generator", "learner")
+"""The services that report compute telemetry."""
+
+
+def decode(message_type: type[M], data: bytes) -> M:
+    """Decode one protobuf message; PayloadError names the type on failure."""
+    try:
+        return message_type.FromString(data)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise PayloadError(f"undecodable {message_type.DESCRIPTOR.name}: {exc}") from exc
+
+
+def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
+    """A generation task with an id, a prompt, a known kind and sampling in range."""
+    task = decode(rollout_pb2.GenerationTask, data)
+    if not task.task_id or not task.prompt:
+        raise PayloadError("task has no task_id or prompt")
+    if task.kind not in (rollout_pb2.TASK_KIND_TRAIN, rollout_pb2.TASK_KIND_EVAL):
+        raise PayloadError(f"task {task.task_id}: unknown kind {task.kind}")
+    s = task.sampling
+    if not 1 <= s.num_samples <= MAX_NUM_SAMPLES or not 1 <= s.max_tokens <= MAX_TOKENS or not s.temperature > 0:
+        raise PayloadError(
+            f"task {task.task_id}: sampling out of range (num_samples {s.num_samples}, "
+            f"max_tokens {s.max_tokens}, temperature {s.temperature})"
+        )
+    return task
+
+
+def decode_group(data: bytes) -> rollout_pb2.RolloutGroup:
+    """A rollout group that passes :func:`validate_group`."""
+    group = decode(rollout_pb2.RolloutGroup, data)
+    validate_group(group)
+    return group
+
+
+def validate_group(group: rollout_pb2.RolloutGroup) -> None:
+    """Raise PayloadError naming the first thing wrong with a group.
+
+    A group has an id, a prompt and completions; each completion has tokens,
+    one finite log-probability <= 0 per token, a loss mask (if any) and
+    version spans (if any) that cover its tokens exactly, and a finite reward.
+    """
+    if not group.group_id:
+        raise PayloadError("rollout group has no group_id")
+    if not group.completions:
+        raise PayloadError(f"group {group.group_id}: no completions")
+    if not group.prompt_token_ids:
+        raise PayloadError(f"group {group.group_id}: no prompt tokens")
+    for i, c in enumerate(group.completions):
+        n = len(c.token_ids)
+        if n == 0:
+            raise PayloadError(f"group {group.group_id} completion {i}: no tokens")
+        # One conversion to a list: min, max and sum then run in C (over the
+        # protobuf container each element would be fetched through Python).
+        logprobs = list(c.logprobs)
+        if len(logprobs) != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
+        if c.loss_mask and len(c.loss_mask) != n:
+            raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
+        # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
+        total = sum(logprobs)
+        if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
+            raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
+        if not math.isfinite(c.reward):
+            raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
+        spans = c.version_spans
+        if spans:
+            covered = 0
+            for span in spans:
+                if span.start != covered or span.end <= span.start:
+                    raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
+                covered = span.end
+            if covered != n:
+                raise PayloadError(
+                    f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens"
+                )
+
+
+def decode_eval_result(data: bytes) -> rollout_pb2.EvalResult:
+    """An eval result with its round, task and samples, no more correct than sampled."""
+    result = decode(rollout_pb2.EvalResult, data)
+    if not result.eval_id or not result.task_id or result.num_samples == 0:
+        raise PayloadError("eval result lacks eval_id, task_id or samples")
+    if result.num_correct > result.num_samples or result.eval_num_prompts == 0:
+        raise PayloadError(
+            f"eval result {result.task_id}: {result.num_correct} correct of {result.num_samples} "
+            f"samples, {result.eval_num_prompts} prompts in the round"
+        )
+    return result
+
+
+def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
+    """A compute telemetry sample from a known service and instance, its counters finite and >= 0."""
+    t = decode(rollout_pb2.ComputeTelemetry, data)
+    if not t.service or not t.instance_id:
+        raise PayloadError("compute telemetry lacks service or instance_id")
+    if t.service not in TELEMETRY_SERVICES:
+        raise PayloadError(f"compute telemetry from unknown service {t.service!r}; accepted: {TELEMETRY_SERVICES}")
+    for name in ("device_seconds_total", "busy_seconds_total", "unix_s"):
+        value = getattr(t, name)
+        if not math.isfinite(value) or value < 0:
+            raise PayloadError(f"compute telemetry {name} is {value}")
+    return t
+
+
+def decode_policy(data: bytes) -> rollout_pb2.PolicyVersion:
+    """A policy version announcement that says where its weights are and their digest."""
+    policy = decode(rollout_pb2.PolicyVersion, data)
+    if not policy.weights_endpoint or not policy.sha256:
+        raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or sha256")
+    return policy
+
+
+def decode_ledger_entry(data: bytes) -> rollout_pb2.LedgerEntry:
+    """A ledger entry (written by this project's services only, so decoded without further checks)."""
+    return decode(rollout_pb2.LedgerEntry, data)
