@@ -29,6 +29,21 @@ def _single_torch_thread() -> Iterator[None]:
     yield
 
 
+SLOW_KINDS = ("e2e", "vllm", "faults")
+"""Markers whose tests always start long multi-process work: they belong to the slow tier."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every e2e, vllm and faults test ``slow``, so ``-m "not slow"`` is the fast tier.
+
+    Runs first (before ``-m`` deselects), so the added marker takes part in the selection.
+    """
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 def bad_input_report_path(config: pytest.Config) -> Path:
     """``$ASY_REPORT_DIR/bad-input.json``, by default under ``.pytest-reports/`` in the checkout."""
     directory = os.environ.get("ASY_REPORT_DIR")

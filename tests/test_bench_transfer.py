@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 from benchmarks.transfer import VERSION, bench_transfer
 
 
+@pytest.mark.slow  # a weight server and its clients, ~10 s
 def test_quick_transfer_bench_pulls_the_served_weights(tmp_path: Path) -> None:
     fig = bench_transfer(quick=True, workdir=tmp_path)
     r = fig.details

@@ -82,7 +82,12 @@ print([s for s in stems
 TORCH_FREE_MODULES = (
     "asymptote.config",
     "asymptote.codec",
-    "asymptote.streams",
+    "asymptote.jetstream.names",
+    "asymptote.jetstream.connect",
+    "asymptote.jetstream.publish",
+    "asymptote.jetstream.pull",
+    "asymptote.jetstream.deadletter",
+    "asymptote.messages",
     "asymptote.health",
     "asymptote.rpc",
     "asymptote.runtime",

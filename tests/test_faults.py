@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from asymptote.faults import Armed, arm, parse
 
@@ -90,39 +90,48 @@ def test_thresholds_passed_while_down_fire_one_at_a_time(tmp_path: Path) -> None
 
 def test_a_point_armed_by_file_fires_when_armed_and_only_then(tmp_path: Path) -> None:
     root = tmp_path / "fp"
+    # Runs argv[2] points; the first run has enough for the test to arm it however slowly.
     script = """
 import sys, time
 from pathlib import Path
 from asymptote.faults import failpoint
-for progress in range(400):
+for progress in range(int(sys.argv[2])):
     failpoint("demo.point", progress)
     print(progress, flush=True)
     if progress == 5:
         Path(sys.argv[1]).touch()  # tell the test we are running
-    time.sleep(0.01)
+    time.sleep(0.01)  # pacing: a service between two points, not a wait for an event
 """
     env = {**os.environ, "ASY_FAILPOINTS": "demo.point:file", "ASY_FAILPOINT_DIR": str(root)}
     started = tmp_path / "started"
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(started)], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", script, str(started), "1000000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    while not started.exists():
-        assert proc.poll() is None
-        time.sleep(0.01)
-    marker = arm(root, "demo.point", "first")
-    out, _ = proc.communicate(timeout=60)
+    try:
+        wait_until(lambda: started.exists() or proc.poll() is not None, 60, "the child to pass point 5")
+        assert proc.poll() is None, proc.returncode
+        marker = arm(root, "demo.point", "first")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == -signal.SIGKILL
     fired_at = int(marker.read_text())
     # It ran unharmed until armed, then died at the very next point.
-    assert out.split() == [str(i) for i in range(fired_at)] and 6 <= fired_at < 400
+    assert out.split() == [str(i) for i in range(fired_at)] and 6 <= fired_at < 1_000_000
     assert not (root / "demo.point.arm").exists()
     # Unarmed again: a restarted process runs through.
     rerun = subprocess.run(
-        [sys.executable, "-c", script, str(started)],
+        [sys.executable, "-c", script, str(started), "40"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         start_new_session=True,
     )
-    assert rerun.returncode == 0 and len(rerun.stdout.split()) == 400
+    assert rerun.returncode == 0 and len(rerun.stdout.split()) == 40

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from waiting import wait_until
 
 from services.local.config import StackConfig
 from services.local.stack import LocalStack
 
 
-def supervise_until(stack: LocalStack, done: Callable[[], bool], timeout_s: float = 30.0) -> list[str]:
+def supervise_until(stack: LocalStack, done: Callable[[], bool], timeout_s: float, what: str) -> list[str]:
+    """Supervise until ``done()`` or a process is out of restarts (its name is returned); fail after ``timeout_s``."""
     failed: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        _, out = stack.supervise()
-        failed = [p.name for p in out]
-        if failed:
-            break
-        time.sleep(0.01)
+
+    def step() -> bool:
+        nonlocal failed
+        if done():
+            return True
+        failed = [p.name for p in stack.supervise()[1]]
+        return bool(failed)
+
+    wait_until(step, timeout_s, what, interval_s=0.01)
     return failed
 
 
@@ -46,9 +50,11 @@ def stack_for(tmp_path: Path, **overrides: object) -> LocalStack:
 
 
 def test_a_crash_loop_backs_off_doubling_then_fails_the_run(tmp_path: Path) -> None:
-    stack = stack_for(tmp_path)
+    # Every run must count as a crash, however slowly the interpreter starts
+    # on a loaded machine: the backoff resets only after a minute's run.
+    stack = stack_for(tmp_path, restart_backoff_reset_s=60.0)
     proc = stack._spawn("crasher", [sys.executable, "-c", "raise SystemExit(3)"])
-    failed = supervise_until(stack, lambda: False)
+    failed = supervise_until(stack, lambda: False, 60.0, "the crash loop to use up its restarts")
     assert failed == ["crasher"]
     rows = restarts(stack)
     assert [r["delay_s"] for r in rows] == [0.05, 0.1, 0.2]
@@ -61,8 +67,11 @@ def test_a_process_that_ran_well_starts_its_backoff_over(tmp_path: Path) -> None
     # fresh fault, so neither the delay nor the count of restarts in a row
     # grows, and the run goes on past max_restarts exits.
     stack = stack_for(tmp_path, max_restarts=1)
-    proc = stack._spawn("preempted", [sys.executable, "-c", "import time; time.sleep(0.6); raise SystemExit(137)"])
-    failed = supervise_until(stack, lambda: proc.restarts >= 3 and proc.popen.poll() is None, timeout_s=60.0)
+    runs_well = "import time; time.sleep(0.6); raise SystemExit(137)"  # pacing: outlives the 0.5 s reset
+    proc = stack._spawn("preempted", [sys.executable, "-c", runs_well])
+    failed = supervise_until(
+        stack, lambda: proc.restarts >= 3 and proc.popen.poll() is None, 60.0, "the third restart of a good run"
+    )
     assert failed == []
     rows = restarts(stack)
     assert len(rows) == 3 and [r["delay_s"] for r in rows] == [0.05, 0.05, 0.05]

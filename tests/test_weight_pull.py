@@ -179,7 +179,7 @@ async def test_a_bad_part_is_refused_when_it_arrives_not_when_the_stream_ends() 
         for frame in sent:
             yield frame
         try:
-            await asyncio.sleep(3600)  # the rest never comes
+            await asyncio.sleep(3600)  # pacing: a learner that never sends the rest (cancelled by the client)
         finally:
             ended.set()
         yield b""

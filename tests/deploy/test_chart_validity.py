@@ -165,6 +165,7 @@ def test_every_value_set_passes_the_schema() -> None:
 ALLOWED_SKIPS = {"CKV_K8S_43", "CKV_K8S_35", "CKV_K8S_8", "CKV_K8S_9"}
 
 
+@pytest.mark.slow  # a checkov process per value set, ~10 s
 def test_checkov_finds_nothing_unexplained(checkov: Path, tmp_path: Path) -> None:
     for value_set in VALUE_SETS:
         out = tmp_path / value_set

@@ -6,6 +6,11 @@ Prometheus's HTTP API with the template variables replaced: the scrape
 targets carry the labels the Prometheus Operator's ServiceMonitors give
 them in a cluster (namespace, service, pod), ``$__rate_interval`` becomes
 a window over the run, ``$run`` the run's name.
+
+The fit panels need a fit whatever eight steps of training learned: the
+run directory starts with a known eval series (``fitcheck.known_eval_rows``)
+that the fitter loads and fits, while every other panel shows the run's
+own numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 import pytest
 import yaml
 from chart_render import REPO, dashboard
+from fitcheck import check_fit, known_eval_rows
+from waiting import wait_until
 
 from services.local.progress import read_jsonl
 
@@ -38,6 +45,10 @@ launch = _launcher.launch
 
 NAMESPACE = "asymptote-e2e"
 SCRAPE_INTERVAL_S = 1
+MAX_STEPS = 8
+# The known curve behind the seeded eval series: versions 1-8 at 600-4800
+# accelerator-seconds, all past the early cutoff, rising from R0 towards A.
+A, B, C_MID, R0 = 0.62, 1.5, 2400.0, 0.3
 
 
 def free_port() -> int:
@@ -74,18 +85,17 @@ def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Pa
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus did not become ready"
-            time.sleep(0.3)
+        wait_until(ready, 60, "prometheus to answer ready", interval_s=0.3)
         yield base, config
     finally:
         proc.terminate()
@@ -130,21 +140,52 @@ def substitute(expr: str, run: str, rate_window_s: int) -> str:
     return out
 
 
+def scraped_since(base: str, since_unix_s: float, num_targets: int) -> bool:
+    """Every one of ``num_targets`` targets is up in a scrape that began after ``since_unix_s``."""
+    ups = query(base, "/api/v1/query", {"query": "up"})["result"]
+    started = query(base, "/api/v1/query", {"query": "timestamp(up)"})["result"]
+    return (
+        len(ups) == num_targets
+        and all(float(s["value"][1]) == 1 for s in ups)
+        and all(float(s["value"][1]) > since_unix_s for s in started)
+    )
+
+
 @pytest.mark.e2e
 def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, Path]) -> None:
+    """Every panel's query returns the run's data; the fit's input is a known eval series.
+
+    Eight steps may show no gain over R0, and then no fit: the run starts
+    with ``known_eval_rows`` at versions 0-8 in its eval.jsonl, which the
+    fitter fits (and it skips the run's own rounds at those versions).
+    """
     base, config_path = prometheus
     started = time.time()
-    # Eval every 2 versions: 5 points (R0 and 4 more), what the fit needs.
+    evals = known_eval_rows(MAX_STEPS + 1, A, B, C_MID, R0, compute_per_version=600.0)
+    # The seeded series covers the final version, so no eval round beyond R0's and the last is needed.
     with launch(
-        max_steps=8, eval_every_versions=2, batch_prompts=8, checkpoint_every_steps=4, final_eval_timeout_s=180
+        eval_rows=evals,
+        max_steps=MAX_STEPS,
+        eval_every_versions=MAX_STEPS,
+        batch_prompts=8,
+        checkpoint_every_steps=4,
+        final_eval_timeout_s=180,
     ) as (stack, progress):
         config_path.write_text(yaml.safe_dump(scrape_config(stack)))
         urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=10).close()
-        assert progress.follow(stack, stack.config) == 0, progress.outcome
+        assert stack.follow() == 0, progress.outcome
+        finished = time.time()
         fit = json.loads((stack.run_dir / "fit.json").read_text())
-        assert fit["ok"], f"the run's curve did not fit ({fit.get('reason')}): the fit gauges need one"
-        # A few scrapes after the final eval round, while every service still runs.
-        time.sleep(4 * SCRAPE_INTERVAL_S)
+        check_fit(fit, read_jsonl(stack.run_dir / "eval.jsonl"))
+        assert fit["ok"] and fit["num_points"] == len(evals), fit
+        assert fit["a"] == pytest.approx(A, abs=1e-3) and fit["c_mid"] == pytest.approx(C_MID, rel=1e-2)
+        # Read once every target was scraped after the last step, while every service still runs.
+        wait_until(
+            lambda: scraped_since(base, finished, 4),
+            30 * SCRAPE_INTERVAL_S,
+            "prometheus to scrape all four services up after the last step",
+            interval_s=SCRAPE_INTERVAL_S / 4,
+        )
         targets = query(base, "/api/v1/targets", {})["activeTargets"]
         assert len(targets) == 4 and all(t["health"] == "up" for t in targets), targets
         at = time.time()
@@ -180,7 +221,7 @@ def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, 
         return numbers[name][0]
 
     # The numbers are the run's, not just present.
-    assert value("Policy versions", "max(asymptote_learner_policy_version") == 8
+    assert value("Policy versions", "max(asymptote_learner_policy_version") == MAX_STEPS
     assert value("Generators: desired vs running", "count(") == 1
     assert value("Fit", "asymptote_fitter_fit_ok") == 1
     assert value("A: asymptotic pass rate", "asymptote_fitter_a{") == pytest.approx(fit["a"])

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from asymptote.streams import Names
+from asymptote.jetstream.names import Names
 from asymptote.tasks import TaskSettings
 from services.broker.config import BrokerConfig
 from services.broker.metrics import BrokerMetrics

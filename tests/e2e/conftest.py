@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,17 @@ Launch = Callable[..., AbstractContextManager[tuple[LocalStack, Progress]]]
 def launch(tmp_path: Path) -> Launch:
     """``with launch(max_steps=..., ...) as (stack, progress):`` a started stack in tmp_path/run.
 
-    The warm-started model comes from the checkout's cache; on leaving the
-    block every process is stopped and the summary written.
+    ``progress`` is ``stack.progress``; ``stack.follow()`` runs the stack to
+    its end. The warm-started model comes from the checkout's cache; on
+    leaving the block the stack closes: every process is stopped and the
+    summary written. ``eval_rows`` (``eval.jsonl`` rows) are written to the
+    run directory before the services start: the fitter loads them as the
+    run's curve points and fits them, and skips the run's own eval rounds at
+    those versions.
     """
 
     @contextmanager
-    def run(**overrides: Any) -> Iterator[tuple[LocalStack, Progress]]:
+    def run(eval_rows: Sequence[Mapping[str, Any]] = (), **overrides: Any) -> Iterator[tuple[LocalStack, Progress]]:
         config = StackConfig(
             **{
                 "run_dir": tmp_path / "run",
@@ -38,14 +44,10 @@ def launch(tmp_path: Path) -> Launch:
         )
         stack = LocalStack(config)
         stack.run_dir.mkdir(parents=True)
-        model_dir = stack.prepare_model()
-        progress = Progress(stack.run_dir, config.max_steps)
-        try:
-            stack.start_nats()
-            stack.start_services(stack.write_configs(model_dir))
-            yield stack, progress
-        finally:
-            stack.stop()
-            progress.finish(stack)
+        if eval_rows:
+            (stack.run_dir / "eval.jsonl").write_text("".join(json.dumps(dict(row)) + "\n" for row in eval_rows))
+        with stack:
+            stack.start()
+            yield stack, stack.progress
 
     return run

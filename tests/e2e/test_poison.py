@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 from badinput import BAD_INPUTS
+from waiting import wait_until
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.streams import Names, connect
+from asymptote.jetstream.connect import connect
+from asymptote.jetstream.names import Names
 from services.local.progress import read_jsonl
 
 INTERFACE = "NATS subjects"
@@ -169,7 +171,7 @@ async def inject(nats: NatsSettings, names: Names) -> Counter[str]:
                 await js.publish(subject, data)
                 BAD_INPUTS.record(INTERFACE, [subject.encode(), data])
                 sent[source] += 1
-                await asyncio.sleep(0.005)  # interleaved with the live traffic
+                await asyncio.sleep(0.005)  # pacing: interleaved with the live traffic, not a wait for an event
     finally:
         await nc.close()
     return sent
@@ -199,16 +201,19 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch
         stack,
         progress,
     ):
-        config = stack.config
 
         def injector() -> None:
-            while not read_jsonl(stack.run_dir / "metrics.jsonl"):
-                time.sleep(0.2)
+            wait_until(
+                lambda: read_jsonl(stack.run_dir / "metrics.jsonl"),
+                stack.config.startup_timeout_s + 600,
+                "the learner's first step",
+                interval_s=0.2,
+            )
             sent.update(asyncio.run(inject(stack.nats_settings(), names)))
 
         thread = threading.Thread(target=injector, daemon=True)
         thread.start()
-        outcome = progress.follow(stack, config)
+        outcome = stack.follow()
         thread.join(60)
         restarts = stack.run_dir / "restarts.jsonl"
         for restart in read_jsonl(restarts):

@@ -18,6 +18,7 @@ lost or trained twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import random
 import signal
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,10 +37,11 @@ import pytest
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.faults import arm
+from asymptote.jetstream.connect import connect
+from asymptote.jetstream.names import Names
 from asymptote.ledger import TERMINAL, Audit, Event, audit, read_entries
-from asymptote.streams import Names, connect
 from services.local.progress import read_jsonl
-from services.local.stack import LocalStack
+from services.local.stack import LocalStack, Proc
 
 MAX_STEPS = 990
 """A cap only: the run ends TAIL_STEPS after the stack recovered from the last fault."""
@@ -132,11 +135,28 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
                 out.error = f"{what}: not done in {timeout_s:.0f}s at step {step()}; not ready: {waiting or 'none'}"
                 stop.set()
                 return False
-            time.sleep(0.2)
+            time.sleep(0.2)  # pacing: between polls of the event, whose deadline is above
         return False
 
     def all_ready() -> bool:
         return all(p.ready for p in stack.procs if p.http_port)
+
+    def all_ready_now() -> bool:
+        """Every service answers ready on /readyz now: a fresh probe, not the supervisor's last poll
+        (which may predate the restart)."""
+        for p in stack.procs:
+            if p.http_port is None:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p.http_port}/readyz", timeout=2) as r:
+                    if r.status != 200:
+                        return False
+            except OSError:  # HTTPError (503: not ready) included
+                return False
+        return True
+
+    def running_and_all_ready(restarted: Proc) -> bool:
+        return restarted.popen.poll() is None and all_ready_now()
 
     last = 0
     for i, fault in enumerate(plan):
@@ -160,8 +180,10 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
             lambda proc=proc, n=restarts: proc.restarts > n,
         ):
             return
-        time.sleep(1.0)  # let the readiness poll see the restarted process
-        if not wait(f"every service ready after fault {i} ({fault.kind})", all_ready):
+        if not wait(
+            f"every service ready after fault {i} ({fault.kind})",
+            functools.partial(running_and_all_ready, proc),
+        ):
             return
         last = step()
     out.recovered_at_step = last
@@ -247,7 +269,7 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
     ) as (stack, progress):
         injector = threading.Thread(target=inject, args=(stack, plan, stop, injection), daemon=True)
         injector.start()
-        followed = progress.follow(stack, stack.config, until=until) == 0
+        followed = stack.follow(until=until) == 0
         stop.set()
         injector.join(5)
         # The run ends as a deployment is scaled down: the learner drains,

@@ -43,6 +43,7 @@ NUM_POINTS = 600
 NOISE_SD = 0.01
 
 
+@pytest.mark.slow  # 400 fits with bootstrap intervals: over a minute of CPU
 def test_first_half_predicts_the_end_and_the_interval_covers_it(capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(20251015)
     settings = CurveFitSettings()

@@ -14,7 +14,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from badinput import send_bad_request, send_bad_requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
@@ -71,6 +72,7 @@ async def fitter(tmp_path: Path) -> AsyncIterator[Fitter]:
 
 
 async def test_submit_points_and_read_the_projection_with_intervals(fitter: Fitter) -> None:
+    """The fit's input is known: noiseless points on the paper's 8B curve (``points()``)."""
     stub, _, _ = fitter
     proj = await stub.SubmitPoints(services_pb2.SubmitPointsRequest(run="ablation-1", points=points()))
     assert proj.ok, proj.reason
@@ -162,6 +164,7 @@ BAD_CASES = [
 
 
 async def test_bad_points_are_invalid_argument_naming_the_field_and_the_service_stays_up(fitter: Fitter) -> None:
+    """The fits' input is known: ``points()`` on the paper's curve, spoiled one field at a time."""
     stub, channel, _ = fitter
     for case in BAD_CASES:
         request, expected = _bad(case)
@@ -198,6 +201,7 @@ BAD_VALUES = {
 
 
 async def test_a_point_with_a_bad_value_is_refused_naming_it(fitter: Fitter) -> None:
+    """The fit's input is known: ``points()``, with bad values drawn from a seeded generator."""
     stub, channel, _ = fitter
     rng = random.Random(12)
     for _ in range(60):
@@ -218,6 +222,7 @@ NAMED_FIELD = re.compile(r"(run|points)(\[\d+\]\.(compute|pass_rate|policy_versi
 
 
 async def test_malformed_requests_on_every_method_get_a_status_naming_the_problem(fitter: Fitter) -> None:
+    """The fit's input is known: ``points()``, with corruptions drawn from a seeded generator."""
     stub, channel, _ = fitter
     rng = random.Random(11)
     valid = {
@@ -265,6 +270,7 @@ def _eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[ro
 
 
 async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: Path) -> None:
+    """The fit's input is known: eval results on the paper's curve fed to the collector as the evals loop would."""
     stub, _, collector = fitter
     axis = collector.axis
     versions = list(range(0, 301, 20))
@@ -350,13 +356,25 @@ FIT_GAUGES = (
 
 
 def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path) -> None:
+    """Scrapes run while refits do; after each refit the refitter waits for a scrape begun after it.
+
+    The fits' input is known: ``_run_points`` on two given curves, in turn.
+
+    So every published fit is seen by at least one scrape however the threads
+    are scheduled (no count of scrapes depends on the machine's speed), and
+    refits still run while a scrape reads.
+    """
     collector = Collector(
         tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
     )
     registry = registry_with(ProjectionCollector("live", collector.snapshot, lambda: {"generator": 1.0}))
     datasets = [_run_points(20, 0.61, 1.9), _run_points(31, 0.75, 1.2)]
     published: list[tuple[float, ...]] = []
+    scrapes: list[tuple[float, ...]] = []
     done = threading.Event()
+
+    def scraped_to(count: int) -> Callable[[], bool]:
+        return lambda: len(scrapes) >= count
 
     def refit_forever() -> None:
         for i in range(30):
@@ -382,33 +400,43 @@ def test_every_scrape_sees_one_fit_while_refits_run_concurrently(tmp_path: Path)
                     datasets[i % 2][-1].pass_rate,
                 )
             )
+            # Two more scrapes: the second began after this fit was published.
+            wait_until(scraped_to(len(scrapes) + 2), 60, f"two scrapes after refit {i}", interval_s=0.001)
         done.set()
+
+    def scrape() -> tuple[float, ...]:
+        """One scrape's fit; before the first refit, an empty tuple (nothing published yet)."""
+        scraped = _scrape(registry)
+        if "asymptote_fitter_a" not in scraped:
+            return ()
+        return (
+            *tuple(scraped[f"asymptote_fitter_{name}"] for name in FIT_GAUGES),
+            scraped["asymptote_fitter_points"],
+            scraped["asymptote_fitter_last_compute"],
+            scraped["asymptote_fitter_last_pass_rate"],
+        )
 
     worker = threading.Thread(target=refit_forever)
     worker.start()
-    scrapes = []
-    while not done.is_set():
-        scraped = _scrape(registry)
-        if "asymptote_fitter_a" in scraped:
-            scrapes.append(
-                (
-                    *tuple(scraped[f"asymptote_fitter_{name}"] for name in FIT_GAUGES),
-                    scraped["asymptote_fitter_points"],
-                    scraped["asymptote_fitter_last_compute"],
-                    scraped["asymptote_fitter_last_pass_rate"],
-                )
-            )
-        time.sleep(0.001)  # as a scraper would, leave the refitting thread the interpreter
-    worker.join()
+    try:
+        while not done.is_set() and worker.is_alive():
+            scrapes.append(scrape())
+            time.sleep(0.001)  # pacing: as a scraper would, leave the refitting thread the interpreter
+    finally:
+        done.set()
+        worker.join()
     assert len(published) == 30
-    assert len(scrapes) >= 20
+    fits = [s for s in scrapes if s]
+    assert len(fits) >= 30
     # Every scrape equals one published fit, points and latest point included (the
     # exposition prints floats with repr, so the values round-trip exactly).
-    assert set(scrapes) <= set(published)
-    assert {s[12] for s in scrapes} == {20.0, 31.0}  # both fits were seen
+    assert set(fits) <= set(published)
+    assert set(fits) == set(published)  # every fit was seen
+    assert {s[12] for s in fits} == {20.0, 31.0}  # both datasets' fits
 
 
 def test_a_refused_refit_keeps_the_last_successful_fit_on_the_gauges(tmp_path: Path) -> None:
+    """The fits' input is known: ``_run_points`` on a given curve, then too few of them."""
     collector = Collector(
         tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
     )
@@ -430,6 +458,7 @@ def test_a_refused_refit_keeps_the_last_successful_fit_on_the_gauges(tmp_path: P
 
 
 def test_a_restarted_collector_refits_from_eval_jsonl_and_skips_a_cut_line(tmp_path: Path) -> None:
+    """The fit's input is known: ``_run_points`` on a given curve, written where the fitter reads (eval.jsonl)."""
     run = _run_points(20, 0.61, 1.9)
     lines = [json.dumps(asdict(point)) for point in reversed(run)]  # any order: taken by version
     (tmp_path / "eval.jsonl").write_text("\n".join(lines) + '\n{"step": 40, "policy_ver')

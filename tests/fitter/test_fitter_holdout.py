@@ -15,7 +15,6 @@ import pytest
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.holdout import half_run_projection, project_from_half
 from services.local.config import StackConfig
-from services.local.progress import Progress
 from services.local.stack import LocalStack
 
 A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
@@ -129,11 +128,11 @@ def test_bad_or_degenerate_rows_give_a_reason_not_an_exception(case: str) -> Non
 
 
 def test_local_stack_summary_reports_the_half_run_projection(tmp_path: Path) -> None:
-    """What ``asymptote up`` writes at the end of a run (the stack object is built, not started)."""
+    """What ``asymptote up`` writes at the end of a run (a stack built, never started, closes)."""
     rows = _rows()
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    stack = LocalStack(StackConfig(run_dir=tmp_path))
-    Progress(tmp_path, max_steps=240).finish(stack)
+    with LocalStack(StackConfig(run_dir=tmp_path, max_steps=240)):
+        pass
     summary = json.loads((tmp_path / "summary.json").read_text())
     entry = summary["half_run_projection"]
     expected = half_run_projection(rows)

@@ -37,9 +37,9 @@ from asymptote.compute import ComputeMeter
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
+from asymptote.jetstream.names import Names, ensure_streams
 from asymptote.nats_local import nats_server
 from asymptote.rpc import start_server
-from asymptote.streams import Names, ensure_streams
 from asymptote.tasks import ALPHABET
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, GenerationCut
@@ -476,7 +476,7 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
 
             async def both_in() -> None:
                 while len(loop._inflight) < 2 or engine.num_running == 0:
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
 
             await asyncio.wait_for(both_in(), 60)
             stop.set()

@@ -18,10 +18,11 @@ from asymptote.codec import WireTensor
 from asymptote.config import ListenSettings, NatsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
+from asymptote.jetstream.connect import connect
+from asymptote.jetstream.names import Names, ensure_bucket
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
 from asymptote.rpc import start_server
-from asymptote.streams import Names, connect, ensure_bucket
 from asymptote.tasks import TaskSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve

@@ -20,13 +20,16 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
+from waiting import wait_until_async
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.jetstream.names import Names
 from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
-from asymptote.streams import Names
 from asymptote.tasks import TaskSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
@@ -117,13 +120,16 @@ async def running(h: Harness) -> AsyncIterator[Harness]:
     await h.start_broker()
     nc = await nats_connect(h.server)
     h.nc, h.js = nc, nc.jetstream()
-    # The broker waits for the learner's first version before issuing.
-    for _ in range(100):
+
+    async def policy_bucket() -> KeyValue | None:
         try:
-            kv = await h.js.key_value(h.names.policy_bucket)
-            break
-        except Exception:
-            await asyncio.sleep(0.1)
+            return await h.js.key_value(h.names.policy_bucket)
+        except BucketNotFoundError:
+            return None
+
+    kv = await wait_until_async(policy_bucket, 10, "the broker to create the policy bucket", interval_s=0.1)
+    assert kv is not None  # wait_until_async returns only a truthy value
+    # The broker waits for the learner's first version before issuing.
     await publish_policy(kv, h.names, rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", sha256="00"))
     try:
         yield h
@@ -185,8 +191,14 @@ async def stream_count(h: Harness, stream: str) -> int:
 
 async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     h = harness
+
     # Back-pressure: with nothing consumed, at most `outstanding` train tasks exist.
-    await asyncio.sleep(1.5)
+    # Awaited: the broker itself counted the 4 pending (so it issues no more).
+    async def counted_four_pending() -> bool:
+        status = await h.stub.Status(services_pb2.StatusRequest(), wait_for_ready=True, timeout=30.0)
+        return status.gauges["pending_tasks"] == 4
+
+    await wait_until_async(counted_four_pending, 30, "the broker to count 4 pending train tasks")
     info = await h.js.stream_info(h.names.tasks_stream, subjects_filter=">")
     assert info.state.subjects == {h.names.train_tasks: 4, h.names.eval_tasks: 3}
     assert h.config.outstanding_limit == 4
@@ -215,16 +227,13 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     assert header.batch_id
     assert [g.group_id for g in groups] == [t1.task_id, t3.task_id]
     assert header.num_zero_variance == 1
-    # Held until the learner acks: both groups are still in the stream.
-    assert await stream_count(h, h.names.rollouts_stream) == 2
+    # Held until the learner acks: both groups are still in the stream (once the
+    # broker's ack of the filtered group, sent without waiting, has landed).
+    await wait_for_count(h, h.names.rollouts_stream, 2)
     resp = await h.stub.Ack(services_pb2.AckRequest(batch_ids=[header.batch_id, "nope"]))
     assert resp.num_acked == 2
     assert list(resp.unknown_batch_ids) == ["nope"]
-    for _ in range(50):
-        if await stream_count(h, h.names.rollouts_stream) == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert await stream_count(h, h.names.rollouts_stream) == 0
+    await wait_for_count(h, h.names.rollouts_stream, 0)
 
     status = await h.stub.Status(services_pb2.StatusRequest())
     assert status.gauges["groups_trained"] == 2
@@ -240,11 +249,7 @@ async def test_poison_is_dead_lettered_and_broker_keeps_serving(harness: Harness
         completions=[rollout_pb2.Completion(token_ids=[1, 2], logprobs=[-0.1], reward=1.0)],
     )
     await h.js.publish(h.names.rollouts, bad.SerializeToString(), headers={"Nats-Msg-Id": "bad-1"})
-    for _ in range(50):
-        if await stream_count(h, h.names.deadletter_stream) >= 2:
-            break
-        await asyncio.sleep(0.1)
-    assert await stream_count(h, h.names.deadletter_stream) == 2
+    await wait_for_count(h, h.names.deadletter_stream, 2)
     sub = await h.js.subscribe(h.names.deadletter("rollouts"), ordered_consumer=True)
     reasons = []
     for _ in range(2):
@@ -285,12 +290,13 @@ async def publish_copy(h: Harness, group: rollout_pb2.RolloutGroup, msg_id: str)
     await h.js.publish(h.names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": msg_id})
 
 
-async def wait_for_count(h: Harness, stream: str, count: int) -> None:
-    for _ in range(100):
-        if await stream_count(h, stream) == count:
-            return
-        await asyncio.sleep(0.1)
-    assert await stream_count(h, stream) == count
+async def wait_for_count(h: Harness, stream: str, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until ``stream`` holds exactly ``count`` messages."""
+
+    async def counted() -> bool:
+        return await stream_count(h, stream) == count
+
+    await wait_until_async(counted, timeout_s, f"{stream} to hold {count} messages", interval_s=0.1)
 
 
 async def count_ledger_reads(h: Harness) -> list[int]:

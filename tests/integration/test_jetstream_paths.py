@@ -19,11 +19,14 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
+from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.jetstream.names import Names, ensure_streams
+from asymptote.jetstream.publish import Outgoing, Publisher
+from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import Ledger, read_entries
 from asymptote.nats_local import NatsServer
-from asymptote.streams import Names, Outgoing, Publisher, durable_puller, ensure_streams
 
 Event = rollout_pb2.LedgerEvent
 _ids = itertools.count()
@@ -104,13 +107,15 @@ async def test_puller_returns_what_is_there_and_then_what_arrives(nc: NatsClient
         await m.ack()
 
     # Nothing there: the fetch waits, and returns once a message comes.
-    async def publish_later() -> None:
-        await asyncio.sleep(0.3)
-        await publisher.publish_all([Outgoing(subject, b"b0", "b0")])
+    fetching = asyncio.create_task(puller.fetch(64, timeout_s=60.0))
 
-    later = asyncio.create_task(publish_later())
-    got = await asyncio.wait_for(puller.fetch(64, timeout_s=60.0), 20.0)
-    await later
+    async def request_waiting() -> bool:
+        return (await js.consumer_info(stream, "workers")).num_waiting >= 1
+
+    await wait_until_async(request_waiting, 20, "the fetch's pull request to wait at the server")
+    assert not fetching.done()
+    await publisher.publish_all([Outgoing(subject, b"b0", "b0")])
+    got = await asyncio.wait_for(fetching, 20.0)
     assert [m.data for m in got] == [b"b0"]
     await got[0].ack()
 
@@ -135,12 +140,12 @@ async def test_puller_takes_batches_and_buffers_the_rest(nc: NatsClient) -> None
         for m in batch:
             await m.ack()
     assert seen == [f"m{i}".encode() for i in range(10)]
+
     # Every message was acked exactly once: the work queue is empty.
-    for _ in range(50):
-        if (await js.stream_info(stream)).state.messages == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert (await js.stream_info(stream)).state.messages == 0
+    async def queue_empty() -> bool:
+        return (await js.stream_info(stream)).state.messages == 0
+
+    await wait_until_async(queue_empty, 10, "the acked work queue to empty")
 
 
 async def test_puller_uses_an_existing_consumer_as_it_is(nc: NatsClient) -> None:

@@ -20,8 +20,9 @@ from raw_nats import session
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.jetstream.connect import connect
+from asymptote.jetstream.names import Names, ensure_streams
 from asymptote.nats_local import NatsServer, check_config_string, new_password, start_nats
-from asymptote.streams import Names, connect, ensure_streams
 
 USER, PASSWORD = "asymptote", "s3cret-for-this-test"
 

@@ -39,9 +39,10 @@ from asymptote.config import ListenSettings, NatsSettings, TlsSettings, load_con
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc, tensors_pb2
 from asymptote.errors import ConfigError
 from asymptote.health import Health
+from asymptote.jetstream.connect import connect, wait_for_nats
+from asymptote.jetstream.names import Names, ensure_streams
 from asymptote.nats_local import NatsServer, ServerTls, start_nats
 from asymptote.rpc import channel, start_server
-from asymptote.streams import Names, connect, ensure_streams, wait_for_nats
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.config import FitterConfig
@@ -342,6 +343,17 @@ async def publish_and_read(settings: NatsSettings, names: Names, group_id: str) 
         await nc.close()
 
 
+async def publish_group(settings: NatsSettings, names: Names, group_id: str) -> int:
+    """Publish a rollout group; the stream sequence number it was stored under."""
+    nc = await connect(settings, "generator")
+    try:
+        group = rollout_pb2.RolloutGroup(group_id=group_id)
+        ack = await nc.jetstream().publish(names.rollouts, group.SerializeToString(), headers={"Nats-Msg-Id": group_id})
+        return int(ack.seq)
+    finally:
+        await nc.close()
+
+
 async def stored_rollouts(settings: NatsSettings, names: Names) -> int:
     nc = await connect(settings, "auditor")
     try:
@@ -389,8 +401,10 @@ async def test_nats_tls_refuses_plaintext_and_other_cas(pki: Pki, tls_nats: Nats
         ['CONNECT {"verbose":false}', f"PUB {names.rollouts} {len(group)}", group.decode("ascii"), "PING"],
     )
     assert '"tls_required":true' in reply and "PONG" not in reply
-    await asyncio.sleep(0.2)
-    assert await stored_rollouts(good, names) == 1
+    # The server closed the intruder's connection before the session returned: a
+    # group published after it is stored behind anything the intruder got stored.
+    assert await publish_group(good, names, "g-after") == 2
+    assert await stored_rollouts(good, names) == 2
 
 
 async def test_nats_mtls_needs_a_client_certificate_from_its_ca(pki: Pki, mtls_nats: NatsServer) -> None:

@@ -72,6 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return out
 
 
+@pytest.mark.slow  # torchrun, twice
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_two_ranks_equal_one_rank(runs: dict[int, Path], config: str) -> None:
     one = load_file(str(runs[1] / f"{config}.rank0.safetensors"))
@@ -88,6 +89,7 @@ def test_two_ranks_equal_one_rank(runs: dict[int, Path], config: str) -> None:
     assert max(float((two[k] - two_rank1[k]).abs().max()) for k in two) == 0.0
 
 
+@pytest.mark.slow  # torchrun, twice
 def test_ranks_report_the_same_step_metrics(runs: dict[int, Path]) -> None:
     one = json.loads((runs[1] / "report.rank0.json").read_text())
     two = json.loads((runs[2] / "report.rank0.json").read_text())
