@@ -40,6 +40,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "unknown_key": "no_such_setting: 1\n",
         "a_list": "- 1\n- 2\n",
         "bad_value": "batch_prompts: -3\n",
+        "bad_model": "model:\n  hidden_size: -4\n",
     }
     for name, text in made.items():
         (d / f"{name}.yaml").write_text(text)
@@ -59,6 +60,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "up-steps-not-a-multiple-of-evals": (["up", "--max-steps", "7"], "--max-steps"),
     "up-run-dir-not-creatable": (["up", "--run-dir", "/proc/asymptote/run"], "--run-dir"),
     "up-missing-config": (["up", "--config", "{missing}"], "--config"),
+    # Refused by the model-preparing child process; the stack says it once, as its own.
+    "up-bad-model-in-config": (["up", "--config", "{bad_model}", "--run-dir", "{dir}"], "model.hidden_size"),
     "fit-not-yaml": (["fit", "{dir}", "--config", "{not_yaml}"], "--config"),
     "bench-output-not-creatable": (["bench", "--output", "/proc/asymptote/bench"], "--output"),
     "prepare-model-not-json": (["prepare-model", "--request", "{cache_dir: x"], "--request"),

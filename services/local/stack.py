@@ -33,6 +33,7 @@ from pydantic import SecretStr
 from rich.live import Live
 
 from asymptote.config import ListenSettings, NatsSettings, dump_config
+from asymptote.errors import ConfigError
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
 from asymptote.nats_local import free_port, new_password, start_nats
@@ -46,6 +47,8 @@ from services.local.progress import Progress
 log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
+PREPARE_REFUSAL = "asymptote prepare-model: "
+"""How ``asymptote prepare-model`` begins the one line that refuses its request."""
 """Start order; the stop order is the reverse (generators drain first)."""
 
 
@@ -114,14 +117,27 @@ class LocalStack:
             }
         )
         print("preparing the warm-started model (cached after the first run)...", flush=True)
-        out = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "prepare-model", "--request", request],
             stdout=subprocess.PIPE,
-            check=False,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        if out.returncode != 0:
+        assert child.stdout is not None and child.stderr is not None
+        # The warm start's progress goes to the terminal as it comes; a refusal of
+        # the request is this stack's config error, said once as the stack's own.
+        refusal = None
+        for line in child.stderr:
+            if line.startswith(PREPARE_REFUSAL):
+                refusal = line[len(PREPARE_REFUSAL) :].strip().replace("--request ", "")
+            else:
+                sys.stderr.write(line)
+        printed = child.stdout.read()
+        if child.wait() != 0:
+            if refusal is not None:
+                raise ConfigError(f"stack config: {refusal}")
             raise RuntimeError("model preparation failed (see the output above)")
-        path = Path(out.stdout.decode().strip().splitlines()[-1])
+        path = Path(printed.strip().splitlines()[-1])
         info = path / "warmstart.json"
         if info.exists():
             meta = json.loads(info.read_text())
