@@ -17,3 +17,7 @@ class PayloadError(AsymptoteError, ValueError):
 
 class WeightsError(AsymptoteError, ValueError):
     """A weight update was refused (checksum, names, shapes, dtypes, NaN/Inf)."""
+
+
+class ModelError(AsymptoteError, ValueError):
+    """A model directory cannot be loaded as configured (a weight one side lacks, an unsupported head)."""

@@ -43,7 +43,7 @@ from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
 from services.generator.weights import GrpcWeightSource, check_signature, stage
-from services.learner.model import ModelSpec, create_model_dir
+from services.learner.build import ModelSpec, create_model_dir
 
 TARGET = 0.5
 BENCH_FILE_NAME = "transfer_bench.json"

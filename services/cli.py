@@ -137,7 +137,7 @@ def _prepare_model(argv: list[str]) -> int:
     import torch
 
     from asymptote.tasks import TaskSettings
-    from services.learner.model import ModelSpec
+    from services.learner.build import ModelSpec
     from services.learner.warmstart import WarmstartSettings, prepare_model
 
     try:

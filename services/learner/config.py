@@ -74,7 +74,16 @@ class LearnerConfig(MeteredServiceSettings):
     broker_endpoint: str = "127.0.0.1:50051"
     """host:port of the broker's gRPC service."""
     model_dir: Path
-    """Hugging Face model directory with the initial weights."""
+    """Hugging Face model directory with the initial weights and tokenizer (any causal LM that
+    transformers' and vLLM's Auto classes load: Llama, Qwen2/Qwen2.5, Qwen3, ...)."""
+    trust_remote_code: bool = False
+    """Let transformers run Python code shipped in the model directory (off: only built-in architectures)."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where each rank trains: auto takes the GPU numbered LOCAL_RANK when CUDA is available, else the CPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of the transformer body (auto: bfloat16 on GPUs, float32 on the CPU). Parameters,
+    gradients and optimizer state stay float32, and the LM head's matmul and log-softmax always run in
+    float32 (ScaleRL's FP32 head)."""
     run_dir: Path = Path("runs/latest")
     """Where metrics.jsonl and checkpoints/ go."""
     loss: LossSettings = LossSettings()

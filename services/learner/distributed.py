@@ -49,6 +49,8 @@ class DataParallel:
             return cls()
         if not dist.is_initialized():
             chosen = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+            if chosen == "nccl":  # one GPU per rank, before NCCL creates its communicators
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))
             log.info("rank %d of %d joined the process group (%s)", dist.get_rank(), world, chosen)
         return cls(rank=dist.get_rank(), world_size=dist.get_world_size())
@@ -82,13 +84,21 @@ class DataParallel:
         return box[0]
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        if self.distributed:
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        return values
+        """``values`` summed over ranks (a CPU tensor in, a CPU tensor out)."""
+        return self._all_reduce(values, dist.ReduceOp.SUM)
 
     def max(self, values: torch.Tensor) -> torch.Tensor:
-        if self.distributed:
-            dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        """``values``' elementwise maximum over ranks (a CPU tensor in, a CPU tensor out)."""
+        return self._all_reduce(values, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, values: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
+        if not self.distributed:
+            return values
+        if dist.get_backend() == "nccl":  # NCCL reduces GPU tensors only
+            on_gpu = values.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_gpu, op=op)
+            return on_gpu.cpu()
+        dist.all_reduce(values, op=op)
         return values
 
     def close(self) -> None:

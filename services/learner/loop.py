@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import grpc
 import torch
+from transformers import PreTrainedModel
 
 from asymptote.codec import read_signature
 from asymptote.compute import ComputeMeter
@@ -38,7 +39,7 @@ from services.learner import checkpoint
 from services.learner.config import LearnerConfig
 from services.learner.distributed import DataParallel
 from services.learner.metrics import LearnerMetrics
-from services.learner.model import load_model, load_tokenizer
+from services.learner.model import Precision, load_model, load_tokenizer
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.trainer import Trainer, collate
 from services.learner.weights import Version, WeightStore
@@ -120,6 +121,20 @@ class BrokerClient:
                 delay = min(delay * 2, 5.0)
 
 
+def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedModel, Trainer]:
+    """The policy on this rank's device, and its trainer."""
+    precision = Precision.resolve(config.device, config.dtype)
+    model = load_model(config.model_dir, precision, config.trust_remote_code)
+    log.info(
+        "rank %d: %s on %s, computing in %s with an FP32 head",
+        dp.rank,
+        type(model).__name__,
+        precision.device,
+        str(precision.compute_dtype).removeprefix("torch."),
+    )
+    return model, Trainer(model, config.loss, config.optimizer, dp, precision)
+
+
 class Learner:
     def __init__(
         self, config: LearnerConfig, rt: Runtime, metrics: LearnerMetrics, dp: DataParallel | None = None
@@ -128,9 +143,11 @@ class Learner:
         self.dp = dp or DataParallel()
         self.rt = rt
         self.metrics = metrics
-        self.model = load_model(config.model_dir)
-        self.pad_id = int(load_tokenizer(config.model_dir).pad_token_id or 0)
-        self.trainer = Trainer(self.model, config.loss, config.optimizer, self.dp)
+        self.model, self.trainer = build_trainer(config, self.dp)
+        tokenizer = load_tokenizer(config.model_dir, config.trust_remote_code)
+        # Padding is masked everywhere; a model without a pad token pads with EOS.
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad or 0)
         self.store = WeightStore(read_signature(config.model_dir))
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
@@ -356,8 +373,7 @@ def follow(config: LearnerConfig, dp: DataParallel) -> int:
         signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
-    model = load_model(config.model_dir)
-    trainer = Trainer(model, config.loss, config.optimizer, dp)
+    _, trainer = build_trainer(config, dp)
     trainer.sync_from_main()
     log.info("rank %d of %d following rank 0", dp.rank, dp.world_size)
     steps = trainer.follow()

@@ -1,166 +1,143 @@
-"""The tiny local policy: a character tokenizer and a small Llama.
+"""Loading a Hugging Face causal LM for training, and scoring with it.
 
-Owns how the embedded default's model directory is made and read: a
-character-level tokenizer built with the ``tokenizers`` library (one token per
-character of the task's alphabet plus ``<pad>``, ``<bos>``, ``<eos>``,
-``<unk>``, padded with ``<reserved_k>`` specials to a round vocabulary size so
-that every id the model can sample decodes), a float32 ``LlamaForCausalLM`` sized by ``ModelSpec``, and the
-directory layout both transformers and vLLM load (``config.json``,
-``model.safetensors``, ``generation_config.json``, tokenizer files), and the
-two inference primitives training needs: per-token log-probs of given
-completions, and batched sampling with a KV cache. Knows nothing about
-losses or optimisers; ``warmstart`` and ``onpolicy`` build on it.
+Owns reading any model directory that transformers and vLLM both load
+(``AutoModelForCausalLM`` and ``AutoTokenizer``; remote code only when
+asked), the check that the checkpoint's tensors and the model's parameters
+are the same set (a weight either side lacks is an error that names it,
+never a silent skip), where the model runs and in what precision
+(``Precision``), the FP32 LM head, and the inference primitives training
+needs: per-token log-probs of given completions, and batched sampling with
+a KV cache. Knows nothing about losses or optimisers; ``trainer``,
+``warmstart`` and ``onpolicy`` build on it. Nothing here names an
+architecture: the base model and the head are found through transformers'
+own accessors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from asymptote.config import Frozen
+from asymptote.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+Device = Literal["auto", "cuda", "cpu"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
 
-# Head sizes vLLM's CPU attention backend implements (CPU_ATTN); a model with
-# another head size loads in transformers but not in the generator.
-VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-class ModelSpec(Frozen):
-    """Shape of the tiny Llama; the vocabulary comes from the task's alphabet."""
-
-    hidden_size: int = Field(default=128, ge=32)
-    """Width of the residual stream."""
-    num_layers: int = Field(default=2, ge=1)
-    """Transformer blocks."""
-    num_heads: int = Field(default=4, ge=1)
-    """Attention heads (head size = hidden_size / num_heads, one of VLLM_CPU_HEAD_SIZES)."""
-    intermediate_size: int = Field(default=256, ge=1)
-    """Width of the SwiGLU MLP."""
-    max_position_embeddings: int = Field(default=64, ge=8)
-    """Longest prompt plus completion, in tokens."""
-    tie_word_embeddings: bool = True
-    """Share the input embedding and the LM head (halves the embedding parameters)."""
-    vocab_multiple: int = Field(default=16, ge=1)
-    """Vocabulary padded with reserved special tokens up to a multiple of this."""
-    init_seed: int = 0
-    """Seed of the random initialisation."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        head = self.hidden_size // self.num_heads
-        if head not in VLLM_CPU_HEAD_SIZES:
-            raise ValueError(f"head size {head} is not supported by vLLM on CPU; use one of {VLLM_CPU_HEAD_SIZES}")
-        return self
+_UNSUPPORTED_HEAD_OPTIONS = ("final_logit_softcapping", "logit_scale")
+"""Config fields that change logits after the head's matmul; the FP32 head here does not apply them."""
 
 
-def build_tokenizer(alphabet: str, vocab_multiple: int = 16) -> PreTrainedTokenizerFast:
-    """Character tokenizer: specials get ids 0-3, then each character in alphabet order,
-    then ``<reserved_k>`` specials up to a multiple of ``vocab_multiple``.
+@dataclass(frozen=True)
+class Precision:
+    """Where the policy runs, and in what dtype its body computes.
 
-    Encoding prepends ``<bos>``; decoding concatenates characters with no
-    separator, so ``decode(encode(s), skip_special_tokens=True) == s`` for any
-    ``s`` over the alphabet.
+    Parameters, gradients and optimizer state stay float32 (the master
+    weights); the transformer body computes in ``compute_dtype``, and the LM
+    head's matmul and log-softmax always run in float32 (ScaleRL's FP32
+    head), so the log-probs the loss compares are float32 on both sides.
     """
-    chars = list(dict.fromkeys(alphabet))
-    if not chars or any(len(c) != 1 or c.isspace() for c in chars):
-        raise ValueError(f"alphabet must be non-empty printable characters without whitespace, got {alphabet!r}")
-    num_real = len(SPECIAL_TOKENS) + len(chars)
-    reserved = [f"<reserved_{k}>" for k in range(-(-num_real // vocab_multiple) * vocab_multiple - num_real)]
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars, *reserved])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
-    # Reserved ids are special too: a model that samples one (it has a logit
-    # row for it) yields text without it rather than a decoding error.
-    core.add_special_tokens([*SPECIAL_TOKENS, *reserved])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        unk_token=UNK,
-        # Left padding: batched generation appends after the prompt.
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
-    )
+
+    device: torch.device
+    compute_dtype: torch.dtype
+
+    @classmethod
+    def resolve(cls, device: Device = "auto", dtype: DType = "auto", local_rank: int | None = None) -> Precision:
+        """``auto`` device: the GPU numbered ``LOCAL_RANK`` when CUDA is available, else the CPU.
+        ``auto`` dtype: bfloat16 on a GPU, float32 on the CPU."""
+        rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError("device 'cuda': no CUDA device is visible to this process")
+            if rank >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"device 'cuda': LOCAL_RANK {rank} but only {torch.cuda.device_count()} GPUs are visible"
+                )
+            where = torch.device("cuda", rank)
+        else:
+            where = torch.device("cpu")
+        if dtype == "auto":
+            compute = torch.bfloat16 if where.type == "cuda" else torch.float32
+        else:
+            compute = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        return cls(where, compute)
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """The body's compute dtype for the ops in the block (no-op in float32)."""
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
 
-def build_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A freshly initialised float32 Llama for ``tokenizer``'s vocabulary."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        head_dim=spec.hidden_size // spec.num_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-    )
-    # fork_rng: seeding must not disturb the caller's global RNG stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.init_seed)
-        model = LlamaForCausalLM(config)
-    return model.float()
+CPU_FP32 = Precision(torch.device("cpu"), torch.float32)
 
 
-def generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
-    # Only the token ids: vLLM takes sampling defaults from this file, and the
-    # RL sampler sets temperature and top-k itself.
-    return GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def save_model_dir(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
-    """Write a model directory loadable by transformers and vLLM."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.generation_config = generation_config(tokenizer)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
-
-
-def create_model_dir(spec: ModelSpec, alphabet: str, out_dir: Path) -> Path:
-    """Build tokenizer and randomly initialised model, save them to ``out_dir``."""
-    tokenizer = build_tokenizer(alphabet, spec.vocab_multiple)
-    model = build_model(spec, tokenizer)
-    log.info("built %s-parameter Llama (%s) at %s", f"{count_parameters(model):,}", spec, out_dir)
-    return save_model_dir(model, tokenizer, out_dir)
-
-
-def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerFast:
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The model directory's tokenizer, padding on the left (batched generation appends after the prompt)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     return tokenizer
 
 
-def load_model(model_dir: Path) -> LlamaForCausalLM:
-    """The float32 model in ``model_dir`` (eager attention: exact, and fastest at this size)."""
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
-    return model.float()
+def load_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM in ``model_dir`` with float32 parameters on ``precision.device``.
+
+    ModelError if a checkpoint tensor has no parameter to go to, a
+    parameter has no checkpoint tensor (a tied LM head aside), a shape
+    differs, or the head applies a transform the FP32 head does not.
+    """
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ModelError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+    # Eager attention on the CPU is exact and fastest at small sizes; SDPA on GPUs.
+    attention = "sdpa" if precision.device.type == "cuda" else "eager"
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        str(model_dir),
+        dtype=torch.float32,
+        attn_implementation=attention,
+        trust_remote_code=trust_remote_code,
+        output_loading_info=True,
+        ignore_mismatched_sizes=True,  # reported below, by name, as a ModelError
+    )
+    model: PreTrainedModel = loaded[0]
+    info: dict[str, Any] = loaded[1]
+    problems = []
+    for key, what in (
+        ("missing_keys", "model weights the checkpoint lacks"),
+        ("unexpected_keys", "checkpoint weights the model does not take"),
+        ("mismatched_keys", "weights whose shapes differ"),
+    ):
+        names = sorted(_describe(k) for k in info.get(key) or ())
+        if names:
+            problems.append(f"{len(names)} {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    if problems:
+        raise ModelError(f"{model_dir} does not fit {type(model).__name__}: {'; '.join(problems)}")
+    for option in _UNSUPPORTED_HEAD_OPTIONS:
+        if getattr(model.config, option, None) not in (None, 0, 0.0, 1, 1.0):
+            raise ModelError(
+                f"{model_dir}: {type(model).__name__} sets {option}, which the FP32 LM head does not apply"
+            )
+    if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
+        raise ModelError(f"{model_dir}: {type(model).__name__} has no linear LM head to run in float32")
+    return model.float().to(precision.device)
+
+
+def _describe(key: object) -> str:
+    """A loading-info entry: a name, or (name, checkpoint shape, model shape) for a mismatch."""
+    if isinstance(key, tuple) and len(key) == 3:
+        name, ckpt, want = key
+        return f"{name} (checkpoint {list(ckpt)}, model {list(want)})"
+    return str(key)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -187,6 +164,18 @@ class PackedBatch:
     """L, the padded prompt length."""
     completion_mask: torch.Tensor
     """[N, T] 1 on real completion tokens."""
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same batch on ``device`` (itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device),
+            completion_mask=self.completion_mask.to(device),
+        )
 
 
 def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,18 +210,61 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     )
 
 
-def completion_logprobs(model: LlamaForCausalLM, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-    """[N, T] log-prob of each completion token under ``model`` (0 where masked).
+def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head applied to ``hidden`` as a float32 matmul of float32 copies (ScaleRL's FP32 head).
 
-    Computed in float32 from logits divided by ``temperature`` (the
-    sampling distribution). Differentiable; call under no_grad for scoring.
+    A bf16 head would round the logits before the log-softmax; this one
+    matches vLLM's FP32 head whatever dtype the body computed in.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    # Logits at position L-1+t predict completion token t.
-    logits = out.logits[:, batch.prompt_len - 1 : -1].float() / temperature
-    targets = batch.input_ids[:, batch.prompt_len :]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-    return logp * batch.completion_mask
+    head = model.get_output_embeddings()
+    bias = None if head.bias is None else head.bias.float()
+    return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+
+class PolicyForward(torch.nn.Module):
+    """Per-token log-probs and entropies of completions, as the module data parallelism wraps.
+
+    ``forward(batch, temperature)`` returns two [N, T] tensors: the log-prob
+    of each completion token under the distribution the generator sampled
+    from (logits divided by each row's temperature, log-softmax in float32)
+    and that distribution's entropy (no gradient). The body runs in
+    ``precision``'s compute dtype; only the positions that predict
+    completion tokens go through the head.
+    """
+
+    def __init__(self, model: PreTrainedModel, precision: Precision = CPU_FP32) -> None:
+        super().__init__()
+        self.model = model
+        self.precision = precision
+
+    def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = batch.to(self.precision.device)
+        with self.precision.autocast():
+            out = self.model.base_model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+            )
+        # Logits at position L-1+t predict completion token t.
+        hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
+        logits = head_logits(self.model, hidden) / temperature.to(hidden.device, torch.float32)[:, None, None]
+        logsm = torch.log_softmax(logits, dim=-1)
+        targets = batch.input_ids[:, batch.prompt_len :]
+        logp = logsm.gather(-1, targets[..., None]).squeeze(-1)
+        with torch.no_grad():
+            entropy = -(logsm.exp() * logsm).sum(-1)
+        return logp, entropy
+
+
+def completion_logprobs(
+    model: PreTrainedModel, batch: PackedBatch, temperature: float = 1.0, precision: Precision = CPU_FP32
+) -> torch.Tensor:
+    """[N, T] log-prob of each completion token under ``model`` (0 where masked), on the CPU.
+
+    The sampling distribution's (logits divided by ``temperature``), with
+    the FP32 head. Differentiable; call under no_grad for scoring.
+    """
+    temps = torch.full((batch.input_ids.shape[0],), float(temperature))
+    logp, _ = PolicyForward(model, precision)(batch, temps)
+    return logp.cpu() * batch.completion_mask
 
 
 @dataclass(frozen=True)
@@ -249,7 +281,7 @@ class Samples:
 
 @torch.no_grad()
 def sample(
-    model: LlamaForCausalLM,
+    model: PreTrainedModel,
     prompts: list[list[int]],
     max_new_tokens: int,
     eos_id: int,

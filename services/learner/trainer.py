@@ -2,8 +2,8 @@
 
 Owns turning a batch of ``RolloutGroup`` messages into padded tensors
 (never re-tokenising: the generator's token ids are used as they are), the
-forward pass with an FP32 LM head, the loss call, the optimizer and
-scheduler, and the step metrics of RECIPE.md section 4. Knows nothing about
+forward pass (``model.PolicyForward``: FP32 LM head), the loss call, the
+optimizer and scheduler, and the step metrics of RECIPE.md section 4. Knows nothing about
 gRPC or NATS.
 """
 
@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.losses import aggregation_weights, group_advantages, log_ratio, policy_loss
-from services.learner.model import PackedBatch, pack
+from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, pack
 
 
 @dataclass(frozen=True)
@@ -94,41 +94,6 @@ def _rows(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype) -> to
     return out
 
 
-def forward(
-    model: LlamaForCausalLM, batch: PackedBatch, temperature: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] log-probs of the completion tokens and [N, T] entropies.
-
-    The LM head's output is taken in float32 whatever the model's dtype
-    (FP32 LM head, ScaleRL), and divided by each row's sampling
-    temperature so the learner scores the distribution the generator
-    sampled from.
-    """
-    out = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    # Only the positions that predict completion tokens go through the head,
-    # as a float32 matmul of float32 copies (a bf16 head would round the logits).
-    hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
-    head = model.get_output_embeddings().weight
-    logits = torch.nn.functional.linear(hidden.float(), head.float()) / temperature[:, None, None]
-    logsm = torch.log_softmax(logits, dim=-1)
-    targets = batch.input_ids[:, batch.prompt_len :]
-    logp = logsm.gather(-1, targets[..., None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logsm.exp() * logsm).sum(-1)
-    return logp, entropy
-
-
-class PolicyForward(torch.nn.Module):
-    """``forward`` as a module, so DistributedDataParallel sees the call it synchronises."""
-
-    def __init__(self, model: LlamaForCausalLM) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward(self.model, batch, temperature)
-
-
 def select_rows(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
     """The completions ``rows`` of a packed batch, padding unchanged."""
     return PackedBatch(
@@ -149,11 +114,17 @@ class Trainer:
     """
 
     def __init__(
-        self, model: LlamaForCausalLM, loss: LossSettings, opt: OptimizerSettings, dp: DataParallel | None = None
+        self,
+        model: PreTrainedModel,
+        loss: LossSettings,
+        opt: OptimizerSettings,
+        dp: DataParallel | None = None,
+        precision: Precision = CPU_FP32,
     ) -> None:
         self.model = model
+        self.precision = precision
         self.dp = dp or DataParallel()
-        self.policy = self.dp.wrap(PolicyForward(model))
+        self.policy = self.dp.wrap(PolicyForward(model, precision))
         self._released = False
         self.loss_settings = loss
         self.opt_settings = opt
@@ -199,7 +170,7 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the DDP wrapper: it must be gone before the process group is destroyed."""
-        self.policy = PolicyForward(self.model)
+        self.policy = PolicyForward(self.model, self.precision)
         gc.collect()
 
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
@@ -235,6 +206,10 @@ class Trainer:
         else:
             prompt_index = inputs.prompt_index
         logp, entropy = self.policy(batch, temperature)
+        # Everything the loss and the scores read lives where the model does.
+        device = logp.device
+        logp_gen, per_completion_adv, weights = logp_gen.to(device), per_completion_adv.to(device), weights.to(device)
+        loss_mask, score_mask, prompt_index = loss_mask.to(device), score_mask.to(device), prompt_index.to(device)
         loss, stats = policy_loss(
             name=s.name,
             logp=logp,

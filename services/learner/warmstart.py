@@ -28,21 +28,13 @@ from pathlib import Path
 
 import torch
 from pydantic import Field
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
 from asymptote.tasks import ArithmeticSettings, Problem, Task, TaskSettings, get_task
-from services.learner.model import (
-    ModelSpec,
-    build_model,
-    build_tokenizer,
-    completion_logprobs,
-    count_parameters,
-    pack,
-    sample,
-    save_model_dir,
-)
+from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
+from services.learner.model import completion_logprobs, count_parameters, pack, sample
 
 log = logging.getLogger(__name__)
 
@@ -92,24 +84,24 @@ class EvalResult:
     """Fraction of samples that hit max_new_tokens without EOS."""
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[list[int]]:
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, problems: list[Problem]) -> list[list[int]]:
     return [tokenizer(p.prompt)["input_ids"] for p in problems]
 
 
-def encode_targets(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[list[int]]:
+def encode_targets(tokenizer: PreTrainedTokenizerBase, problems: list[Problem]) -> list[list[int]]:
     eos = tokenizer.eos_token_id
     return [tokenizer(p.reference, add_special_tokens=False)["input_ids"] + [eos] for p in problems]
 
 
-def max_new_tokens_for(tokenizer: PreTrainedTokenizerFast, problems: list[Problem], slack: int = 2) -> int:
+def max_new_tokens_for(tokenizer: PreTrainedTokenizerBase, problems: list[Problem], slack: int = 2) -> int:
     """Longest reference + EOS + slack: room to be wrong without running long."""
     return max(len(t) for t in encode_targets(tokenizer, problems)) + slack
 
 
 @torch.no_grad()
 def sampled_pass_rate(
-    model: LlamaForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     task: Task,
     problems: Sequence[Problem],
     num_samples_per_prompt: int,
@@ -150,8 +142,8 @@ def sampled_pass_rate(
 
 
 def evaluate_pass_rate(
-    model: LlamaForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     task: Task,
     num_samples_per_prompt: int,
     temperature: float = 1.0,
@@ -176,8 +168,8 @@ class WarmstartReport:
 
 
 def supervised_pass(
-    model: LlamaForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     task: Task,
     settings: WarmstartSettings,
     log_every: int = 50,

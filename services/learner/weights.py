@@ -1,8 +1,10 @@
 """Policy versions as served to generators.
 
 Owns turning the model's parameters into a wire version (the tensors the
-model directory's safetensors hold, under the same Hugging Face names, so a
-generator can reload them as a checkpoint), its sha256, and keeping the
+model directory's safetensors hold, under the same Hugging Face names and
+in the same dtypes, so a generator reloads them as a checkpoint of the model
+it serves: a bf16 model gets bf16 updates from the float32 master weights),
+its sha256, and keeping the
 newest few versions in memory for ``Learner.PullWeights``.
 """
 
@@ -28,8 +30,14 @@ class Version:
         return sum(len(t.data) for t in self.tensors.values())
 
 
-def to_wire(tensor: torch.Tensor) -> WireTensor:
-    t = tensor.detach().to("cpu").contiguous()
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
+    """``tensor``'s bytes on the wire, converted to ``dtype`` (the served dtype) when given."""
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"cannot serve weights as {dtype}; served dtypes are {sorted(_DTYPES)}")
+    t = tensor.detach().to("cpu", _DTYPES[dtype] if dtype else None).contiguous()
     if t.dtype == torch.bfloat16:
         return WireTensor("bfloat16", tuple(t.shape), t.view(torch.int16).numpy().tobytes())
     return WireTensor.from_numpy(t.numpy())
@@ -39,6 +47,8 @@ class WeightStore:
     """The newest ``keep`` versions, thread-safe (written by the step thread)."""
 
     def __init__(self, signature: Signature, keep: int = 2) -> None:
+        self.signature = dict(signature)
+        """Name -> (dtype, shape) of the model directory's tensors: what generators load, in the dtype they hold."""
         self.names = sorted(signature)
         self.keep = keep
         self._versions: OrderedDict[int, Version] = OrderedDict()
@@ -49,7 +59,7 @@ class WeightStore:
         missing = [n for n in self.names if n not in state]
         if missing:
             raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
-        tensors = {name: to_wire(state[name]) for name in self.names}
+        tensors = {name: to_wire(state[name], self.signature[name][0]) for name in self.names}
         return self.put(Version(version, tensors, digest(tensors)))
 
     def put(self, v: Version) -> Version:

@@ -47,7 +47,8 @@ from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.swapper import Swapper
 from services.generator.weights import GrpcWeightSource, stage
-from services.learner.model import ModelSpec, build_model, build_tokenizer, load_model, save_model_dir
+from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
+from services.learner.model import load_model
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore, to_wire
 

@@ -12,13 +12,10 @@ from pydantic import ValidationError
 
 from asymptote.tasks import ALPHABET, ArithmeticSettings, ArithmeticTask, get_task
 from services.learner import onpolicy, warmstart
+from services.learner.build import ModelSpec, build_model, build_tokenizer, create_model_dir
 from services.learner.model import (
-    ModelSpec,
-    build_model,
-    build_tokenizer,
     completion_logprobs,
     count_parameters,
-    create_model_dir,
     load_model,
     load_tokenizer,
     pack,
@@ -237,3 +234,32 @@ def test_onpolicy_loop_records_and_is_ratio(tmp_path: Path, monkeypatch: pytest.
     if lag_steps:
         # Rollouts two updates old at lr 1e-2: the learner has moved away.
         assert updates[-1]["is/mean_abs_log_ratio"] > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ("drop", "1 model weights the checkpoint lacks: model.norm.weight"),
+        ("extra", "1 checkpoint weights the model does not take: model.layers.0.self_attn.q_norm.weight"),
+        ("reshape", "weights whose shapes differ: model.layers.0.mlp.up_proj.weight"),
+    ],
+)
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused_by_name(tmp_path: Path, edit: str, named: str) -> None:
+    """A weight either side lacks is an error that names it, never a silent skip
+    (a Qwen3 checkpoint read as a Llama once dropped its q_norm/k_norm)."""
+    from safetensors.torch import load_file, save_file
+
+    from asymptote.errors import ModelError
+
+    out = create_model_dir(TINY, ALPHABET, tmp_path / "m")
+    tensors = load_file(str(out / "model.safetensors"))
+    if edit == "drop":
+        del tensors["model.norm.weight"]
+    elif edit == "extra":
+        tensors["model.layers.0.self_attn.q_norm.weight"] = torch.ones(TINY.hidden_size // TINY.num_heads)
+    else:
+        tensors["model.layers.0.mlp.up_proj.weight"] = torch.zeros(TINY.intermediate_size + 1, TINY.hidden_size)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="does not fit LlamaForCausalLM") as caught:
+        load_model(out)
+    assert named in str(caught.value)

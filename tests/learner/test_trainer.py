@@ -12,8 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from services.learner.config import LossSettings, OptimizerSettings
-from services.learner.model import pack
-from services.learner.trainer import Trainer, collate, forward
+from services.learner.model import PolicyForward, pack
+from services.learner.trainer import Trainer, collate
 
 PAD = 0
 Span = tuple[int, int, int]  # (version, start, end)
@@ -185,7 +185,7 @@ def test_forward_matches_unpadded_log_softmax_at_temperature(tiny_llama: LlamaFo
     batch = pack(prompts, completions, PAD)
     assert batch.attention_mask[1, :3].tolist() == [0, 0, 0]  # row 1 is left-padded by 3
     with torch.no_grad():
-        logp, entropy = forward(tiny_llama, batch, torch.tensor(temperatures))
+        logp, entropy = PolicyForward(tiny_llama)(batch, torch.tensor(temperatures))
     assert logp.dtype == torch.float32
     for n, (p, c, temp) in enumerate(zip(prompts, completions, temperatures)):
         ref_logp, ref_entropy = reference_logprobs(tiny_llama, p, c, temp)
@@ -199,7 +199,7 @@ def test_forward_matches_unpadded_log_softmax_at_temperature(tiny_llama: LlamaFo
 def test_forward_is_differentiable(tiny_llama: LlamaForCausalLM) -> None:
     model = copy.deepcopy(tiny_llama)
     batch = pack([[1, 5], [1, 5, 6]], [[7, 8], [9]], PAD)
-    logp, _ = forward(model, batch, torch.tensor([1.0, 1.0]))
+    logp, _ = PolicyForward(model)(batch, torch.tensor([1.0, 1.0]))
     logp[0, 0].backward()
     assert model.lm_head.weight.grad is not None
     assert model.lm_head.weight.grad.abs().sum() > 0
@@ -249,29 +249,36 @@ def test_step_with_nothing_to_learn_leaves_weights_alone(tiny_llama: LlamaForCau
         assert torch.equal(p0, p1)
 
 
-def test_lm_head_runs_in_float32_for_a_bfloat16_model() -> None:
-    """FP32 LM head: with bf16 weights the logits are a float32 matmul of the
-    bf16 hidden states, not bf16 logits cast afterwards."""
+def test_lm_head_runs_in_float32_for_a_bfloat16_body() -> None:
+    """FP32 LM head: with the body computing in bf16, the logits are a float32
+    matmul of the hidden states and the float32 head weight, not bf16 logits
+    cast afterwards."""
     from asymptote.tasks import ALPHABET
-    from services.learner.model import ModelSpec, build_model, build_tokenizer, pack
-    from services.learner.trainer import forward
+    from services.learner.build import ModelSpec, build_model, build_tokenizer
+    from services.learner.model import Precision, pack
 
     spec = ModelSpec(init_seed=4)
     tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
-    model = build_model(spec, tok).to(torch.bfloat16)
+    model = build_model(spec, tok)
+    precision = Precision.resolve("cpu", "bfloat16")
     batch = pack([[1, 5, 6, 7], [1, 8, 9]], [[10, 11, 2], [12, 2]], int(tok.pad_token_id))
     temperature = torch.ones(2)
-    logp, _ = forward(model, batch, temperature)
+    logp, _ = PolicyForward(model, precision)(batch, temperature)
     assert logp.dtype == torch.float32
-    with torch.no_grad():
+    assert model.lm_head.weight.dtype == torch.float32  # master weights stay float32
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = model.model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         ).last_hidden_state[:, batch.prompt_len - 1 : -1]
-        fp32 = torch.log_softmax(hidden.float() @ model.lm_head.weight.float().T, -1)
-        bf16 = torch.log_softmax(model.lm_head(hidden).float(), -1)
+        bf16 = torch.log_softmax(model.lm_head(hidden).float(), -1)  # autocast: a bf16 matmul
+    with torch.no_grad():
+        fp32 = torch.log_softmax(hidden.float() @ model.lm_head.weight.T, -1)
     targets = batch.input_ids[:, batch.prompt_len :]
     want = fp32.gather(-1, targets[..., None]).squeeze(-1)
     rounded = bf16.gather(-1, targets[..., None]).squeeze(-1)
     mask = batch.completion_mask.bool()
     torch.testing.assert_close(logp.detach()[mask], want[mask], rtol=0, atol=1e-6)
     assert (rounded[mask] - want[mask]).abs().max() > 1e-4  # a bf16 head would differ
+    # ...and the body did compute in bf16: float32 throughout gives other log-probs.
+    logp32, _ = PolicyForward(model)(batch, temperature)
+    assert (logp32.detach()[mask] - want[mask]).abs().max() > 1e-4
