@@ -44,12 +44,13 @@ local and offline:
 
 UP_FLAGS = {
     "run_dir": "--run-dir",
+    "model_dir": "--model",
     "max_steps": "--max-steps",
     "num_generators": "--generators",
     "learner_ranks": "--learner-ranks",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
-REQUEST_KEYS = ("cache_dir", "task", "model", "warmstart")
+REQUEST_KEYS = ("cache_dir", "task", "model", "warmstart", "model_dir")
 """What a ``prepare-model --request`` object may hold."""
 
 
@@ -81,6 +82,7 @@ def _up(argv: list[str]) -> int:
     parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
+    parser.add_argument("--model", type=Path, help="Hugging Face model directory to train (default: the tiny model)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument("--generators", type=int, help="generator processes")
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
@@ -100,6 +102,9 @@ def _up(argv: list[str]) -> int:
             raise ConfigError(validation_problems(exc, name)) from exc
     if config.run_dir is not None:
         writable_dir(config.run_dir, "--run-dir" if args.run_dir is not None else "--config run_dir")
+    if config.model_dir is not None and not (config.model_dir / "config.json").is_file():
+        flag = "--model" if args.model is not None else "--config model_dir"
+        raise ConfigError(f"{flag} {config.model_dir}: no config.json here (not a Hugging Face model directory)")
     from services.local.stack import LocalStack
 
     return LocalStack(config).run()
@@ -121,14 +126,40 @@ def prepare_request(text: str) -> dict[str, Any]:
     for key in ("task", "model", "warmstart"):
         if not isinstance(request.get(key) or {}, dict):
             raise ConfigError(f"--request: {key} must be a JSON object, got {request[key]!r}")
+    if request.get("model_dir") is not None and not isinstance(request["model_dir"], str):
+        raise ConfigError(f"--request: model_dir must be a directory path, got {request['model_dir']!r}")
     return request
+
+
+def _check_model_dir(model_dir: Path) -> Path:
+    """A user's model directory, loaded once the way the learner loads it; ConfigError saying what does not fit."""
+    from asymptote.errors import ModelError
+    from services.learner.model import count_parameters, load_model, load_tokenizer
+
+    if not model_dir.is_dir():
+        raise ConfigError(f"--request model_dir {model_dir}: not a directory")
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        model = load_model(model_dir)
+    except ModelError as exc:
+        raise ConfigError(f"--request model_dir: {exc}") from exc
+    except (OSError, ValueError) as exc:  # transformers' answer to a directory it cannot read
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--request model_dir {model_dir}: cannot be loaded ({first})") from exc
+    print(
+        f"model: {model_dir} ({type(model).__name__}, {count_parameters(model):,} parameters, "
+        f"vocabulary {len(tokenizer):,})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return model_dir
 
 
 def _prepare_model(argv: list[str]) -> int:
     import logging
 
     parser = ArgumentParser(prog="asymptote prepare-model")
-    parser.add_argument("--request", required=True, help="JSON: cache_dir, task, model, warmstart")
+    parser.add_argument("--request", required=True, help="JSON: cache_dir, task, model, warmstart, model_dir")
     args = parser.parse_args(argv)
     req = prepare_request(args.request)
     writable_dir(Path(req["cache_dir"]), "--request cache_dir")
@@ -150,6 +181,9 @@ def _prepare_model(argv: list[str]) -> int:
             validation_problems(exc, lambda loc: "--request " + ".".join(str(p) for p in (section, *loc)))
         ) from exc
     torch.set_num_threads(1)
+    if req.get("model_dir") is not None:
+        print(_check_model_dir(Path(req["model_dir"]).resolve()))
+        return 0
     print(prepare_model(Path(req["cache_dir"]), model, task, warmstart))
     return 0
 

@@ -41,10 +41,30 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "a_list": "- 1\n- 2\n",
         "bad_value": "batch_prompts: -3\n",
         "bad_model": "model:\n  hidden_size: -4\n",
+        "model_overrides": "model:\n  hidden_size: 64\n",
     }
     for name, text in made.items():
         (d / f"{name}.yaml").write_text(text)
-    return {name: d / f"{name}.yaml" for name in made} | {"missing": d / "missing.yaml", "dir": d}
+    return {name: d / f"{name}.yaml" for name in made} | {
+        "missing": d / "missing.yaml",
+        "dir": d,
+        "model_without_norm": _model_without_a_weight(d / "model-without-norm", "model.norm.weight"),
+    }
+
+
+def _model_without_a_weight(out: Path, name: str) -> Path:
+    """A model directory whose checkpoint lacks the weight ``name`` (built here, in the test's process)."""
+    from safetensors.torch import load_file, save_file
+
+    from asymptote.tasks import ALPHABET
+    from services.learner.build import ModelSpec, create_model_dir
+
+    spec = ModelSpec(hidden_size=32, num_heads=1, num_layers=1, intermediate_size=64, max_position_embeddings=32)
+    create_model_dir(spec, ALPHABET, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    del tensors[name]
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 CASES: dict[str, tuple[list[str], str]] = {
@@ -62,6 +82,12 @@ CASES: dict[str, tuple[list[str], str]] = {
     "up-missing-config": (["up", "--config", "{missing}"], "--config"),
     # Refused by the model-preparing child process; the stack says it once, as its own.
     "up-bad-model-in-config": (["up", "--config", "{bad_model}", "--run-dir", "{dir}"], "model.hidden_size"),
+    "up-model-not-a-model-dir": (["up", "--model", "{dir}", "--run-dir", "{dir}"], "--model"),
+    "up-model-and-tiny-model-settings": (["up", "--config", "{model_overrides}", "--model", "{dir}"], "--model"),
+    "up-model-missing-a-weight": (
+        ["up", "--model", "{model_without_norm}", "--run-dir", "{dir}"],
+        "checkpoint lacks: model.norm.weight",
+    ),
     "fit-not-yaml": (["fit", "{dir}", "--config", "{not_yaml}"], "--config"),
     "bench-output-not-creatable": (["bench", "--output", "/proc/asymptote/bench"], "--output"),
     "prepare-model-not-json": (["prepare-model", "--request", "{cache_dir: x"], "--request"),

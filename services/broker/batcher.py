@@ -18,7 +18,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.ledger import Ledger
@@ -70,8 +70,12 @@ class Batcher:
         max_staleness_versions: int,
         ledger: Ledger | None = None,
         stream_seq: Callable[[Ackable], int | None] = no_stream_seq,
+        zero_variance: Literal["refill", "keep"] = "refill",
     ) -> None:
         self.batch_prompts = batch_prompts
+        self.zero_variance = zero_variance
+        """refill: flat groups are dropped here and the batch waits for B informative ones; keep: they are
+        batched like any other (the learner leaves them out of the loss)."""
         self.max_staleness = max_staleness_versions
         self.ledger = ledger
         self.stream_seq = stream_seq
@@ -120,7 +124,7 @@ class Batcher:
         if ended:
             return await self._duplicate(group.group_id, msg, "copy of a task that already ended")
         reason: str | None = None
-        if is_zero_variance(group):
+        if self.zero_variance == "refill" and is_zero_variance(group):
             reason = "zero_variance"
         elif self.is_stale(group, self.learner_version):
             reason = "stale"

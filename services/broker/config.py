@@ -53,6 +53,11 @@ class BrokerConfig(ServiceSettings):
     """Held-out evaluation schedule."""
     batch_prompts: int = Field(default=16, ge=1)
     """B: prompt groups per learner batch (after filtering)."""
+    zero_variance: Literal["refill", "keep"] = "refill"
+    """Groups whose completions all got the same reward: refill drops them here and fills the batch with
+    B informative groups (DAPO's dynamic sampling); keep batches them like the rest, and the learner's
+    loss leaves them out (the paper's "no filtering" ablation, and what a model that never yet earns a
+    reward needs to advance at all)."""
     mode: Literal["async", "sync"] = "async"
     """async: PipelineRL-k, generators run ahead of the learner by up to k versions.
     sync: conventional on-policy RL; a batch's tasks are issued only once the learner

@@ -71,7 +71,9 @@ class BrokerPipeline:
         self.curriculum: Curriculum | None = None
         self.publisher = Publisher(js)
         self.ledger = Ledger(js, names, "broker", self.publisher)
-        self.batcher = Batcher(config.batch_prompts, config.staleness_bound, self.ledger, _stream_seq)
+        self.batcher = Batcher(
+            config.batch_prompts, config.staleness_bound, self.ledger, _stream_seq, zero_variance=config.zero_variance
+        )
         self.pending_tasks = 0
         # Flow measurements behind the outstanding-task limit (EWMAs).
         self.consume_rate: float | None = None

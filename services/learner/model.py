@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from asymptote.errors import ConfigError, ModelError
 
@@ -101,14 +102,21 @@ def load_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_co
         raise ModelError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
     # Eager attention on the CPU is exact and fastest at small sizes; SDPA on GPUs.
     attention = "sdpa" if precision.device.type == "cuda" else "eager"
-    loaded: Any = AutoModelForCausalLM.from_pretrained(
-        str(model_dir),
-        dtype=torch.float32,
-        attn_implementation=attention,
-        trust_remote_code=trust_remote_code,
-        output_loading_info=True,
-        ignore_mismatched_sizes=True,  # reported below, by name, as a ModelError
-    )
+    # transformers' own load report and progress bar are replaced by the ModelError below.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            str(model_dir),
+            dtype=torch.float32,
+            attn_implementation=attention,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported below, by name, as a ModelError
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     model: PreTrainedModel = loaded[0]
     info: dict[str, Any] = loaded[1]
     problems = []

@@ -25,6 +25,10 @@ class StackConfig(Frozen):
     """Run directory; None makes runs/<timestamp>."""
     cache_dir: Path = Path(".cache/asymptote")
     """Where the warm-started model is cached between runs."""
+    model_dir: Path | None = None
+    """A Hugging Face model directory to train (safetensors weights, config and tokenizer: Llama,
+    Qwen2/Qwen2.5, Qwen3, ...); None builds and warm-starts the tiny model. Either way the services
+    read it the same way."""
     num_generators: int = Field(default=1, ge=1, le=16)
     """Generator processes (each one vLLM engine)."""
     learner_ranks: int = Field(default=1, ge=1, le=8)
@@ -39,6 +43,8 @@ class StackConfig(Frozen):
     """Completion length cap."""
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k."""
+    zero_variance: Literal["refill", "keep"] = "refill"
+    """The broker's zero-variance groups: refill (drop them, fill the batch with informative ones) or keep."""
     mode: Literal["async", "sync"] = "async"
     """async: PipelineRL-k with in-flight weight swaps. sync: conventional on-policy RL for
     comparison (generators drain before every swap, the learner trains only on data of its
@@ -84,6 +90,13 @@ class StackConfig(Frozen):
     """Longest the stack waits for every service to become ready."""
     final_eval_timeout_s: float = Field(default=300.0, gt=0.0)
     """Longest the stack waits after the last step for the final eval round."""
+
+    @model_validator(mode="after")
+    def _own_model(self) -> StackConfig:
+        if self.model_dir is not None and (self.model or self.warmstart):
+            given = " and ".join(k for k in ("model", "warmstart") if getattr(self, k))
+            raise ValueError(f"{given} settings shape the built tiny model; they do not apply with model_dir")
+        return self
 
     @model_validator(mode="after")
     def _final_eval(self) -> StackConfig:

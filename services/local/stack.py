@@ -106,7 +106,7 @@ class LocalStack:
     # -- set-up ------------------------------------------------------------
 
     def prepare_model(self) -> Path:
-        """Warm-start (or find in the cache) the tiny model, in a child process."""
+        """Warm-start (or find in the cache) the tiny model, or check the configured model_dir, in a child process."""
         c = self.config
         request = json.dumps(
             {
@@ -114,9 +114,13 @@ class LocalStack:
                 "task": c.task.model_dump(mode="json"),
                 "model": c.model,
                 "warmstart": c.warmstart,
+                "model_dir": None if c.model_dir is None else str(c.model_dir.resolve()),
             }
         )
-        print("preparing the warm-started model (cached after the first run)...", flush=True)
+        if c.model_dir is None:
+            print("preparing the warm-started model (cached after the first run)...", flush=True)
+        else:
+            print(f"checking the model in {c.model_dir}...", flush=True)
         child = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "prepare-model", "--request", request],
             stdout=subprocess.PIPE,
@@ -274,6 +278,7 @@ class LocalStack:
             batch_prompts=c.batch_prompts,
             mode=c.mode,
             max_staleness_versions=c.max_staleness_versions,
+            zero_variance=c.zero_variance,
         )
         learner = LearnerConfig(
             nats=nats,

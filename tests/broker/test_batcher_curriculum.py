@@ -109,6 +109,20 @@ async def test_groups_with_signal_are_held_unacked(rewards: tuple[float, ...]) -
     assert batcher.num_held == 1
 
 
+async def test_zero_variance_keep_batches_flat_groups_in_arrival_order() -> None:
+    """keep: flat groups are held and batched like informative ones; nothing is dropped."""
+    batcher = Batcher(batch_prompts=3, max_staleness_versions=8, zero_variance="keep")
+    msgs = [
+        (await admit(batcher, gid, rewards))[0]
+        for gid, rewards in (("a", (0.0, 0.0)), ("b", (0.0, 1.0)), ("c", (1.0, 1.0)))
+    ]
+    assert all(m.calls == [] for m in msgs)
+    assert batcher.dropped == Counter()
+    handed = await batcher.next_batch(learner_version=0, num_groups=3, timeout_s=1.0)
+    assert handed is not None
+    assert ids(handed.items) == ["a", "b", "c"]
+
+
 async def test_stale_groups_are_dropped_on_arrival() -> None:
     batcher = Batcher(batch_prompts=1, max_staleness_versions=4)
     await batcher.set_learner_version(10)
