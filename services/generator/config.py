@@ -15,14 +15,28 @@ class EngineSettings(Frozen):
 
     model_dir: Path
     """Hugging Face model directory with the initial (version 0) weights and tokenizer."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Engine compute dtype."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Engine compute dtype (auto: the checkpoint's). Weight updates arrive in the model directory's dtypes."""
+    fp32_lm_head: bool = True
+    """Run the LM head's matmul and log-softmax in float32 when the engine computes in bf16/fp16 (ScaleRL's
+    FP32 head, as the learner does; vLLM's head_dtype override). No effect in a float32 engine."""
     max_model_len: int | None = Field(default=None, ge=8)
     """Prompt plus completion tokens per sequence; None takes the model's maximum."""
     max_num_seqs: int = Field(default=256, ge=1)
     """Sequences the engine batches at once (continuous batching)."""
-    kv_cache_memory_bytes: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
-    """KV cache size; set explicitly because on CPU vLLM's fraction-of-memory default fails for small values."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one engine shards the model over (vLLM tensor parallelism; give the pod as many GPUs)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Fraction of each GPU's memory vLLM may use, weights and KV cache together; used when
+    kv_cache_memory_bytes is None."""
+    kv_cache_memory_bytes: int | None = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
+    """KV cache size in bytes; when set it wins over gpu_memory_utilization. Keep it set on CPU, where
+    vLLM's fraction-of-memory sizing fails for small values; set None on GPUs to size by fraction."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of shared prompt prefixes (the G samples of a group share their prompt)."""
+    quantization: str | None = None
+    """vLLM quantization method of the served model (e.g. fp8, awq, gptq); None serves it unquantized.
+    Refused at start where the platform cannot run it (vLLM's CPU build: none)."""
     enforce_eager: bool = True
     """No CUDA graphs / compilation (required for fast start on CPU)."""
     seed: int = 0

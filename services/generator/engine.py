@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asymptote.codec import safetensors_files
+from asymptote.errors import ConfigError
 from asymptote.faults import failpoint
 from services.generator.config import EngineSettings
 
@@ -64,6 +65,59 @@ class SwapReport:
     """Waiting for the step under way to finish (drain: for running requests)."""
 
 
+def check_platform(s: EngineSettings) -> None:
+    """ConfigError naming the setting when this platform's vLLM cannot run ``s`` (imports vLLM)."""
+    from vllm.platforms import current_platform
+
+    if s.quantization is None:
+        return
+    device = current_platform.device_type
+    if device == "cpu":
+        raise ConfigError(
+            f"engine.quantization {s.quantization!r}: vLLM's CPU build serves unquantized models here; "
+            "quantization needs a GPU generator"
+        )
+    try:
+        current_platform.verify_quantization(s.quantization)
+    except ValueError as exc:
+        raise ConfigError(f"engine.quantization {s.quantization!r}: {exc}") from exc
+
+
+def engine_args(s: EngineSettings) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for ``s`` (the same engine on CPU and GPU)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    overrides: dict[str, Any] = {}
+    if s.fp32_lm_head and s.dtype != "float32":
+        # ScaleRL's FP32 head: vLLM projects and normalises the logits in float32.
+        overrides["head_dtype"] = "float32"
+    args = AsyncEngineArgs(
+        model=str(s.model_dir),
+        tokenizer=str(s.model_dir),
+        # Never vLLM's "auto", which falls back to pickle-based *.bin / *.pt files.
+        load_format="safetensors",
+        dtype=s.dtype,
+        max_num_seqs=s.max_num_seqs,
+        tensor_parallel_size=s.tensor_parallel_size,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        kv_cache_memory_bytes=s.kv_cache_memory_bytes,
+        quantization=s.quantization,
+        enforce_eager=s.enforce_eager,
+        seed=s.seed,
+        # Log-probs of the distribution actually sampled from (after
+        # temperature), which is what the learner's IS ratio divides by.
+        logprobs_mode="processed_logprobs",
+        max_logprobs=1,
+        enable_prefix_caching=s.enable_prefix_caching,
+        hf_overrides=overrides,
+        worker_extension_cls="services.generator.worker_ext.StagedWeightsExtension",
+    )
+    if s.max_model_len is not None:
+        # Left unset, vLLM derives it from the model's config (its field is typed int, defaulting to None).
+        args.max_model_len = s.max_model_len
+    return args
+
+
 class Engine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
@@ -78,29 +132,9 @@ class Engine:
         s = self.settings
         safetensors_files(s.model_dir)  # refused before vLLM is even imported
 
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=str(s.model_dir),
-            tokenizer=str(s.model_dir),
-            # Never vLLM's "auto", which falls back to pickle-based *.bin / *.pt files.
-            load_format="safetensors",
-            dtype=s.dtype,
-            max_num_seqs=s.max_num_seqs,
-            kv_cache_memory_bytes=s.kv_cache_memory_bytes,
-            enforce_eager=s.enforce_eager,
-            seed=s.seed,
-            # Log-probs of the distribution actually sampled from (after
-            # temperature), which is what the learner's IS ratio divides by.
-            logprobs_mode="processed_logprobs",
-            max_logprobs=1,
-            enable_prefix_caching=True,
-            worker_extension_cls="services.generator.worker_ext.StagedWeightsExtension",
-        )
-        if s.max_model_len is not None:
-            # Left unset, vLLM derives it from the model's config (its field is typed int, defaulting to None).
-            args.max_model_len = s.max_model_len
+        args = engine_args(s)
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")

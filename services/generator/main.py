@@ -17,7 +17,7 @@ from asymptote.logs import setup_logging
 from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
 from services.generator.config import GeneratorConfig
-from services.generator.engine import Engine
+from services.generator.engine import Engine, check_platform
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.server import GeneratorServicer
@@ -85,4 +85,5 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(GeneratorConfig, args.config, "ASY_GENERATOR")
     setup_logging("generator", config.log_format)
     log_resolved(config, "generator")
+    check_platform(config.engine)
     return run_until_stopped(lambda stop: serve(config, stop))

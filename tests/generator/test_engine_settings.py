@@ -1,0 +1,128 @@
+"""The generator's engine settings reach vLLM, and the platform refuses what it cannot run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asymptote.errors import ConfigError
+from services.generator.config import EngineSettings
+from services.generator.engine import check_platform, engine_args
+
+REPO = Path(__file__).resolve().parents[2]
+# Importing vLLM's engine arguments takes ~20 s here: the slow tier.
+pytestmark = pytest.mark.slow
+
+
+def test_every_setting_reaches_the_engine_args() -> None:
+    s = EngineSettings(
+        model_dir=Path("/models/m"),
+        dtype="bfloat16",
+        max_model_len=4096,
+        max_num_seqs=64,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.8,
+        kv_cache_memory_bytes=None,
+        enable_prefix_caching=False,
+        quantization="fp8",
+        seed=7,
+    )
+    args = engine_args(s)
+    got = {
+        k: getattr(args, k)
+        for k in (
+            "model",
+            "tokenizer",
+            "load_format",
+            "dtype",
+            "max_model_len",
+            "max_num_seqs",
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "kv_cache_memory_bytes",
+            "enable_prefix_caching",
+            "quantization",
+            "seed",
+            "logprobs_mode",
+            "hf_overrides",
+        )
+    }
+    assert got == {
+        "model": "/models/m",
+        "tokenizer": "/models/m",
+        "load_format": "safetensors",
+        "dtype": "bfloat16",
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.8,
+        "kv_cache_memory_bytes": None,
+        "enable_prefix_caching": False,
+        "quantization": "fp8",
+        "seed": 7,
+        "logprobs_mode": "processed_logprobs",
+        "hf_overrides": {"head_dtype": "float32"},  # the FP32 head of a bf16 engine
+    }
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fp32_lm_head", "overrides"),
+    [
+        ("bfloat16", True, {"head_dtype": "float32"}),
+        ("float16", True, {"head_dtype": "float32"}),
+        ("auto", True, {"head_dtype": "float32"}),
+        ("bfloat16", False, {}),
+        ("float32", True, {}),  # the head is float32 already
+    ],
+)
+def test_the_fp32_head_is_asked_for_below_float32(dtype: str, fp32_lm_head: bool, overrides: dict[str, str]) -> None:
+    s = EngineSettings(model_dir=Path("/m"), dtype=dtype, fp32_lm_head=fp32_lm_head)  # type: ignore[arg-type]
+    assert engine_args(s).hf_overrides == overrides
+
+
+def test_quantization_is_refused_on_the_cpu_build_by_name() -> None:
+    check_platform(EngineSettings(model_dir=Path("/m")))  # unquantized: fine
+    with pytest.raises(ConfigError, match=r"^engine.quantization 'fp8': vLLM's CPU build serves unquantized"):
+        check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
+
+
+def test_the_generator_command_refuses_quantization_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "generator.yaml"
+    config.write_text(f"engine:\n  model_dir: {tmp_path}\n  quantization: awq\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "generator", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    refusals = [line for line in proc.stderr.splitlines() if line.startswith("asymptote generator:")]
+    assert len(refusals) == 1 and "engine.quantization 'awq'" in refusals[0], proc.stderr
+
+
+def test_the_chart_schema_takes_the_engine_settings() -> None:
+    import helm_python as helm
+
+    values = {
+        "generator": {
+            "gpus": 2,
+            "config": {
+                "engine": {
+                    "tensor_parallel_size": 2,
+                    "gpu_memory_utilization": 0.85,
+                    "kv_cache_memory_bytes": None,
+                    "quantization": "fp8",
+                    "fp32_lm_head": True,
+                }
+            },
+        }
+    }
+    with helm.Chart.load(REPO / "deploy" / "helm" / "asymptote") as chart:
+        chart.validate_schema(values)
+        with pytest.raises(helm.HelmValuesError, match="tensor_parallel_size"):
+            chart.validate_schema({"generator": {"config": {"engine": {"tensor_parallel_size": 0}}}})
