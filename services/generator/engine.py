@@ -66,13 +66,24 @@ class SwapReport:
 
 
 def check_platform(s: EngineSettings) -> None:
-    """ConfigError naming the setting when this platform's vLLM cannot run ``s`` (imports vLLM)."""
-    from vllm.platforms import current_platform
+    """ConfigError naming the setting when this platform's vLLM cannot run ``s``.
 
+    Imports vLLM only when there is something to check (a quantization).
+    """
     if s.quantization is None:
         return
-    device = current_platform.device_type
-    if device == "cpu":
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.platforms import current_platform
+
+    if s.quantization not in QUANTIZATION_METHODS:
+        # Checked here because CUDA keeps no list of its own (verify_quantization passes any name there).
+        raise ConfigError(
+            f"engine.quantization {s.quantization!r} is not a vLLM quantization method; "
+            f"accepted: {', '.join(QUANTIZATION_METHODS)}"
+        )
+    if current_platform.device_type == "cpu":
+        # vLLM keeps no list for CPU either, which it reads as "anything", yet
+        # fp8 fails there only once the model loads, for want of CPU kernels.
         raise ConfigError(
             f"engine.quantization {s.quantization!r}: vLLM's CPU build serves unquantized models here; "
             "quantization needs a GPU generator"
@@ -128,9 +139,13 @@ class Engine:
         self.num_running = 0
 
     async def start(self) -> None:
-        """Start vLLM on ``model_dir``'s safetensors weights; WeightsError if it has none."""
+        """Start vLLM on ``model_dir``'s safetensors weights; WeightsError if it has none.
+
+        ConfigError, before the engine starts, for a setting this platform cannot run.
+        """
         s = self.settings
         safetensors_files(s.model_dir)  # refused before vLLM is even imported
+        check_platform(s)
 
         from vllm.v1.engine.async_llm import AsyncLLM
 

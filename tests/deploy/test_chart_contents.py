@@ -125,6 +125,7 @@ def test_service_configs_load_with_the_services_models(
         assert config.engine.model_dir.as_posix().startswith(values["model"]["cache"]["mountPath"] + "/")
         assert config.weights_dir.as_posix().startswith("/dev/shm")  # a memory-backed volume, below
         assert config.num_devices == values["generator"]["gpus"]
+        assert config.engine.tensor_parallel_size == values["generator"]["gpus"]  # unset in every value set
     if component == "fitter":
         assert config.run_dir.as_posix() in mounts
         assert config.run_name == (values["run"]["name"] or RELEASE)
@@ -193,6 +194,27 @@ def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str) -> None
     pdb = rendered.component("PodDisruptionBudget", "generator")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def generator_config(values: dict[str, Any]) -> dict[str, Any]:
+    """The generator's config.yaml as the chart renders it under ``values``."""
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)
+        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    (config_map,) = [
+        d for d in yaml.safe_load_all(files["asymptote/templates/generator.yaml"]) if d and d["kind"] == "ConfigMap"
+    ]
+    return dict(yaml.safe_load(config_map["data"]["config.yaml"]))
+
+
+def test_tensor_parallelism_follows_the_generators_gpus() -> None:
+    # Unset, it follows generator.gpus; set, the schema takes it and it must agree.
+    assert generator_config({"generator": {"gpus": 4}})["engine"]["tensor_parallel_size"] == 4
+    two = {"generator": {"gpus": 2, "config": {"engine": {"tensor_parallel_size": 2}}}}
+    assert generator_config(two)["engine"]["tensor_parallel_size"] == 2
+    with pytest.raises(helm.HelmRenderError) as caught:
+        generator_config({"generator": {"gpus": 2, "config": {"engine": {"tensor_parallel_size": 1}}}})
+    assert "generator.config.engine.tensor_parallel_size (1) must equal generator.gpus (2)" in str(caught.value)
 
 
 def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> None:

@@ -6,11 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asymptote.errors import ConfigError
 from services.generator.config import EngineSettings
-from services.generator.engine import check_platform, engine_args
+from services.generator.engine import Engine, check_platform, engine_args
 
 REPO = Path(__file__).resolve().parents[2]
 # Importing vLLM's engine arguments takes ~20 s here: the slow tier.
@@ -87,6 +88,43 @@ def test_quantization_is_refused_on_the_cpu_build_by_name() -> None:
     check_platform(EngineSettings(model_dir=Path("/m")))  # unquantized: fine
     with pytest.raises(ConfigError, match=r"^engine.quantization 'fp8': vLLM's CPU build serves unquantized"):
         check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
+
+
+def test_a_name_vllm_does_not_know_is_refused_with_the_accepted_ones() -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp9"))
+    message = str(caught.value)
+    assert message.startswith("engine.quantization 'fp9' is not a vLLM quantization method; accepted: ")
+    assert {"fp8", "awq", "gptq"} <= set(message.split("accepted: ")[1].split(", "))
+
+
+def test_on_a_gpu_platform_vllm_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    monkeypatch.setattr(platform, "device_type", "cuda")
+    monkeypatch.setattr(platform, "device_name", "cuda")
+    # CUDA keeps no list: a method vLLM knows passes, an unknown one does not.
+    check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
+    with pytest.raises(ConfigError, match=r"^engine.quantization 'fp9' is not a vLLM quantization method"):
+        check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp9"))
+    # A platform with a list (ROCm, XPU): vLLM's refusal, under the setting's name.
+    monkeypatch.setattr(platform, "supported_quantization", ["fp8"])
+    check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
+    with pytest.raises(ConfigError, match=r"^engine.quantization 'awq': awq quantization is currently not supported"):
+        check_platform(EngineSettings(model_dir=Path("/m"), quantization="awq"))
+
+
+async def test_the_engine_refuses_quantization_before_starting_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    # Were the engine reached, this import would raise and the test fail loudly.
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", None)
+    with pytest.raises(ConfigError, match=r"^engine.quantization 'fp8': vLLM's CPU build serves unquantized"):
+        await Engine(EngineSettings(model_dir=tmp_path, quantization="fp8")).start()
 
 
 def test_the_generator_command_refuses_quantization_in_one_line(tmp_path: Path) -> None:
