@@ -1,25 +1,40 @@
-"""Building a random-initialised model directory: the embedded default's model.
+"""Building a random-initialised model directory: the embedded default's model, and test models.
 
 Owns how a model directory is made from nothing: a character-level
 tokenizer built with the ``tokenizers`` library (one token per character of
 the task's alphabet plus ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``, padded
 with ``<reserved_k>`` specials to a round vocabulary size so that every id
-the model can sample decodes), a float32 causal LM sized by ``ModelSpec``,
-and the directory layout both transformers and vLLM load (``config.json``,
-``model.safetensors``, ``generation_config.json``, tokenizer files). A
-directory built here is read back by ``services.learner.model`` like any
-user's Hugging Face model.
+the model can sample decodes), or a byte-level BPE tokenizer trained here
+on a small generated corpus, with ChatML special tokens and a chat template
+like Qwen's; a float32 causal LM of one of a few Hugging Face families
+(Llama, Qwen2, Qwen3) sized by ``ModelSpec``; and the directory layout both
+transformers and vLLM load (``config.json``, ``model.safetensors``,
+``generation_config.json``, tokenizer files). This is the one module that
+names architectures: a directory built here is read back by
+``services.learner.model`` like any user's Hugging Face model.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import Field, model_validator
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from asymptote.config import Frozen
 from services.learner.model import count_parameters
@@ -33,16 +48,31 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # another head size loads in transformers but not in the generator.
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
+Family = Literal["llama", "qwen2", "qwen3"]
+FAMILIES: tuple[Family, ...] = get_args(Family)
+
+_CONFIG_CLASSES: dict[Family, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,  # q/k/v projections with biases
+    "qwen3": Qwen3Config,  # q/k RMSNorms, head size set apart from hidden_size / num_heads
+}
+
 
 class ModelSpec(Frozen):
-    """Shape of the tiny Llama; the vocabulary comes from the task's alphabet."""
+    """Shape of a small causal LM; the vocabulary comes from the tokenizer."""
 
+    family: Family = "llama"
+    """Hugging Face architecture: llama, qwen2 (attention biases) or qwen3 (q/k norms, explicit head size)."""
     hidden_size: int = Field(default=128, ge=32)
     """Width of the residual stream."""
     num_layers: int = Field(default=2, ge=1)
     """Transformer blocks."""
     num_heads: int = Field(default=4, ge=1)
-    """Attention heads (head size = hidden_size / num_heads, one of VLLM_CPU_HEAD_SIZES)."""
+    """Query heads."""
+    num_kv_heads: int | None = Field(default=None, ge=1)
+    """Key/value heads (grouped-query attention; divides num_heads); None: num_heads."""
+    head_dim: int | None = Field(default=None, ge=1)
+    """Head size, one of VLLM_CPU_HEAD_SIZES; None: hidden_size / num_heads (the only choice for qwen2)."""
     intermediate_size: int = Field(default=256, ge=1)
     """Width of the SwiGLU MLP."""
     max_position_embeddings: int = Field(default=64, ge=8)
@@ -50,17 +80,35 @@ class ModelSpec(Frozen):
     tie_word_embeddings: bool = True
     """Share the input embedding and the LM head (halves the embedding parameters)."""
     vocab_multiple: int = Field(default=16, ge=1)
-    """Vocabulary padded with reserved special tokens up to a multiple of this."""
+    """Character vocabulary padded with reserved special tokens up to a multiple of this."""
     init_seed: int = 0
     """Seed of the random initialisation."""
 
+    @property
+    def head_size(self) -> int:
+        """The head size the model is built with."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads the model is built with."""
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.hidden_size % self.num_heads:
+        if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        head = self.hidden_size // self.num_heads
-        if head not in VLLM_CPU_HEAD_SIZES:
-            raise ValueError(f"head size {head} is not supported by vLLM on CPU; use one of {VLLM_CPU_HEAD_SIZES}")
+        if self.family == "qwen2" and self.head_dim not in (None, self.hidden_size // self.num_heads):
+            raise ValueError(
+                f"qwen2 takes its head size from hidden_size / num_heads ({self.hidden_size // self.num_heads}), "
+                f"got head_dim {self.head_dim}"
+            )
+        if self.head_size not in VLLM_CPU_HEAD_SIZES:
+            raise ValueError(
+                f"head size {self.head_size} is not supported by vLLM on CPU; use one of {VLLM_CPU_HEAD_SIZES}"
+            )
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_kv_heads {self.kv_heads} does not divide num_heads {self.num_heads}")
         return self
 
 
@@ -97,28 +145,123 @@ def build_tokenizer(alphabet: str, vocab_multiple: int = 16) -> PreTrainedTokeni
     )
 
 
-def build_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A freshly initialised float32 Llama for ``tokenizer``'s vocabulary."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        head_dim=spec.hidden_size // spec.num_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+THINK_TOKENS = ("<think>", "</think>")
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+"""ChatML, as Qwen's models render it: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then
+``<|im_start|>assistant\\n`` with ``add_generation_prompt``; ``enable_thinking=False`` adds an empty think
+block, as Qwen3's template does."""
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, min_frequency: int = 2, vocab_multiple: int = 64
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts``, with ChatML specials and chat template.
+
+    ``len(tokenizer) == vocab_size``, a multiple of ``vocab_multiple``. Ids 0-2
+    are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos); then
+    the 256 byte symbols and the learnt merges; then ``<think>``/``</think>``
+    (added, not special: they survive ``skip_special_tokens``), then
+    ``<|reserved_k|>`` specials filling the vocabulary when the corpus yields
+    fewer merges (every id the model can sample decodes). Byte-level with no
+    normaliser: ``decode(encode(s)) == s`` for any text, and no BOS is
+    added. Deterministic for the same texts.
+    """
+    num_fixed = len(CHAT_SPECIAL_TOKENS) + len(THINK_TOKENS) + len(pre_tokenizers.ByteLevel.alphabet())
+    if vocab_size % vocab_multiple or vocab_size <= num_fixed:
+        raise ValueError(f"vocab_size must be a multiple of {vocab_multiple} above {num_fixed}, got {vocab_size}")
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(THINK_TOKENS),
+        min_frequency=min_frequency,
+        special_tokens=list(CHAT_SPECIAL_TOKENS),
+        # Every byte is in the vocabulary whether or not the corpus has it: any text encodes.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
+    core.train_from_iterator(texts, trainer)
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    core.add_special_tokens([f"<|reserved_{k}|>" for k in range(vocab_size - core.get_vocab_size())])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+_NAMES = ("Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "June")
+_THINGS = ("apples", "books", "coins", "eggs", "marbles", "pencils", "stamps", "tickets")
+
+
+def word_problem_corpus(num_problems: int = 2000, seed: int = 0) -> list[str]:
+    """Generated arithmetic word problems with worked answers, in chat roles: the BPE training text."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_problems):
+        name, other, thing = rng.choice(_NAMES), rng.choice(_NAMES), rng.choice(_THINGS)
+        a, b = rng.randint(2, 999), rng.randint(1, 99)
+        op = rng.choice(("+", "-", "*"))
+        if op == "+":
+            story, result = f"{name} has {a} {thing}. {other} gives {name} {b} more.", a + b
+        elif op == "-":
+            a = max(a, b)
+            story, result = f"{name} has {a} {thing} and gives {b} of them to {other}.", a - b
+        else:
+            story, result = f"{name} buys {b} boxes of {thing} with {a} in each box.", a * b
+        out.append(
+            f"user\n{story} How many {thing} does {name} have now?\n"
+            f"assistant\nWe compute {a} {op} {b} = {result}. The answer is {result}.\n"
+        )
+    return out
+
+
+def model_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    """The Hugging Face config of ``spec.family`` for ``tokenizer``'s vocabulary and special tokens."""
+    fields: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.kv_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "dtype": "float32",
+    }
+    if spec.family != "qwen2":  # Qwen2Config has no head_dim: it is always hidden_size / num_heads
+        fields["head_dim"] = spec.head_size
+    return _CONFIG_CLASSES[spec.family](**fields)
+
+
+def build_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A freshly initialised float32 causal LM of ``spec.family`` for ``tokenizer``'s vocabulary."""
+    config = model_config(spec, tokenizer)
     # fork_rng: seeding must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.init_seed)
-        model = LlamaForCausalLM(config)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.float()
 
 
@@ -143,8 +286,45 @@ def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, o
 
 
 def create_model_dir(spec: ModelSpec, alphabet: str, out_dir: Path) -> Path:
-    """Build tokenizer and randomly initialised model, save them to ``out_dir``."""
+    """Build the character tokenizer and a randomly initialised model, save them to ``out_dir``."""
     tokenizer = build_tokenizer(alphabet, spec.vocab_multiple)
     model = build_model(spec, tokenizer)
-    log.info("built %s-parameter Llama (%s) at %s", f"{count_parameters(model):,}", spec, out_dir)
+    log.info("built %s-parameter %s (%s) at %s", f"{count_parameters(model):,}", spec.family, spec, out_dir)
+    return save_model_dir(model, tokenizer, out_dir)
+
+
+TEST_VOCAB_SIZE = 512
+"""BPE vocabulary of test models: the 256 bytes, a few hundred merges, the specials."""
+
+
+def create_test_model_dir(
+    family: Family,
+    tie_word_embeddings: bool,
+    out_dir: Path,
+    *,
+    vocab_size: int = TEST_VOCAB_SIZE,
+    texts: Iterable[str] | None = None,
+    **shape: Any,
+) -> Path:
+    """A small random model of ``family`` with a BPE tokenizer and ChatML template, saved to ``out_dir``.
+
+    The tokenizer is trained on ``texts`` (default: ``word_problem_corpus()``,
+    well under a second). The shape has grouped-query attention (4 query
+    heads, 2 key/value heads) and, for qwen3, a head size other than
+    hidden_size / num_heads, as real Qwen3 models have; ``shape`` overrides
+    any ``ModelSpec`` field.
+    """
+    fields: dict[str, Any] = {
+        "family": family,
+        "tie_word_embeddings": tie_word_embeddings,
+        "hidden_size": 128,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 64 if family == "qwen3" else None,
+        "max_position_embeddings": 256,
+    }
+    spec = ModelSpec(**{**fields, **shape})
+    tokenizer = train_bpe_tokenizer(word_problem_corpus() if texts is None else texts, vocab_size)
+    model = build_model(spec, tokenizer)
+    log.info("built %s-parameter %s (%s) at %s", f"{count_parameters(model):,}", family, spec, out_dir)
     return save_model_dir(model, tokenizer, out_dir)
