@@ -1,47 +1,33 @@
-"""Small random-initialised models of the architectures the system is tested on.
+"""Small random-initialised models of the architectures the system is tested on, with the task's tokenizer.
 
 Llama with an untied head, Qwen2 (attention biases) with a tied head, Qwen3
-(q/k norms, an explicit head size) with an untied head: each built from its
-Hugging Face config, with the arithmetic task's character tokenizer so that
-the task's prompts and verifier work unchanged. Head sizes are ones vLLM's
-CPU attention implements.
+(q/k norms, its own head size) with an untied head: each built by
+``services.learner.build`` (the one place that names architectures), with
+the arithmetic task's character tokenizer so that the task's prompts and
+verifier work unchanged. Models with a BPE tokenizer and a chat template come
+from ``build.create_test_model_dir``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+TIED = {"llama": False, "qwen2": True, "qwen3": False}
 
 
 def build(family: str, out: Path) -> Path:
     """A small random model of ``family`` with the arithmetic task's character tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
-
     from asymptote.tasks import ALPHABET
-    from services.learner.build import build_tokenizer, save_model_dir
+    from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 
     tok = build_tokenizer(ALPHABET)
-    common: dict[str, Any] = {
-        "vocab_size": len(tok),
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 64,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-        "pad_token_id": tok.pad_token_id,
-    }
-    config = {
-        "llama": lambda: LlamaConfig(**common, tie_word_embeddings=False),
-        "qwen2": lambda: Qwen2Config(**common, tie_word_embeddings=True),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=32, tie_word_embeddings=False),
-    }[family]()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return save_model_dir(model, tok, out)
+    spec = ModelSpec.model_validate(
+        {
+            "family": family,
+            "tie_word_embeddings": TIED[family],
+            "num_kv_heads": 2,
+            # Qwen3's head size is its own, not hidden_size / num_heads (32).
+            "head_dim": 64 if family == "qwen3" else None,
+        }
+    )
+    return save_model_dir(build_model(spec, tok), tok, out)

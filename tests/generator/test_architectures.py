@@ -1,14 +1,17 @@
 """vLLM and the learner score the same completions alike, for every tested architecture,
 before and after a weight swap that follows one learner step.
 
-For each family of ``tests/families.py``, a real vLLM engine (CPU, float32)
-samples completions; the learner's ``completion_logprobs`` (loaded through the
-Auto classes, FP32 head) scores the same token ids. Then one CISPO step on
-those completions with mixed rewards changes the learner's weights; the new
-version goes through the generator's own path (the signature check, staging
-as safetensors, the in-flight reload with the tied-head fix-up) and the engine
-samples again. Its log-probs must match the stepped learner's, and differ
-from the pre-step learner's, so the swap is known to have happened.
+For Llama (untied head), Qwen2 (attention biases, tied head) and Qwen3 (q/k
+norms, its own head size, tied head), each built by ``create_test_model_dir``
+with a locally trained BPE tokenizer and ChatML template, a real vLLM engine
+(CPU, float32) samples completions of chat-templated prompts; the learner's
+``completion_logprobs`` (loaded through the Auto classes, FP32 head) scores
+the same token ids. Then one CISPO step on those completions with mixed
+rewards changes the learner's weights; the new version goes through the
+generator's own path (the signature check, staging as safetensors, the
+in-flight reload with the tied-head fix-up) and the engine samples again.
+Its log-probs must match the stepped learner's, and differ from the
+pre-step learner's, so the swap is known to have happened.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import FAMILIES, build
+from transformers import PreTrainedTokenizerBase
 
 from asymptote.codec import DecodedWeights, read_signature
 from asymptote.contracts.v1 import rollout_pb2
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, Sample
 from services.generator.weights import check_signature, stage
+from services.learner.build import Family, create_test_model_dir
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
 from services.learner.trainer import Trainer, collate
@@ -32,25 +36,46 @@ from services.learner.weights import WeightStore
 
 pytestmark = [pytest.mark.vllm]
 
-PROMPTS = ("12+34=", "507+9=", "88+11=")
+VARIANTS: list[tuple[Family, bool]] = [("llama", False), ("qwen2", True), ("qwen3", True)]
+"""(family, tied head): each family once, tied and untied heads both."""
+
+CONVERSATIONS = (
+    [{"role": "user", "content": "What is 12 + 34?"}],
+    [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "Ada has 507 coins. Ben gives Ada 9 more. How many coins does Ada have now?"},
+    ],
+    [{"role": "user", "content": "Fay buys 8 boxes of eggs with 11 in each box. How many eggs?"}],
+)
 SAMPLES = 4
+MAX_TOKENS = 12
 LOGPROB_TOL = 2e-3
-"""vLLM's CPU float32 kernels against the learner's float32 forward: the largest
-difference measured over the three families, before and after the swap, is
-1.4e-6; 2e-3 leaves room for other kernels while staying far below the change
-one learner step makes (2.1 to 2.4 nats measured; asserted > MIN_STEP_CHANGE)."""
+"""vLLM's CPU float32 kernels against the learner's float32 eager forward (they
+sum in other orders): the largest difference measured over the three families,
+before and after the swap, is 1.4e-6 (Qwen3 after the swap; 9.5e-7 otherwise).
+2e-3 leaves room for other kernels and machines while staying far below the
+change one learner step makes (2.3 to 3.2 nats measured; asserted >
+MIN_STEP_CHANGE)."""
 MIN_STEP_CHANGE = 0.05
 
+Rows = list[tuple[list[int], Sample]]
 
-async def sample_all(engine: Engine) -> list[tuple[list[int], Sample]]:
+
+def chat_prompts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CONVERSATIONS]
+
+
+async def sample_all(engine: Engine, tokenizer: PreTrainedTokenizerBase) -> Rows:
     rows = []
-    for i, prompt in enumerate(PROMPTS):
-        prompt_ids, samples = await engine.sample(prompt, SAMPLES, 1.0, 1.0, 12, seed=11 + i)
+    for i, prompt in enumerate(chat_prompts(tokenizer)):
+        prompt_ids, samples = await engine.sample(prompt, SAMPLES, 1.0, 1.0, MAX_TOKENS, seed=11 + i)
+        # vLLM tokenizes the rendered prompt as the learner's tokenizer does (no BOS added).
+        assert prompt_ids == tokenizer(prompt)["input_ids"]
         rows += [(prompt_ids, s) for s in samples]
     return rows
 
 
-def learner_gap(model: torch.nn.Module, rows: list[tuple[list[int], Sample]], pad_id: int) -> float:
+def learner_gap(model: torch.nn.Module, rows: Rows, pad_id: int) -> float:
     """Largest |learner log-prob - vLLM log-prob| over every sampled token."""
     batch = pack([p for p, _ in rows], [s.token_ids for _, s in rows], pad_id)
     with torch.no_grad():
@@ -59,17 +84,17 @@ def learner_gap(model: torch.nn.Module, rows: list[tuple[list[int], Sample]], pa
     return max(gaps)
 
 
-def groups(rows: list[tuple[list[int], Sample]]) -> list[rollout_pb2.RolloutGroup]:
-    """One group per prompt, rewards alternating 1, 0 (never flat)."""
+def groups(rows: Rows) -> list[rollout_pb2.RolloutGroup]:
+    """One group per prompt, rewards 1, 0.25, 0, 0.5 (never flat)."""
     out = []
-    for g in range(len(PROMPTS)):
+    for g in range(len(CONVERSATIONS)):
         members = rows[g * SAMPLES : (g + 1) * SAMPLES]
         completions = [
             rollout_pb2.Completion(
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
                 version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=len(s.token_ids))],
-                reward=float(k % 2 == 0),
+                reward=(1.0, 0.25, 0.0, 0.5)[k % 4],
             )
             for k, (_, s) in enumerate(members)
         ]
@@ -82,29 +107,32 @@ def groups(rows: list[tuple[list[int], Sample]]) -> list[rollout_pb2.RolloutGrou
     return out
 
 
-@pytest.fixture(params=FAMILIES)
-async def family_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, Path, Engine]]:
-    model_dir = build(request.param, tmp_path / request.param)
+@pytest.fixture(scope="module", params=VARIANTS, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in VARIANTS])
+async def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Path, Engine]]:
+    family, tied = request.param
+    model_dir = create_test_model_dir(family, tied, tmp_path_factory.mktemp("arch") / family)
     engine = Engine(EngineSettings(model_dir=model_dir, max_num_seqs=16, kv_cache_memory_bytes=32 * 1024 * 1024))
     await engine.start()
     try:
-        yield request.param, model_dir, engine
+        yield model_dir, engine
     finally:
         await engine.shutdown()
 
 
-async def test_vllm_and_the_learner_agree_before_and_after_a_swap(
-    family_engine: tuple[str, Path, Engine], tmp_path: Path
-) -> None:
-    family, model_dir, engine = family_engine
-    pad_id = int(load_tokenizer(model_dir).pad_token_id)
+async def test_vllm_and_the_learner_agree_before_and_after_a_swap(served: tuple[Path, Engine], tmp_path: Path) -> None:
+    model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    pad_id = int(tokenizer.pad_token_id)
     model = load_model(model_dir)
-    before = await sample_all(engine)
-    assert learner_gap(model, before, pad_id) <= LOGPROB_TOL, family
+    before = await sample_all(engine, tokenizer)
+    gap_before = learner_gap(model, before, pad_id)
+    assert gap_before <= LOGPROB_TOL
 
     trainer = Trainer(model, LossSettings(), OptimizerSettings(lr=0.05, warmup_steps=0))
     metrics = trainer.step(collate(groups(before), pad_id), learner_version=0)
-    assert metrics["optim/grad_norm"] > 0, family
+    assert metrics["optim/grad_norm"] > 0
     signature = read_signature(model_dir)
     version = WeightStore(signature).snapshot(1, model)
     weights = DecodedWeights(1, version.sha256, version.tensors)
@@ -113,24 +141,27 @@ async def test_vllm_and_the_learner_agree_before_and_after_a_swap(
     report = await engine.swap(folder, 1, "drain")
     assert report.version == 1 and engine.version == 1
 
-    after = await sample_all(engine)
+    after = await sample_all(engine, tokenizer)
     assert all(s.version_spans == [(1, 0, len(s.token_ids))] for _, s in after)
-    assert learner_gap(model, after, pad_id) <= LOGPROB_TOL, family
+    gap_after = learner_gap(model, after, pad_id)
     # The engine really serves the new weights: the version-0 model scores these tokens otherwise.
-    assert learner_gap(load_model(model_dir), after, pad_id) > MIN_STEP_CHANGE, family
+    gap_stale = learner_gap(load_model(model_dir), after, pad_id)
+    print(f"{model_dir.name}: max |dlogp| before {gap_before:.2e}, after {gap_after:.2e}, stale {gap_stale:.3f}")
+    assert gap_after <= LOGPROB_TOL
+    assert gap_stale > MIN_STEP_CHANGE
 
 
 BF16_TOL = 0.1
 """A bf16 engine (FP32 head) against the learner's float32 master weights: bf16
 rounding of the weights and through the body. Measured largest gaps: 0.005
-before the step, 0.027 after it; the pre-step model is 1.7 nats away."""
+before the step, 0.017 to 0.027 after it; the pre-step model is 1.7 to 2.4 nats away."""
 
 
 @pytest.fixture
 async def bf16_engine(tmp_path: Path) -> AsyncIterator[tuple[Path, Engine]]:
     from safetensors.torch import load_file, save_file
 
-    model_dir = build("qwen3", tmp_path / "qwen3-bf16")
+    model_dir = create_test_model_dir("qwen3", False, tmp_path / "qwen3-bf16")
     for file in model_dir.glob("*.safetensors"):
         tensors = {k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}
         save_file(tensors, str(file), metadata={"format": "pt"})
@@ -149,10 +180,12 @@ async def test_a_bf16_engine_takes_a_bf16_update_of_a_learner_step(
     bf16_engine: tuple[Path, Engine], tmp_path: Path
 ) -> None:
     model_dir, engine = bf16_engine
-    pad_id = int(load_tokenizer(model_dir).pad_token_id)
+    tokenizer = load_tokenizer(model_dir)
+    pad_id = int(tokenizer.pad_token_id)
     model = load_model(model_dir)
-    before = await sample_all(engine)
-    assert learner_gap(model, before, pad_id) <= BF16_TOL
+    before = await sample_all(engine, tokenizer)
+    gap_before = learner_gap(model, before, pad_id)
+    assert gap_before <= BF16_TOL
     trainer = Trainer(model, LossSettings(), OptimizerSettings(lr=0.05, warmup_steps=0))
     trainer.step(collate(groups(before), pad_id), learner_version=0)
     signature = read_signature(model_dir)
@@ -161,6 +194,9 @@ async def test_a_bf16_engine_takes_a_bf16_update_of_a_learner_step(
     weights = DecodedWeights(1, version.sha256, version.tensors)
     check_signature(weights, signature)
     await engine.swap(stage(weights, tmp_path / "staged", model_dir), 1, "drain")
-    after = await sample_all(engine)
-    assert learner_gap(model, after, pad_id) <= BF16_TOL
-    assert learner_gap(load_model(model_dir), after, pad_id) > 5 * BF16_TOL
+    after = await sample_all(engine, tokenizer)
+    gap_after = learner_gap(model, after, pad_id)
+    gap_stale = learner_gap(load_model(model_dir), after, pad_id)
+    print(f"bf16 qwen3-untied: max |dlogp| before {gap_before:.3f}, after {gap_after:.3f}, stale {gap_stale:.3f}")
+    assert gap_after <= BF16_TOL
+    assert gap_stale > 5 * BF16_TOL
