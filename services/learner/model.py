@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 Device = Literal["auto", "cuda", "cpu"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The floating dtypes a policy computes in, or is served in, by name."""
+
 _UNSUPPORTED_HEAD_OPTIONS = ("final_logit_softcapping", "logit_scale")
 """Config fields that change logits after the head's matmul; the FP32 head here does not apply them."""
 
@@ -70,7 +73,7 @@ class Precision:
         if dtype == "auto":
             compute = torch.bfloat16 if where.type == "cuda" else torch.float32
         else:
-            compute = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+            compute = TORCH_DTYPES[dtype]
         return cls(where, compute)
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:

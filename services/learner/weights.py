@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from asymptote.codec import Signature, WireTensor, digest
+from services.learner.model import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,11 @@ class Version:
         return sum(len(t.data) for t in self.tensors.values())
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
     """``tensor``'s bytes on the wire, converted to ``dtype`` (the served dtype) when given."""
-    if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"cannot serve weights as {dtype}; served dtypes are {sorted(_DTYPES)}")
-    t = tensor.detach().to("cpu", _DTYPES[dtype] if dtype else None).contiguous()
+    if dtype is not None and dtype not in TORCH_DTYPES:
+        raise ValueError(f"cannot serve weights as {dtype}; served dtypes are {sorted(TORCH_DTYPES)}")
+    t = tensor.detach().to("cpu", TORCH_DTYPES[dtype] if dtype else None).contiguous()
     if t.dtype == torch.bfloat16:
         return WireTensor("bfloat16", tuple(t.shape), t.view(torch.int16).numpy().tobytes())
     return WireTensor.from_numpy(t.numpy())

@@ -17,6 +17,7 @@ pre-step learner's, so the swap is known to have happened.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -121,14 +122,28 @@ async def served(
         await engine.shutdown()
 
 
-async def test_vllm_and_the_learner_agree_before_and_after_a_swap(served: tuple[Path, Engine], tmp_path: Path) -> None:
-    model_dir, engine = served
+@dataclass(frozen=True)
+class SwapGaps:
+    """Largest |learner - vLLM| log-prob gaps around one learner step and its swap."""
+
+    before: float
+    """The version-0 learner against the engine's version-0 samples."""
+    after: float
+    """The stepped learner against the engine's samples after loading version 1."""
+    stale: float
+    """The version-0 learner against those version-1 samples: large, when the swap really happened."""
+    served_dtypes: frozenset[str]
+    """The dtypes version 1 went to the generator in."""
+
+
+async def step_and_swap(model_dir: Path, engine: Engine, tmp_path: Path) -> SwapGaps:
+    """Sample, take one CISPO step on the samples, swap the new version in through the generator's path,
+    sample again; each gap measured (engine and learner are on version 1 afterwards)."""
     tokenizer = load_tokenizer(model_dir)
     pad_id = int(tokenizer.pad_token_id)
     model = load_model(model_dir)
     before = await sample_all(engine, tokenizer)
     gap_before = learner_gap(model, before, pad_id)
-    assert gap_before <= LOGPROB_TOL
 
     trainer = Trainer(model, LossSettings(), OptimizerSettings(lr=0.05, warmup_steps=0))
     metrics = trainer.step(collate(groups(before), pad_id), learner_version=0)
@@ -137,18 +152,27 @@ async def test_vllm_and_the_learner_agree_before_and_after_a_swap(served: tuple[
     version = WeightStore(signature).snapshot(1, model)
     weights = DecodedWeights(1, version.sha256, version.tensors)
     check_signature(weights, signature)
-    folder = stage(weights, tmp_path / "staged", model_dir)
-    report = await engine.swap(folder, 1, "drain")
+    report = await engine.swap(stage(weights, tmp_path / "staged", model_dir), 1, "drain")
     assert report.version == 1 and engine.version == 1
 
     after = await sample_all(engine, tokenizer)
     assert all(s.version_spans == [(1, 0, len(s.token_ids))] for _, s in after)
-    gap_after = learner_gap(model, after, pad_id)
+    return SwapGaps(
+        before=gap_before,
+        after=learner_gap(model, after, pad_id),
+        stale=learner_gap(load_model(model_dir), after, pad_id),
+        served_dtypes=frozenset(t.dtype for t in version.tensors.values()),
+    )
+
+
+async def test_vllm_and_the_learner_agree_before_and_after_a_swap(served: tuple[Path, Engine], tmp_path: Path) -> None:
+    model_dir, engine = served
+    gaps = await step_and_swap(model_dir, engine, tmp_path)
+    print(f"{model_dir.name}: max |dlogp| before {gaps.before:.2e}, after {gaps.after:.2e}, stale {gaps.stale:.3f}")
+    assert gaps.before <= LOGPROB_TOL
+    assert gaps.after <= LOGPROB_TOL
     # The engine really serves the new weights: the version-0 model scores these tokens otherwise.
-    gap_stale = learner_gap(load_model(model_dir), after, pad_id)
-    print(f"{model_dir.name}: max |dlogp| before {gap_before:.2e}, after {gap_after:.2e}, stale {gap_stale:.3f}")
-    assert gap_after <= LOGPROB_TOL
-    assert gap_stale > MIN_STEP_CHANGE
+    assert gaps.stale > MIN_STEP_CHANGE
 
 
 BF16_TOL = 0.1
@@ -180,23 +204,9 @@ async def test_a_bf16_engine_takes_a_bf16_update_of_a_learner_step(
     bf16_engine: tuple[Path, Engine], tmp_path: Path
 ) -> None:
     model_dir, engine = bf16_engine
-    tokenizer = load_tokenizer(model_dir)
-    pad_id = int(tokenizer.pad_token_id)
-    model = load_model(model_dir)
-    before = await sample_all(engine, tokenizer)
-    gap_before = learner_gap(model, before, pad_id)
-    assert gap_before <= BF16_TOL
-    trainer = Trainer(model, LossSettings(), OptimizerSettings(lr=0.05, warmup_steps=0))
-    trainer.step(collate(groups(before), pad_id), learner_version=0)
-    signature = read_signature(model_dir)
-    version = WeightStore(signature).snapshot(1, model)
-    assert {t.dtype for t in version.tensors.values()} == {"bfloat16"}
-    weights = DecodedWeights(1, version.sha256, version.tensors)
-    check_signature(weights, signature)
-    await engine.swap(stage(weights, tmp_path / "staged", model_dir), 1, "drain")
-    after = await sample_all(engine, tokenizer)
-    gap_after = learner_gap(model, after, pad_id)
-    gap_stale = learner_gap(load_model(model_dir), after, pad_id)
-    print(f"bf16 qwen3-untied: max |dlogp| before {gap_before:.3f}, after {gap_after:.3f}, stale {gap_stale:.3f}")
-    assert gap_after <= BF16_TOL
-    assert gap_stale > 5 * BF16_TOL
+    gaps = await step_and_swap(model_dir, engine, tmp_path)
+    print(f"bf16 qwen3-untied: max |dlogp| before {gaps.before:.3f}, after {gaps.after:.3f}, stale {gaps.stale:.3f}")
+    assert gaps.served_dtypes == {"bfloat16"}
+    assert gaps.before <= BF16_TOL
+    assert gaps.after <= BF16_TOL
+    assert gaps.stale > 5 * BF16_TOL
