@@ -19,6 +19,7 @@ and hashing it there while the next chunk is received.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 import weakref
@@ -26,12 +27,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Protocol, Self
 
 import numpy as np
 
 from asymptote.contracts.v1 import tensors_pb2
-from asymptote.errors import WeightsError
+from asymptote.errors import StagingError, WeightsError
 
 CHUNK_BYTES = 1 << 20
 """Chunk size: gRPC rejects messages over 4 MiB by default (server side)."""
@@ -55,8 +56,34 @@ _SAFETENSORS_DTYPES = {
     "I32": "int32",
 }
 
+_SAFETENSORS_CODES = {wire: code for code, wire in _SAFETENSORS_DTYPES.items()}
+
 Signature = dict[str, tuple[str, tuple[int, ...]]]
 """Tensor name -> (wire dtype, shape): what a model's weights must look like."""
+
+
+def signature_num_bytes(signature: Signature) -> int:
+    """The bytes of one version of a model with this signature."""
+    return sum(math.prod(shape) * _WIRE_DTYPES[dtype].itemsize for dtype, shape in signature.values())
+
+
+def safetensors_header(signature: Signature, metadata: Mapping[str, str]) -> bytes:
+    """The header of a safetensors file holding ``signature``'s tensors back to back in name order.
+
+    Name order is the wire's order, so a decoded version's buffer is exactly
+    this file's data section: the length prefix, then the JSON padded with
+    spaces to a multiple of 8 bytes (the format's alignment of the data).
+    """
+    entries: dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name in sorted(signature):
+        dtype, shape = signature[name]
+        end = offset + math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        entries[name] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    body = json.dumps(entries, separators=(",", ":")).encode()
+    body += b" " * (-(len(body) + 8) % 8)
+    return len(body).to_bytes(8, "little") + body
 
 
 @dataclass(frozen=True)
@@ -203,6 +230,14 @@ def _new_buffer(num_bytes: int) -> np.ndarray:
     return np.empty(num_bytes, dtype=np.uint8)
 
 
+class BufferSource(Protocol):
+    """Where a decoder writes a version: one writable buffer of the header's byte total."""
+
+    def take(self, num_bytes: int) -> np.ndarray:
+        """A writable uint8 buffer of ``num_bytes``; WeightsError, MemoryError or ValueError if refused."""
+        ...
+
+
 class BufferPool:
     """Keeps a decoded version's buffer for the next version, once nothing views it.
 
@@ -263,7 +298,7 @@ class WeightsDecoder:
     when the corruption made a NaN.
     """
 
-    def __init__(self, buffers: BufferPool | None = None) -> None:
+    def __init__(self, buffers: BufferSource | None = None) -> None:
         self._buffers = buffers
         self._header: tensors_pb2.WeightsHeader | None = None
         self._buffer = np.empty(0, dtype=np.uint8)
@@ -352,6 +387,8 @@ class WeightsDecoder:
         try:
             n = header.num_bytes
             self._buffer = self._buffers.take(n) if self._buffers is not None else _new_buffer(n)
+        except (WeightsError, StagingError):
+            raise
         except (MemoryError, ValueError) as exc:
             raise WeightsError(f"header announced {header.num_bytes} bytes, more than can be held: {exc}") from exc
 

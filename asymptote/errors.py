@@ -19,5 +19,12 @@ class WeightsError(AsymptoteError, ValueError):
     """A weight update was refused (checksum, names, shapes, dtypes, NaN/Inf)."""
 
 
+class StagingError(AsymptoteError, OSError):
+    """A weight update could not be written where the engine reads it (tmpfs full or unwritable).
+
+    Not the update's fault: the version is pulled again later, not refused.
+    """
+
+
 class ModelError(AsymptoteError, ValueError):
     """A model directory cannot be loaded as configured (a weight one side lacks, an unsupported head)."""

@@ -6,8 +6,9 @@ Owns the weight-transfer benchmark. The learner's real weight server (a
 a model larger than the embedded default's so fixed costs do not dominate.
 This process pulls the version as a generator's swapper does before it
 touches the engine (``GrpcWeightSource.pull``, which verifies framing,
-sha256 and finiteness; the digest against the announced one; the tensor
-signature; then ``stage`` as a safetensors folder), and, interleaved with
+sha256 and finiteness, decoding straight into the staged safetensors file
+of a ``StagingArea``; the digest against the announced one; the tensor
+signature; then the staged folder committed), and, interleaved with
 each pull, reads the model's safetensors file from local disk. It runs both
 sides of the transfer, the learner's and the generator's.
 
@@ -28,7 +29,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -42,7 +42,7 @@ from asymptote.errors import WeightsError
 from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
-from services.generator.weights import GrpcWeightSource, check_signature, stage
+from services.generator.weights import GrpcWeightSource, StagingArea, check_signature
 from services.learner.build import ModelSpec, create_model_dir
 
 TARGET = 0.5
@@ -54,8 +54,13 @@ QUICK_SPEC = ModelSpec(hidden_size=256, num_layers=6, num_heads=4, intermediate_
 """About 5M float32 parameters: 20 MB."""
 
 
-def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
-    """The learner's weight server in a child process: snapshot, serve, report, wait for the word to stop."""
+def serve_weights(model_dir: Path, port: int, conn: Connection, versions: int = 1) -> None:
+    """The learner's weight server in a child process: snapshot, serve, report, wait for the word to stop.
+
+    Holds versions 1..``versions``; each after the first differs from the one
+    before in every tensor, as after an optimizer step. Sends the versions'
+    sha256 digests and the bytes of one version once it serves.
+    """
     import torch
     from transformers.utils.logging import disable_progress_bar
 
@@ -69,17 +74,25 @@ def serve_weights(model_dir: Path, port: int, conn: Connection) -> None:
     disable_progress_bar()
 
     async def run() -> None:
-        store = WeightStore(read_signature(model_dir))
-        version = store.snapshot(VERSION, load_model(model_dir))
+        model = load_model(model_dir)
+        store = WeightStore(read_signature(model_dir), keep=versions)
+        generator = torch.Generator().manual_seed(0)
+        served = []
+        for version in range(1, versions + 1):
+            if version > 1:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator) * 1e-4)
+            served.append(store.snapshot(version, model))
         health = Health("learner")
-        servicer = LearnerServicer(store, health, "transfer-bench", lambda: {})
+        servicer = LearnerServicer(store, health, "bench", lambda: {})
         server, _ = await start_server(
             ListenSettings(port=port),
             health,
             lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
         )
-        conn.send((version.sha256, version.num_bytes))
+        conn.send(([v.sha256 for v in served], served[0].num_bytes))
         try:
             await asyncio.to_thread(conn.recv)
         except EOFError:  # the parent went away
@@ -101,21 +114,23 @@ def wait_for_server(conn: Connection, server: multiprocessing.process.BaseProces
 
 
 async def pull_and_stage(
-    source: GrpcWeightSource, endpoint: str, sha256: str, signature: Signature, model_dir: Path, staging: Path
+    source: GrpcWeightSource, endpoint: str, sha256: str, signature: Signature, model_dir: Path, area: StagingArea
 ) -> tuple[float, float]:
     """One pull as the swapper does it; (pull-and-verify seconds, staging seconds)."""
-    # The swapper deletes a replaced version after the swap, outside its pull
-    # time; without this, staging the same version again would time deleting
-    # the last copy.
-    shutil.rmtree(staging / f"v{VERSION}", ignore_errors=True)
     started = time.perf_counter()
-    weights = await source.pull(endpoint, VERSION)
+    staged = area.open(VERSION, signature)
+    weights = await source.pull(endpoint, VERSION, into=staged)  # decoded straight into the staged file
     if weights.sha256 != sha256:
         raise WeightsError(f"version {VERSION}: digest {weights.sha256[:12]} differs from the served {sha256[:12]}")
     check_signature(weights, signature)
     pulled = time.perf_counter()
-    stage(weights, staging, model_dir)
-    return pulled - started, time.perf_counter() - pulled
+    folder = staged.commit(model_dir)
+    committed = time.perf_counter()
+    del weights
+    # The swapper keeps the loaded version's file as the next pull's buffer
+    # after the swap, outside its pull time.
+    area.recycle(folder)
+    return pulled - started, committed - pulled
 
 
 def read_file(path: Path, drop_cache: bool = False) -> float:
@@ -144,17 +159,18 @@ async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any
     try:
         if not await asyncio.to_thread(wait_for_server, parent, server, 120.0):
             raise RuntimeError(f"the weight server did not start within 120 s (exit code {server.exitcode})")
-        sha256, num_bytes = parent.recv()
+        (sha256,), num_bytes = parent.recv()
         endpoint = f"127.0.0.1:{port}"
         source = GrpcWeightSource()
         signature = read_signature(model_dir)
         file = model_dir / "model.safetensors"
         os.sync()  # written pages are clean, so the cold read's eviction can take them
-        await pull_and_stage(source, endpoint, sha256, signature, model_dir, workdir / "staged")  # warm-up
+        area = StagingArea(workdir / "staged")
+        await pull_and_stage(source, endpoint, sha256, signature, model_dir, area)  # warm-up
         read_file(file)
         pull_s, stage_s, read_s, cold_s = [], [], [], []
         for _ in range(repeats):
-            p, s = await pull_and_stage(source, endpoint, sha256, signature, model_dir, workdir / "staged")
+            p, s = await pull_and_stage(source, endpoint, sha256, signature, model_dir, area)
             pull_s.append(p)
             stage_s.append(s)
             read_s.append(read_file(file))

@@ -12,6 +12,8 @@ import asyncio
 import ctypes
 import platform
 import random
+import resource
+import signal
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -24,13 +26,29 @@ import torch
 from badinput import BAD_INPUTS, raw_stream_server
 from safetensors import safe_open
 
-from asymptote.codec import CHUNK_BYTES, DecodedWeights, WireTensor, decode, digest, encode, encode_frames
+from asymptote.codec import (
+    CHUNK_BYTES,
+    DecodedWeights,
+    WireTensor,
+    decode,
+    digest,
+    encode,
+    encode_frames,
+    safetensors_header,
+)
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
-from asymptote.errors import WeightsError
+from asymptote.errors import StagingError, WeightsError
 from asymptote.health import Health
 from asymptote.rpc import start_server
-from services.generator.weights import GrpcWeightSource, reuse_freed_message_buffers, stage
+from services.generator.weights import (
+    STAGED_FILE,
+    GrpcWeightSource,
+    StagingArea,
+    check_signature,
+    reuse_freed_message_buffers,
+    stage,
+)
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore
 
@@ -235,6 +253,88 @@ def test_staging_writes_the_verified_bytes_unchanged(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "staged").iterdir()) == ["v9"]
     with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
         assert f.get_tensor("big").tobytes() == tensors["big"].data
+
+
+def signature_of(tensors: dict[str, WireTensor]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {name: (t.dtype, t.shape) for name, t in tensors.items()}
+
+
+def model_dir_at(path: Path) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text('{"model_type": "llama"}')
+    return path
+
+
+async def test_a_pull_decodes_straight_into_one_file_that_the_next_pull_reuses(tmp_path: Path) -> None:
+    """Staging holds one version's bytes at most: the file the pull writes is the file loaded, then the spare."""
+    store = WeightStore({}, keep=4)
+    for number in (1, 2):
+        store.put(version_of(number, random_tensors(number)))
+    signature = signature_of(random_tensors(1))
+    area = StagingArea(tmp_path / "staged")
+    model_dir = model_dir_at(tmp_path / "model")
+    async with learner(store) as endpoint:
+        staged = area.open(1, signature)
+        weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 1, into=staged)
+        folder = staged.commit(model_dir)
+        file = folder / STAGED_FILE
+        # The decoded tensors view the file itself: bytes written to it show through.
+        with open(file, "r+b") as f:
+            f.seek(len(safetensors_header(signature, {"format": "pt", "version": "1"})))
+            f.write(b"\x07\x07")
+        assert bytes(weights.tensors["big"].data[:2]) == b"\x07\x07"
+        del weights
+        inode = file.stat().st_ino
+        one_version = file.stat().st_size
+        area.recycle(folder)  # loaded: kept as the next pull's buffer
+        assert area.usage() == one_version
+
+        staged = area.open(2, signature)
+        weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 2, into=staged)
+        folder = staged.commit(model_dir)
+    assert_same(weights, random_tensors(2))
+    assert (folder / STAGED_FILE).stat().st_ino == inode  # the same pages, written over
+    assert area.usage() == one_version + len('{"model_type": "llama"}')
+    with safe_open(str(folder / STAGED_FILE), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt", "version": "2"}
+        assert sorted(f.keys()) == sorted(random_tensors(2))
+        assert f.get_tensor("big").tobytes() == random_tensors(2)["big"].data
+
+
+async def test_a_version_that_does_not_fit_the_model_is_never_staged(tmp_path: Path) -> None:
+    tensors = random_tensors(3)
+    signature = signature_of(tensors)
+    signature["big"] = ("float32", (7,))
+    area = StagingArea(tmp_path / "staged")
+    staged = area.open(3, signature)
+    async with raw_learner(frames_of(list(encode_frames(3, tensors)))) as endpoint:
+        weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 3, into=staged)
+    with pytest.raises(WeightsError, match=r"tensor 'big' is float32\[524299\], the model needs float32\[7\]"):
+        check_signature(weights, signature)
+    staged.discard()
+    assert list(area.root.iterdir()) == []
+
+
+async def test_a_full_staging_folder_is_an_error_that_names_it_and_its_size(tmp_path: Path) -> None:
+    """No room for a version (here a file-size limit; on a pod, a full /dev/shm): StagingError, not 'unreachable'."""
+    tensors = random_tensors(4)
+    store = WeightStore({}, keep=2)
+    store.put(version_of(4, tensors))
+    area = StagingArea(tmp_path / "staged")
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    async with learner(store) as endpoint:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, old_limit[1]))
+        try:
+            with pytest.raises(
+                StagingError, match=rf"cannot stage version 4 \(.* MiB\) in {tmp_path}/staged: .*GiB free"
+            ):
+                await GrpcWeightSource(timeout_s=10).pull(endpoint, 4, into=area.open(4, signature_of(tensors)))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+            signal.signal(signal.SIGXFSZ, old_handler)
+        weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 4, into=area.open(4, signature_of(tensors)))
+    assert_same(weights, tensors)
 
 
 # -- the allocator ---------------------------------------------------------------------

@@ -17,14 +17,17 @@ from nats.js.kv import KeyValue
 
 from asymptote.codec import read_signature
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import WeightsError
+from asymptote.errors import StagingError, WeightsError
 from asymptote.jetstream.names import Names
 from asymptote.policy import watch_policy
 from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics
-from services.generator.weights import WeightSource, check_signature, prune, stage
+from services.generator.weights import StagingArea, WeightSource, check_signature
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+"""Wait before pulling again a version that could not be pulled or staged."""
 
 
 class Swapper:
@@ -40,7 +43,8 @@ class Swapper:
         self.engine = engine
         self.source = source
         self.model_dir = model_dir
-        self.weights_dir = weights_dir
+        self.staging = StagingArea(weights_dir)
+        self.staging.clear()
         self.mode = mode
         self.metrics = metrics
         self.signature = read_signature(model_dir)
@@ -69,28 +73,38 @@ class Swapper:
         """Pull, verify and load ``policy``; False (engine untouched) if refused."""
         version = int(policy.version)
         started = time.monotonic()
+        staged = self.staging.open(version, self.signature)
         try:
-            weights = await self.source.pull(policy.weights_endpoint, version)
+            weights = await self.source.pull(policy.weights_endpoint, version, into=staged)
             if weights.sha256 != policy.sha256:
                 raise WeightsError(
                     f"version {version}: digest {weights.sha256[:12]}… differs from the announced {policy.sha256[:12]}…"
                 )
             check_signature(weights, self.signature)
-            folder = await asyncio.to_thread(stage, weights, self.weights_dir, self.model_dir)
+            folder = await asyncio.to_thread(staged.commit, self.model_dir)
         except WeightsError as exc:
+            staged.discard()
             self.refused[version] = str(exc)
             self.metrics.swaps_refused.labels("invalid").inc()
             log.error("refused weights: %s; still serving version %d", exc, self.engine.version)
             return False
+        except StagingError as exc:  # not the version's fault: pull it again later
+            staged.discard()
+            self.metrics.swaps_refused.labels("staging").inc()
+            log.error("%s; still serving version %d, retrying in %.0f s", exc, self.engine.version, RETRY_S)
+            await self._retry_later()
+            return False
         except Exception as exc:  # learner unreachable: retry on the next announcement
+            staged.discard()
             self.metrics.swaps_refused.labels("unreachable").inc()
             log.warning("could not pull version %d from %s: %s", version, policy.weights_endpoint, exc)
-            await asyncio.sleep(1.0)
-            self._announced.set()
+            await self._retry_later()
             return False
         pulled = time.monotonic() - started
-        report = await self.engine.swap(folder, version, "inflight" if self.mode == "inflight" else "drain")
-        await asyncio.to_thread(prune, self.weights_dir, folder)
+        try:
+            report = await self.engine.swap(folder, version, "inflight" if self.mode == "inflight" else "drain")
+        finally:
+            await asyncio.to_thread(self.staging.recycle, folder)
         m = self.metrics
         m.swaps.inc()
         m.swap_pull_s.observe(pulled)
@@ -111,3 +125,7 @@ class Swapper:
             report.num_running,
         )
         return True
+
+    async def _retry_later(self) -> None:
+        await asyncio.sleep(RETRY_S)
+        self._announced.set()

@@ -6,35 +6,45 @@ transfer would implement the same ``pull``). Every update is checked before
 it reaches the engine: sha256, tensor names, shapes and dtypes against the
 model the engine was built from, and NaN/Inf. A refused update raises
 WeightsError and the engine keeps the version it has. Staged versions are
-written as safetensors (never pickle) under a tmpfs folder, straight from
-the verified bytes (no copy of the tensors on the way).
+written as safetensors (never pickle) under a tmpfs folder: a pull decodes
+straight into the file (``StagingArea``), so a swap's extra memory is one
+version's bytes, on tmpfs, shared with the engine's worker that reads it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
+import os
 import platform
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from asymptote.codec import BufferPool, DecodedWeights, Signature, WeightsDecoder, WireTensor
+from asymptote.codec import (
+    BufferPool,
+    BufferSource,
+    DecodedWeights,
+    Signature,
+    WeightsDecoder,
+    safetensors_header,
+    signature_num_bytes,
+)
 from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
-from asymptote.errors import WeightsError
+from asymptote.errors import StagingError, WeightsError
 from asymptote.rpc import channel, channel_credentials
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
-    async def pull(self, endpoint: str, version: int) -> DecodedWeights: ...
+    async def pull(self, endpoint: str, version: int, into: BufferSource | None = None) -> DecodedWeights:
+        """Version ``version``, verified, written into ``into`` (a buffer of the source's own if None)."""
+        ...
 
 
 # glibc mallopt parameters (malloc.h).
@@ -81,8 +91,8 @@ class GrpcWeightSource:
         reuse_freed_message_buffers()
         self._buffers = BufferPool()  # a pull writes into the last pulled version's memory once it is dropped
 
-    async def pull(self, endpoint: str, version: int) -> DecodedWeights:
-        with WeightsDecoder(self._buffers) as decoder:
+    async def pull(self, endpoint: str, version: int, into: BufferSource | None = None) -> DecodedWeights:
+        with WeightsDecoder(into or self._buffers) as decoder:
             async with channel(endpoint, self.tls) as ch:
                 stub = services_pb2_grpc.LearnerStub(ch)
                 request = services_pb2.PullWeightsRequest(version=version)
@@ -115,39 +125,129 @@ def check_signature(weights: DecodedWeights, signature: Signature) -> None:
             )
 
 
-def stage(weights: DecodedWeights, root: Path, model_dir: Path) -> Path:
-    """Write a verified version as a loadable checkpoint folder; returns it."""
-    from safetensors.torch import save_file
-
-    folder = root / f"v{weights.version}"
-    tmp = root / f".v{weights.version}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tensors = {name: _as_torch(t) for name, t in weights.tensors.items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "version": str(weights.version)})
-    shutil.copy2(model_dir / "config.json", tmp / "config.json")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+STAGED_FILE = "model.safetensors"
+SPARE_FILE = ".spare.safetensors"
 
 
-def _as_torch(t: WireTensor) -> torch.Tensor:
-    """A tensor viewing ``t``'s bytes when they are writable (a pulled version's are), else a copy.
+class StagingArea:
+    """The folder on tmpfs a generator's engine loads versions from, holding at most one.
 
-    torch has no read-only tensors: it warns on read-only memory such as ``bytes``.
+    A version is pulled straight into its safetensors file (``open``): the
+    file's header is laid out from the model's signature, and its data
+    section, memory-mapped, is the buffer the decoder writes each chunk
+    into, so no other copy of the version exists in this process. Once the
+    engine has loaded a version its file is kept as the spare (``recycle``)
+    and the next version is written over it: its pages are already
+    allocated, so the kernel does not zero a version's worth of fresh
+    memory per pull, and two versions are never on tmpfs at once. Peak use:
+    one version's bytes, whatever the number of swaps.
     """
-    import torch
 
-    array = t.to_numpy()
-    if not array.flags.writeable:
-        array = array.copy()
-    if t.dtype == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def clear(self) -> None:
+        """Remove what an earlier process left: versions, partial pulls, the spare."""
+        for path in self.root.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    def open(self, version: int, signature: Signature) -> StagedVersion:
+        """Where ``version`` is written as it is pulled; ``commit`` or ``discard`` it."""
+        return StagedVersion(self, version, signature)
+
+    def recycle(self, folder: Path) -> None:
+        """Keep ``folder``'s file (its version now loaded) as the buffer of the next pull."""
+        try:
+            (folder / STAGED_FILE).rename(self.root / SPARE_FILE)
+        except OSError:
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def usage(self) -> int:
+        """Bytes the area's files hold."""
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
 
-def prune(root: Path, keep: Path) -> None:
-    """Remove staged versions other than ``keep``."""
-    for path in root.glob("v*"):
-        if path != keep and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+class StagedVersion:
+    """One version being written into its safetensors file; the decoder's ``BufferSource``."""
+
+    def __init__(self, area: StagingArea, version: int, signature: Signature) -> None:
+        self.area = area
+        self.version = version
+        self.signature = signature
+        self.tmp = area.root / f".v{version}.tmp"
+
+    def take(self, num_bytes: int) -> np.ndarray:
+        if num_bytes != signature_num_bytes(self.signature):
+            # Not this model's weights: decoded in memory (and bounded by the
+            # decoder), then refused by the signature check, which names the
+            # tensor that differs. Never staged.
+            return BufferPool().take(num_bytes)
+        header = safetensors_header(self.signature, {"format": "pt", "version": str(self.version)})
+        size = len(header) + num_bytes
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        path = self.tmp / STAGED_FILE
+        spare = self.area.root / SPARE_FILE
+        try:
+            if spare.exists():
+                spare.rename(path)
+            with open(path, "a+b") as f:
+                f.truncate(size)
+                # Reserve every page now: a full tmpfs fails here, by name,
+                # not as a SIGBUS on some later write through the mapping.
+                os.posix_fallocate(f.fileno(), 0, size)
+                mapped = mmap.mmap(f.fileno(), size)
+        except OSError as exc:
+            self.discard()
+            raise StagingError(
+                f"cannot stage version {self.version} ({size / 2**20:.1f} MiB) in {self.area.root}: {exc}; "
+                f"{_free_space(self.area.root)}"
+            ) from exc
+        mapped[: len(header)] = header
+        return np.frombuffer(mapped, dtype=np.uint8, offset=len(header))
+
+    def commit(self, model_dir: Path) -> Path:
+        """The loadable folder of the version, once the decoder verified it against the signature."""
+        shutil.copy2(model_dir / "config.json", self.tmp / "config.json")
+        folder = self.area.root / f"v{self.version}"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.tmp.rename(folder)
+        return folder
+
+    def discard(self) -> None:
+        """Drop a version that will not be loaded; its file stays as the spare."""
+        try:
+            (self.tmp / STAGED_FILE).rename(self.area.root / SPARE_FILE)
+        except OSError:
+            pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _free_space(root: Path) -> str:
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return "its size is unknown"
+    return f"it holds {st.f_blocks * st.f_frsize / 2**30:.2f} GiB, {st.f_bavail * st.f_frsize / 2**30:.2f} GiB free"
+
+
+def stage(weights: DecodedWeights, root: Path, model_dir: Path) -> Path:
+    """Write a verified version held in memory as a loadable checkpoint folder; returns it.
+
+    The same file layout a pull into a ``StagingArea`` writes.
+    """
+    signature = {name: (t.dtype, t.shape) for name, t in weights.tensors.items()}
+    staged = StagingArea(root).open(weights.version, signature)
+    buffer = staged.take(weights.num_bytes)
+    offset = 0
+    for name in sorted(weights.tensors):
+        data = np.frombuffer(weights.tensors[name].data, dtype=np.uint8)
+        buffer[offset : offset + len(data)] = data
+        offset += len(data)
+    del buffer
+    return staged.commit(model_dir)

@@ -2,8 +2,9 @@
 
 Owns splitting a weight swap in two so that the engine pauses only for the
 part that must be atomic, and keeping tied LM heads tied across reloads:
-``stage_weights`` reads a verified safetensors checkpoint into the worker's
-memory on a thread while generation continues, and
+``stage_weights`` maps a verified safetensors checkpoint into the worker's
+memory on a thread while generation continues (no copy: on tmpfs the
+pages are the ones the generator wrote), and
 ``apply_staged_weights`` (called with the scheduler paused) loads those
 tensors through vLLM's in-place layerwise reload, which repacks CPU
 kernels' weights the way loading from disk does. Safetensors only: no
@@ -18,12 +19,49 @@ from typing import Any
 
 
 def _read(files: list[Path]) -> dict[str, Any]:
-    from safetensors.torch import load_file
+    """Map the checkpoint's tensors (no copy: they view the files' pages) and fault their pages in.
+
+    On tmpfs the pages are the ones the generator wrote the version into, so
+    the worker holds no second copy. Touching one byte per page here, while
+    the engine keeps stepping, maps every page now rather than during the
+    pause, where the load copies from them.
+    """
+    import torch
+    from safetensors import safe_open
 
     tensors: dict[str, Any] = {}
     for file in files:
-        tensors.update(load_file(str(file), device="cpu"))
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    for tensor in tensors.values():
+        flat = tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor
+        flat[::_PAGE_BYTES].sum()
     return tensors
+
+
+_PAGE_BYTES = 4096
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _return_large_frees_to_the_kernel() -> None:
+    """Serve allocations over 1 MiB by mmap, so memory a reload frees goes back at once.
+
+    vLLM's layerwise reload materialises each layer anew, loads it, repacks
+    it and copies it into the live parameters, freeing the new tensors. With
+    glibc's default, adaptive threshold those frees stay in the heap and its
+    fragments add up over a reload (measured on a 100M-parameter model: the
+    worker kept 170 MB more after a swap). A fixed threshold keeps the
+    reload's extra memory to the layer under way. Generation's own
+    allocations on CPU are far smaller; on GPU the weights are not on this
+    heap at all. Does nothing on a C library other than glibc.
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 class StagedWeightsExtension:
@@ -39,7 +77,7 @@ class StagedWeightsExtension:
     _reader: ThreadPoolExecutor | None = None
 
     def stage_weights(self, weights_path: str) -> int:
-        """Start reading ``weights_path``/*.safetensors into memory; returns the bytes it holds.
+        """Start mapping ``weights_path``/*.safetensors into memory; returns the bytes it holds.
 
         WeightsError at once if the folder holds no safetensors checkpoint
         (pickle-only folders included).
@@ -48,6 +86,7 @@ class StagedWeightsExtension:
 
         files = safetensors_files(Path(weights_path))
         if self._reader is None:
+            _return_large_frees_to_the_kernel()
             self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-weights")
         self._staging = (weights_path, self._reader.submit(_read, files))
         return sum(f.stat().st_size for f in files)
@@ -79,11 +118,19 @@ class StagedWeightsExtension:
         """
         if not getattr(runner.model_config.hf_text_config, "tie_word_embeddings", False):
             return
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
         model = runner.get_model()
-        head = getattr(model, "lm_head", None)
-        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-        if head is None or embed is None:
-            return
+        heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+        embeds = [
+            m for m in model.modules() if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+        ]
+        if len(heads) != 1 or len(embeds) != 1:
+            raise RuntimeError(
+                f"a tied LM head needs one embedding and one head to retie; "
+                f"{type(model).__name__} has {len(embeds)} embeddings and {len(heads)} heads"
+            )
+        head, embed = heads[0], embeds[0]
         if head.weight is not embed.weight:
             head.weight = embed.weight
         head.quant_method.process_weights_after_loading(head)

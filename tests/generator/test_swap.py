@@ -32,7 +32,7 @@ import pytest
 import torch
 from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
 
-from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature
+from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature, signature_num_bytes
 from asymptote.compute import ComputeMeter
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
@@ -46,7 +46,7 @@ from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.swapper import Swapper
-from services.generator.weights import GrpcWeightSource, stage
+from services.generator.weights import SPARE_FILE, GrpcWeightSource, stage
 from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 from services.learner.model import load_model
 from services.learner.server import LearnerServicer, add_learner_to_server
@@ -244,6 +244,20 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
         policy = rollout_pb2.PolicyVersion(version=good.version, weights_endpoint=endpoint, sha256=good.sha256)
         assert await swapper.update(policy) is True
         assert engine.version == good.version
+        # Eight refusals and a swap later, staging holds one version: the loaded file, kept as the spare.
+        spare = swapper.staging.root / SPARE_FILE
+        assert sorted(p.name for p in swapper.staging.root.iterdir()) == [SPARE_FILE]
+        assert swapper.staging.usage() == spare.stat().st_size < signature_num_bytes(signature) + 64 * 1024
+        # The engine copied the weights: scribbling NaNs over the file changes nothing it scores.
+        with open(spare, "r+b") as f:
+            data_start = 8 + int.from_bytes(f.read(8), "little")
+            f.seek(data_start)
+            f.write(b"\xff" * (spare.stat().st_size - data_start))
+        prompt_ids, samples = await engine.sample("12+34=", 2, 1.0, 1.0, 6, seed=99)
+        for s in samples:
+            assert s.version_spans == [(good.version, 0, len(s.token_ids))]
+            gap = (torch.tensor(s.logprobs) - _reference_logprobs(models["v1"], prompt_ids, s.token_ids)).abs().max()
+            assert gap.item() < LOGPROB_TOL
     finally:
         await server.stop(None)
 
