@@ -38,10 +38,10 @@ def test_first_half_projects_the_end_of_the_run() -> None:
     assert out["reason"] == ""
     assert out["final_compute"] == pytest.approx(2.0 * C_MID)
     assert out["half_compute"] == pytest.approx(C_MID)
-    # Curve points k * C_mid / 12 (k = 1..24); the first half is k = 1..12, and the
-    # fit's early cutoff (0.1 x the largest, C_mid / 10) drops k = 1.
+    # Curve points k * C_mid / 12 (k = 1..24); the first half is k = 1..12, all
+    # used (the default early cutoff is at compute 0).
     assert out["points_in_first_half"] == 12
-    assert out["points_used"] == 11
+    assert out["points_used"] == 12
     assert out["measured"] == rows[-1]["pass_rate"]
     truth_at_end = float(predict(2.0 * C_MID, A, B, C_MID, R0))
     assert abs(out["projected"] - truth_at_end) < 0.02

@@ -70,8 +70,8 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
     assert run["b"] == pytest.approx(B, abs=0.3)
     assert run["c_mid"] == pytest.approx(C_MID, rel=0.1)
     assert run["rmse"] == pytest.approx(0.005, abs=0.0015)
-    # 60 points minus those below 0.1 x the largest compute (the first 5).
-    assert run["num_points_used"] == 55
+    # All 60 points: the default early cutoff is at compute 0.
+    assert run["num_points_used"] == 60
     assert run["intervals"]["level"] == 0.95
     low, high = run["intervals"]["a"]
     assert low <= run["a"] <= high and high - low < 0.05
