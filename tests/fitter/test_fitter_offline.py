@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from benchmarks.figure import Target
-from benchmarks.fitter import BENCH_FILE_NAME, bench_fit, bench_fitter
+from benchmarks.fitter import BENCH_FILE_NAME, RECOVERY_FILE_NAME, bench_fit, bench_fitter
 from benchmarks.fitter import main as bench_main
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.evals import EvalFileError, read_eval_log
@@ -397,6 +397,13 @@ def test_bench_fitter_reports_against_the_target(tmp_path: Path) -> None:
     assert bench_main(["--output", str(tmp_path), "--quick"]) == 0
     written = json.loads((tmp_path / BENCH_FILE_NAME).read_text())
     assert set(written) == set(figure.as_json())
+    # The A-recovery figure: the same seeded trials give the same errors, written in full.
+    recovery = json.loads((tmp_path / RECOVERY_FILE_NAME).read_text())
+    assert recovery["name"] == "fitter_a_recovery_fast_early_rise" and recovery["met"] is True
+    ours = recovery["details"]["compute_cutoff_8000"]
+    assert len(ours["errors"]) == 100 and recovery["value"] == ours["max_abs_error"] <= 0.02
+    assert ours["max_abs_error"] == pytest.approx(max(abs(e) for e in ours["errors"]))
+    assert recovery["details"]["relative_cutoff_5000"]["median_error"] > 0.03
 
 
 def test_bench_reports_times_and_the_target() -> None:
