@@ -25,6 +25,7 @@ import numpy as np
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFit, CurveFitSettings, FitError, Intervals, bootstrap_intervals, fit_curve
+from services.fitter.decision import recommend
 from services.fitter.plot import PlotSeries, plot_curves
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,13 @@ class Collector:
         target_multiples: tuple[float, ...],
         axis: ComputeAxis,
         plot: bool,
+        planned_compute: float | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.run_name = run_name
         self.settings = settings
         self.target_multiples = target_multiples
+        self.planned_compute = planned_compute
         self.axis = axis
         self.plot = plot
         self.eval_path = run_dir / "eval.jsonl"
@@ -194,7 +197,9 @@ class Collector:
         if r0 is None:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
         else:
-            proj, fitted = fit_projection(compute, pass_rate, r0, self.settings, self.target_multiples)
+            proj, fitted = fit_projection(
+                compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute
+            )
         last = self.points[-1] if self.points else None
         with self._lock:
             self._snapshot = Snapshot(
@@ -234,11 +239,21 @@ def fit_projection(
     r0: float,
     settings: CurveFitSettings,
     target_multiples: tuple[float, ...],
+    planned_compute: float | None = None,
 ) -> tuple[services_pb2.Projection, tuple[CurveFit, Intervals] | None]:
-    """Fit and bootstrap; a refusal becomes ``ok=False`` with the reason."""
+    """Fit, bootstrap and recommend; a refusal becomes ``ok=False`` with the reason.
+
+    The projections are at ``target_multiples`` of the largest compute so
+    far and, when given, at ``planned_compute`` (the run's budget), which the
+    recommendation looks to. A fit with a parameter at its bound is flagged
+    (``at_bound``, ``identifiable`` false): its projection is not to be read.
+    """
     try:
         fit = fit_curve(compute, pass_rate, r0, settings)
-        targets = [float(compute.max()) * m for m in target_multiples]
+        current = float(compute.max())
+        targets = [current * m for m in target_multiples]
+        if planned_compute is not None and planned_compute not in targets:
+            targets.append(planned_compute)
         iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
     except FitError as exc:
         return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute)), None
@@ -246,6 +261,7 @@ def fit_projection(
         log.warning(
             "curve fit ended on the bound of %s: the points so far do not pin it down", ", ".join(fit.params_at_bounds)
         )
+    advice = recommend(fit, iv, current, planned_compute)
     proj = services_pb2.Projection(
         ok=True,
         a=fit.a,
@@ -266,5 +282,10 @@ def fit_projection(
             for c, i in zip(targets, iv.projection)
         ],
         fitted_unix_s=time.time(),
+        at_bound=list(fit.params_at_bounds),
+        identifiable=fit.identifiable,
+        recommendation=advice.action,
+        recommendation_reason=advice.reason,
+        planned_compute=planned_compute or 0.0,
     )
     return proj, (fit, iv)

@@ -25,6 +25,8 @@ class FitterConfig(ServiceSettings):
     """How the curve is fitted and its uncertainty estimated."""
     target_compute_multiples: tuple[float, ...] = (2.0, 10.0)
     """Project the pass rate at these multiples of the compute spent so far."""
+    planned_compute: float | None = Field(default=None, gt=0.0)
+    """The run's compute budget (accelerator-seconds): projected and recommended against; None looks to the asymptote."""
     telemetry_stale_s: float = Field(default=30.0, gt=0.0)
     """An instance silent for this long is treated as gone (its compute stops growing)."""
     plot: bool = True

@@ -1,4 +1,4 @@
-"""The sigmoid compute-performance curve: fit, uncertainty, comparison.
+"""The sigmoid compute-performance curve: fit and uncertainty.
 
 Owns the maths of RECIPE.md section 5 (ScaleRL, Khatri, Madaan et al. 2025,
 arXiv 2510.13786, Eq. 1 and Appendix on fitting):
@@ -16,14 +16,14 @@ Knows nothing about files, NATS, Prometheus or plotting: inputs are arrays of
 cumulative compute (accelerator-seconds as the services measure it, or any
 positive unit used consistently) and pass rates in [0, 1]; outputs are frozen results. The
 array kernels (grid statistics, batched Levenberg-Marquardt) are in
-``kernels.py``. Torch-free.
+``kernels.py``; what a fit lets one decide is ``decision.py``. Torch-free.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -70,18 +70,22 @@ class CurveFitSettings(Frozen):
     """Spacing of the A grid (pass rate); the paper used 0.005."""
     num_c_mid: int = Field(default=100, ge=2, le=10_000)
     """Number of log-spaced C_mid values on the grid; the paper used 100."""
-    c_mid_low_multiple: float = Field(default=1.0, gt=0.0)
-    """Lowest C_mid on the grid, as a multiple of the smallest observed compute."""
+    c_mid_range: tuple[float, float] | None = None
+    """C_mid search range in compute units, e.g. the paper's (100, 40000) GPU-hours; None derives it from the data."""
+    c_mid_low_multiple: float = Field(default=0.01, gt=0.0)
+    """Without c_mid_range: lowest C_mid, as a multiple of the smallest compute used (below the data, as the paper's)."""
     c_mid_high_multiple: float = Field(default=100.0, gt=0.0)
-    """Highest C_mid on the grid, as a multiple of the largest observed compute."""
+    """Without c_mid_range: highest C_mid, as a multiple of the largest observed compute."""
     b_min: float = Field(default=0.1, gt=0.0)
     """Lower bound on the efficiency exponent B (dimensionless)."""
     b_max: float = Field(default=10.0, gt=0.0)
     """Upper bound on the efficiency exponent B (dimensionless)."""
+    early_cutoff: Literal["compute", "relative"] = "compute"
+    """Early cutoff kind: a fixed compute (the paper: ~1.5k GPU-hours, about one epoch) or a fraction of the largest."""
+    early_cutoff_compute: float = Field(default=0.0, ge=0.0)
+    """With early_cutoff "compute": exclude points below this compute (the axis's unit; 1.5k GPU-hours is 5.4e6 s)."""
     early_cutoff_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
-    """Exclude points with compute below this fraction of the largest observed compute."""
-    early_cutoff_compute: float | None = Field(default=None, ge=0.0)
-    """Absolute early cutoff in compute units (paper: ~1.5k GPU-hours); overrides the fraction."""
+    """With early_cutoff "relative": exclude points below this fraction of the largest observed compute."""
     min_num_points: int = Field(default=4, ge=3)
     """Fewest points left after the cutoff for a fit (three parameters are free)."""
     num_bootstrap_resamples: int = Field(default=200, ge=2, le=100_000)
@@ -99,6 +103,10 @@ class CurveFitSettings(Frozen):
             raise ValueError(f"a_min {self.a_min} must be below a_max {self.a_max}")
         if self.b_min >= self.b_max:
             raise ValueError(f"b_min {self.b_min} must be below b_max {self.b_max}")
+        if self.c_mid_range is not None:
+            low, high = self.c_mid_range
+            if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low < high):
+                raise ValueError(f"c_mid_range {self.c_mid_range} must be two finite compute values 0 < low < high")
         return self
 
 
@@ -133,6 +141,11 @@ class CurveFit:
     """A was held fixed (recipe comparison) rather than fitted."""
     params_at_bounds: tuple[str, ...] = ()
     """Parameters that ended on a bound of their search range: the data do not pin them down."""
+
+    @property
+    def identifiable(self) -> bool:
+        """No parameter ended on a bound: the data pin the curve down, so its projection means something."""
+        return not self.params_at_bounds
 
     def predict(self, compute: ArrayLike) -> FloatArray:
         """Pass rate predicted at ``compute`` (> 0), same shape as the input."""
@@ -170,28 +183,6 @@ class Intervals:
         return low.reshape(c.shape), high.reshape(c.shape)
 
 
-@dataclass(frozen=True)
-class RunComparison:
-    """One row of a recipe comparison, ranked best first."""
-
-    rank: int
-    name: str
-    a: float
-    b: float
-    c_mid: float
-    r0: float
-    rmse: float
-    num_points_used: int
-    tie_group: int
-    """Runs sharing a group have asymptotes within the margin of each other."""
-    shared_a: float | None
-    """Mean A of the group the run was refitted with, if it was tied."""
-    b_at_shared_a: float | None
-    """B refitted with A fixed at ``shared_a``; decides the order within a group."""
-    c_mid_at_shared_a: float | None
-    decided_by: Literal["asymptote", "efficiency"]
-
-
 def predict(compute: ArrayLike, a: ArrayLike, b: ArrayLike, c_mid: ArrayLike, r0: ArrayLike) -> FloatArray:
     """``R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)``, broadcasting over all inputs."""
     c = np.asarray(compute, dtype=np.float64)
@@ -217,6 +208,19 @@ class _Problem:
     a_bounds: tuple[float, float]
     log_c_mid_bounds: tuple[float, float]
     log_b_bounds: tuple[float, float]
+
+
+def early_cutoff(compute: FloatArray, settings: CurveFitSettings) -> float:
+    """The compute below which points are left out as the early, noisy regime.
+
+    ScaleRL (arXiv 2510.13786, Appendix A.5) excludes a fixed amount of
+    compute, about one epoch of prompts (~1.5k GPU-hours): "compute". The
+    "relative" cutoff (a fraction of the largest compute so far) moves as the
+    run grows, so early points re-enter and leave the fit; it is an option.
+    """
+    if settings.early_cutoff == "compute":
+        return float(settings.early_cutoff_compute)
+    return float(settings.early_cutoff_fraction * compute.max())
 
 
 def _check_points(c: FloatArray, y: FloatArray, r0: float) -> None:
@@ -259,10 +263,7 @@ def _prepare(
         raise FitError("too few points: no points given")
     _check_points(c, y, r0)
 
-    if settings.early_cutoff_compute is not None:
-        cutoff = float(settings.early_cutoff_compute)
-    else:
-        cutoff = float(settings.early_cutoff_fraction * c.max())
+    cutoff = early_cutoff(c, settings)
     used = c >= cutoff
     num_used = int(used.sum())
     if num_used < settings.min_num_points:
@@ -295,8 +296,11 @@ def _prepare(
         a_grid = np.round(np.arange(k_low, k_high + 1) * step, 12)
         a_bounds = (max(low, r0 + 1e-9), settings.a_max)
 
-    c_mid_low = settings.c_mid_low_multiple * float(c.min())
-    c_mid_high = settings.c_mid_high_multiple * float(c.max())
+    if settings.c_mid_range is not None:
+        c_mid_low, c_mid_high = settings.c_mid_range
+    else:
+        c_mid_low = settings.c_mid_low_multiple * float(c_used.min())
+        c_mid_high = settings.c_mid_high_multiple * float(c.max())
     if c_mid_high <= c_mid_low:
         raise FitError(f"empty C_mid range [{c_mid_low:g}, {c_mid_high:g}]; check the c_mid multiples")
     return _Problem(
@@ -554,73 +558,3 @@ def bootstrap_intervals(
         b_samples=b_samples,
         c_mid_samples=c_mid_samples,
     )
-
-
-RunData = tuple[ArrayLike, ArrayLike, float]
-
-
-def compare_runs(
-    runs: Mapping[str, RunData],
-    settings: CurveFitSettings | None = None,
-    margin: float = 0.02,
-) -> list[RunComparison]:
-    """Rank runs by fitted asymptote A; break near-ties on efficiency B.
-
-    The paper's procedure: runs whose asymptotes lie within ``margin`` (the
-    +-0.02 it measured between repeated runs) are not told apart by A; they
-    are refitted with A fixed at the group's mean and ordered by B (higher
-    B reaches the shared asymptote with less compute). Groups are formed
-    greedily down the A ranking: a run joins the group of the best run above
-    it if it is within ``margin`` of that run. ``runs`` maps a name to
-    (compute, pass_rate, r0). Raises FitError naming the run that failed.
-    """
-    settings = settings or CurveFitSettings()
-    fits: dict[str, CurveFit] = {}
-    for name, (compute, pass_rate, r0) in runs.items():
-        try:
-            fits[name] = fit_curve(compute, pass_rate, r0, settings)
-        except FitError as error:
-            raise FitError(f"run {name!r}: {error}") from error
-
-    ordered = sorted(fits, key=lambda name: -fits[name].a)
-    groups: list[list[str]] = []
-    for name in ordered:
-        if groups and fits[groups[-1][0]].a - fits[name].a <= margin + 1e-12:
-            groups[-1].append(name)
-        else:
-            groups.append([name])
-
-    rows: list[RunComparison] = []
-    for group_index, group in enumerate(groups):
-        refits: dict[str, CurveFit] = {}
-        shared_a: float | None = None
-        if len(group) > 1:
-            shared_a = float(np.mean([fits[name].a for name in group]))
-            for name in group:
-                compute, pass_rate, r0 = runs[name]
-                try:
-                    refits[name] = fit_curve(compute, pass_rate, r0, settings, fixed_a=shared_a)
-                except FitError as error:
-                    raise FitError(f"run {name!r} at shared A {shared_a:.4f}: {error}") from error
-            group = sorted(group, key=lambda name: -refits[name].b)
-        for name in group:
-            fit = fits[name]
-            refit = refits.get(name)
-            rows.append(
-                RunComparison(
-                    rank=len(rows) + 1,
-                    name=name,
-                    a=fit.a,
-                    b=fit.b,
-                    c_mid=fit.c_mid,
-                    r0=fit.r0,
-                    rmse=fit.rmse,
-                    num_points_used=fit.num_points_used,
-                    tie_group=group_index + 1,
-                    shared_a=shared_a,
-                    b_at_shared_a=refit.b if refit else None,
-                    c_mid_at_shared_a=refit.c_mid if refit else None,
-                    decided_by="efficiency" if refit else "asymptote",
-                )
-            )
-    return rows

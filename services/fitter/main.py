@@ -108,7 +108,13 @@ async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> No
 async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
     axis = ComputeAxis(config.telemetry_stale_s)
     collector = Collector(
-        config.run_dir, config.run_name, config.curve, config.target_compute_multiples, axis, config.plot
+        config.run_dir,
+        config.run_name,
+        config.curve,
+        config.target_compute_multiples,
+        axis,
+        config.plot,
+        config.planned_compute,
     )
     registry = registry_with(ProjectionCollector(config.run_name, collector.snapshot, axis.by_service))
     async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:

@@ -11,12 +11,19 @@ come from the same fit. The fit gauges show the latest successful fit;
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.fitter.collector import Snapshot
+from services.fitter.decision import Action
+
+PARAMS = ("A", "B", "C_mid")
+"""The fitted parameters, as ``at_bound`` names them."""
+ACTIONS: tuple[str, ...] = get_args(Action)
+"""The recommendations (``decision.recommend``)."""
 
 
 class ProjectionCollector(Collector):
@@ -54,6 +61,28 @@ class ProjectionCollector(Collector):
         yield gauge("points_used", "Points used by the latest successful fit", float(p.num_points_used))
         yield gauge("rmse", "RMSE of the latest successful fit", p.rmse)
         yield gauge("last_fit_unix_seconds", "Time of the latest successful fit", p.fitted_unix_s)
+        yield gauge(
+            "identifiable",
+            "1 if no parameter of the latest successful fit is at a bound of its search range, "
+            "0 if one is (not yet identifiable: do not read its projection)",
+            float(p.identifiable),
+        )
+        at_bound = GaugeMetricFamily(
+            "asymptote_fitter_at_bound",
+            "1 if the parameter ended on a bound of its search range in the latest successful fit",
+            labels=["run", "param"],
+        )
+        for param in PARAMS:
+            at_bound.add_metric([self.run, param], float(param in p.at_bound))
+        yield at_bound
+        recommendation = GaugeMetricFamily(
+            "asymptote_fitter_recommendation",
+            "1 for the latest successful fit's recommendation at the planned budget (continue, stop or compare)",
+            labels=["run", "action"],
+        )
+        for action in ACTIONS:
+            recommendation.add_metric([self.run, action], float(p.recommendation == action))
+        yield recommendation
         for name, value, interval in (
             ("a", p.a, p.a_interval),
             ("b", p.b, p.b_interval),

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,16 @@ from services.fitter.curve import (
     FitError,
     Interval,
     Intervals,
-    RunComparison,
     bootstrap_intervals,
-    compare_runs,
     fit_curve,
+)
+from services.fitter.decision import (
+    MARGIN,
+    Recommendation,
+    RunComparison,
+    compare_runs,
+    recommend,
+    summary_line,
 )
 from services.fitter.evals import EvalFileError, read_eval_log, split_baseline
 from services.fitter.holdout import project_from_half
@@ -81,6 +87,8 @@ class RunResult:
     error: str | None = None
     half_run: dict[str, Any] | None = None
     """The half-run check (``holdout.project_from_half``): fit on compute <= half the final, projected to it."""
+    recommendation: Recommendation | None = None
+    """Continue, stop or compare at the planned budget (``decision.recommend``)."""
 
 
 def resolve_eval_path(path: Path) -> Path:
@@ -117,17 +125,29 @@ def _run_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def fit_run(data: RunData, settings: CurveFitSettings, targets: Sequence[float], half_run: bool = True) -> RunResult:
-    """Fit one run with bootstrap intervals (a FitError becomes the result's error), and
-    with ``half_run`` also check how well its first half projects its end."""
+def fit_run(
+    data: RunData,
+    settings: CurveFitSettings,
+    targets: Sequence[float],
+    half_run: bool = True,
+    planned_compute: float | None = None,
+) -> RunResult:
+    """Fit one run with bootstrap intervals (a FitError becomes the result's error), recommend
+    what to do at ``planned_compute`` (None: look to the asymptote), and with ``half_run``
+    also check how well its first half projects its end."""
     run_targets = tuple(targets) or ((2.0 * float(data.compute.max()),) if data.compute.size else ())
+    if planned_compute is not None and planned_compute not in run_targets:
+        run_targets = (*run_targets, planned_compute)
     check = project_from_half(data.compute, data.pass_rate, data.r0, settings) if half_run else None
     try:
         fit = fit_curve(data.compute, data.pass_rate, data.r0, settings)
         intervals = bootstrap_intervals(data.compute, data.pass_rate, data.r0, settings, fit, run_targets)
     except FitError as error:
         return RunResult(data=data, targets=run_targets, error=str(error), half_run=check)
-    return RunResult(data=data, targets=run_targets, fit=fit, intervals=intervals, half_run=check)
+    advice = recommend(fit, intervals, float(data.compute.max()), planned_compute)
+    return RunResult(
+        data=data, targets=run_targets, fit=fit, intervals=intervals, half_run=check, recommendation=advice
+    )
 
 
 def _interval_json(interval: Interval) -> list[float]:
@@ -152,6 +172,8 @@ def run_summary(result: RunResult) -> dict[str, Any]:
         num_points_used=fit.num_points_used,
         cutoff_compute=fit.cutoff_compute,
         params_at_bounds=list(fit.params_at_bounds),
+        at_bound=list(fit.params_at_bounds),
+        identifiable=fit.identifiable,
         intervals={
             "level": intervals.level,
             "a": _interval_json(intervals.a),
@@ -163,6 +185,9 @@ def run_summary(result: RunResult) -> dict[str, Any]:
             for target, interval in zip(intervals.target_compute, intervals.projection)
         ],
     )
+    if result.recommendation is not None:
+        summary["recommendation"] = result.recommendation.action
+        summary["recommendation_reason"] = result.recommendation.reason
     return summary
 
 
@@ -189,10 +214,16 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
             )
             continue
         half_width = (intervals.a.high - intervals.a.low) / 2.0
-        projections = "\n".join(
-            f"{float(fit.predict(target)):.3f} {_format_interval(interval, 3)} @ {target:.4g}"
-            for target, interval in zip(intervals.target_compute, intervals.projection)
-        )
+        if fit.identifiable:
+            projections = "\n".join(
+                f"{float(fit.predict(target)):.3f} {_format_interval(interval, 3)} @ {target:.4g}"
+                for target, interval in zip(intervals.target_compute, intervals.projection)
+            )
+        else:
+            # A bound-limited fit's projection reads like a real one: show none.
+            projections = f"[yellow]not yet identifiable ({', '.join(fit.params_at_bounds)} at bound)[/yellow]"
+        if result.recommendation is not None:
+            projections += f"\n{result.recommendation.action}: {result.recommendation.reason}"
         # A parameter on its search bound is not pinned down by the data: say so beside it.
         bound = {
             name: " [yellow](at bound)[/yellow]" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")
@@ -234,20 +265,39 @@ def _half_run_table(results: Sequence[RunResult]) -> Table:
 
 
 def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
-    table = Table(title=f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)")
-    for column in ("rank", "run", "A", "B", "shared A", "B at shared A", "decided by"):
-        table.add_column(column, justify="left" if column in ("run", "decided by") else "right")
+    table = Table(
+        title=f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)",
+        caption=summary_line(rows),
+    )
+    for column in ("rank", "run", "A", "B", "shared A", "B at shared A", "decided by", "verdict"):
+        table.add_column(column, justify="left" if column in ("run", "decided by", "verdict") else "right")
     for row in rows:
         table.add_row(
-            str(row.rank),
+            "-" if row.rank is None else str(row.rank),
             row.name,
-            f"{row.a:.3f}",
+            f"{row.a:.3f} {_format_interval(row.a_interval, 3)}",
             f"{row.b:.2f}",
             "" if row.shared_a is None else f"{row.shared_a:.3f}",
             "" if row.b_at_shared_a is None else f"{row.b_at_shared_a:.2f}",
             row.decided_by,
+            row.verdict,
         )
     return table
+
+
+def _with_rivals(results: list[RunResult], budget: float | None, margin: float) -> list[RunResult]:
+    """Each run's recommendation, redone knowing the other runs: "compare" where an
+    identifiable rival's A is within ``margin``."""
+    asymptotes = {r.data.name: r.fit.a for r in results if r.fit is not None and r.fit.identifiable}
+    out = []
+    for r in results:
+        if r.fit is None or r.intervals is None:
+            out.append(r)
+            continue
+        rivals = {name: a for name, a in asymptotes.items() if name != r.data.name}
+        advice = recommend(r.fit, r.intervals, float(r.data.compute.max()), budget, margin, rivals)
+        out.append(replace(r, recommendation=advice))
+    return out
 
 
 def plot_run(run_dir: Path, run_name: str, settings: CurveFitSettings, targets: Sequence[float] = ()) -> Path:
@@ -269,8 +319,9 @@ def main_fit(
     settings: CurveFitSettings,
     targets: Sequence[float],
     console: Console | None = None,
-    margin: float = 0.02,
+    margin: float = MARGIN,
     error_console: Console | None = None,
+    budget: float | None = None,
 ) -> int:
     """Fit each run's eval log, print the tables, write fit.json and curve.png.
 
@@ -278,7 +329,9 @@ def main_fit(
     ``output_dir`` defaults to ./fit-report (a run directory's fit.json
     belongs to the live fitter). ``targets`` are compute values to project
     to (default: twice each run's largest compute). Every run also gets the
-    half-run check. With several runs the comparison table is printed and
+    half-run check and a recommendation (continue, stop, or compare when
+    another run's A is within ``margin``) at ``budget`` (None: the
+    asymptote). With several runs the comparison table is printed and
     stored too. Errors go to ``error_console`` (default: ``console`` if one
     is given, else stderr). Returns 0 on success and 2 on bad input: an
     input that could not be read (nothing is written), or a run whose data
@@ -300,12 +353,14 @@ def main_fit(
         return refuse(f"target compute values must be finite and > 0, got {list(targets)}")
     if not (math.isfinite(margin) and margin >= 0):
         return refuse(f"margin must be a finite pass-rate difference >= 0, got {margin}")
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        return refuse(f"--budget must be a finite compute > 0, got {budget}")
     try:
         runs = [load_run(path, name) for path, name in zip(paths, _run_names(paths))]
     except (EvalFileError, OSError) as error:
         return refuse(str(error))
 
-    results = [fit_run(data, settings, targets) for data in runs]
+    results = _with_rivals([fit_run(data, settings, targets, planned_compute=budget) for data in runs], budget, margin)
     console.print(_runs_table(results))
     console.print(_half_run_table(results))
     fitted = {r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0) for r in results if r.fit is not None}
@@ -325,6 +380,7 @@ def main_fit(
             "settings": settings.model_dump(),
             "runs": {result.data.name: run_summary(result) for result in results},
             "comparison": [asdict(row) for row in comparison],
+            "comparison_verdict": summary_line(comparison) if comparison else None,
         }
         (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         target_compute = max((t for r in results for t in r.targets), default=None)
@@ -366,10 +422,13 @@ def main(argv: list[str]) -> int:
         help="compute to project the pass rate to (repeatable; default: twice each run's largest compute)",
     )
     parser.add_argument("--config", type=Path, help="YAML/JSON curve fit settings (env overrides: ASY_FIT__...)")
-    parser.add_argument("--margin", type=float, default=0.02, help="asymptotes closer than this are compared by B")
+    parser.add_argument("--margin", type=float, default=MARGIN, help="asymptotes closer than this are compared by B")
+    parser.add_argument(
+        "--budget", type=float, help="planned compute to recommend continue/stop against (default: the asymptote)"
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = parser.parse_args(argv)
     setup_logging("fit", "text", args.log_level)
     settings = load_config(CurveFitSettings, args.config, "ASY_FIT")
     log_resolved(settings, "fit")
-    return main_fit(args.paths, args.output_dir, settings, args.target, margin=args.margin)
+    return main_fit(args.paths, args.output_dir, settings, args.target, margin=args.margin, budget=args.budget)

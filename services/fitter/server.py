@@ -103,6 +103,7 @@ class FitterServicer(services_pb2_grpc.FitterServicer):
             r0,
             self.collector.settings,
             self.collector.target_multiples,
+            self.collector.planned_compute,
         )
         self.submitted[request.run] = projection
         self.submitted.move_to_end(request.run)

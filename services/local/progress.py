@@ -41,6 +41,42 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+FIT_SUMMARY_KEYS = (
+    "ok",
+    "a",
+    "b",
+    "c_mid",
+    "r0",
+    "a_interval",
+    "reason",
+    "at_bound",
+    "identifiable",
+    "recommendation",
+    "recommendation_reason",
+)
+"""What ``summary.json`` keeps of the fitter's ``fit.json``."""
+
+
+def fit_text(fit: Mapping[str, Any]) -> str | None:
+    """The fit in one line for people: the curve and the recommendation, "not yet
+    identifiable" instead of a projection when a parameter is at its bound, the
+    reason when there is no fit, None before the fitter has said anything."""
+    if not fit.get("ok"):
+        reason = fit.get("reason")
+        return str(reason) if reason else None
+    if not fit.get("identifiable", True):
+        at_bound = ", ".join(fit.get("at_bound") or ())
+        return f"not yet identifiable ({at_bound} at the bound of its search range): run longer"
+    a_iv = fit.get("a_interval") or {}
+    text = (
+        f"A {fit['a']:.3f} [{a_iv.get('low', 0):.3f}, {a_iv.get('high', 0):.3f}]  B {fit['b']:.2f}  "
+        f"C_mid {fit['c_mid']:.4g}  R0 {fit['r0']:.3f}"
+    )
+    if fit.get("recommendation"):
+        text += f"  {fit['recommendation']}: {fit.get('recommendation_reason', '')}"
+    return text
+
+
 class Progress:
     """One run's progress as the run directory shows it, and how it ended (set by the stack)."""
 
@@ -93,15 +129,9 @@ class Progress:
                 "held-out pass rate",
                 f"{last['pass_rate']:.3f} at v{last['policy_version']} (R0 {first['pass_rate']:.3f})",
             )
-        fit = snap["fit"]
-        if fit.get("ok"):
-            a_iv = fit.get("a_interval", {})
-            t.add_row(
-                "projection",
-                f"A {fit['a']:.3f} [{a_iv.get('low', 0):.3f}, {a_iv.get('high', 0):.3f}]  B {fit['b']:.2f}  C_mid {fit['c_mid']:.0f}",
-            )
-        elif fit.get("reason"):
-            t.add_row("projection", f"[dim]{fit['reason']}[/dim]")
+        text = fit_text(snap["fit"])
+        if text is not None:
+            t.add_row("projection", text if snap["fit"].get("ok") else f"[dim]{text}[/dim]")
         services = "  ".join(
             f"{name}:{'[green]ready[/green]' if is_ready else '[red]not ready[/red]'}"
             for name, is_ready in ready.items()
@@ -118,7 +148,8 @@ class Progress:
         if snap["samples_per_s"]:
             parts.append(f"{snap['samples_per_s']:.1f} samples/s")
         if snap["fit"].get("ok"):
-            parts.append(f"A {snap['fit']['a']:.3f}")
+            identifiable = snap["fit"].get("identifiable", True)
+            parts.append(f"A {snap['fit']['a']:.3f}" if identifiable else "A not yet identifiable")
         return "  ".join(parts)
 
     def finished(self, snap: dict[str, Any]) -> bool:
@@ -143,7 +174,7 @@ class Progress:
             "heldout_gain": (final - r0) if final is not None and r0 is not None else None,
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
-            "fit": {k: fit.get(k) for k in ("ok", "a", "b", "c_mid", "r0", "a_interval", "reason")},
+            "fit": {k: fit.get(k) for k in FIT_SUMMARY_KEYS},
             "half_run_projection": half_run_projection(evals) if evals else None,
             "restarts": {name: n for name, n in restarts.items() if n},
             "ledger": read_json(self.run_dir / "ledger.json"),
@@ -160,8 +191,9 @@ class Progress:
         ):
             v = summary[k]
             t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
-        if fit.get("ok"):
-            t.add_row("fit", f"A {fit['a']:.3f}  B {fit['b']:.2f}  C_mid {fit['c_mid']:.1f}  R0 {fit['r0']:.3f}")
+        text = fit_text(fit)
+        if text is not None:
+            t.add_row("fit", text)
         hp = summary["half_run_projection"]
         if hp and hp["projected"] is not None:
             t.add_row(

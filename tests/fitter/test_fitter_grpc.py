@@ -82,8 +82,9 @@ async def test_submit_points_and_read_the_projection_with_intervals(fitter: Fitt
     assert proj.r0 == pytest.approx(R0)
     assert proj.a_interval.low <= proj.a <= proj.a_interval.high
     assert proj.a_interval.high - proj.a_interval.low < 1e-3
-    # Curve points k * 2 C_mid / 29 (k = 1..29) at or above the cutoff 0.1 x 2 C_mid: k = 3..29.
-    assert proj.num_points_used == 27
+    # Curve points k * 2 C_mid / 29 (k = 1..29), all at or above the default cutoff at compute 0.
+    assert proj.num_points_used == 29
+    assert proj.identifiable and list(proj.at_bound) == []
     (projected,) = proj.projections
     assert projected.compute == pytest.approx(4 * C_MID)  # 2 x the largest compute
     assert projected.pass_rate == pytest.approx(float(predict(4 * C_MID, A, B, C_MID, R0)), abs=1e-4)
@@ -472,3 +473,57 @@ def test_a_restarted_collector_refits_from_eval_jsonl_and_skips_a_cut_line(tmp_p
     assert snap.last_compute == run[-1].compute
     assert collector.is_done(19) and not collector.is_done(40)
     assert json.loads((tmp_path / "fit.json").read_text())["a"] == snap.projection.a
+
+
+def _labelled(registry: CollectorRegistry, name: str, label: str) -> dict[str, float]:
+    return {
+        sample.labels[label]: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_a_fit_at_its_bound_is_flagged_in_fit_json_and_on_the_gauges(tmp_path: Path) -> None:
+    """A run heading to A = 0.9 fitted over the paper's A range (up to 0.8) ends on A's bound."""
+    paper_range = CurveFitSettings(a_min=0.45, a_max=0.8, num_bootstrap_resamples=20)
+    collector = Collector(tmp_path, "live", paper_range, (2.0,), ComputeAxis(30.0), plot=False)
+    registry = registry_with(ProjectionCollector("live", collector.snapshot, dict))
+    collector.points = _run_points(20, 0.9, 1.9)
+    flagged = collector.refit()
+    assert flagged.ok and flagged.a == pytest.approx(0.8)
+    fit_json = json.loads((tmp_path / "fit.json").read_text())
+    assert fit_json["at_bound"] == ["A"] and fit_json["identifiable"] is False
+    assert fit_json["recommendation"] == "continue"
+    assert fit_json["recommendation_reason"].startswith("not yet identifiable: A at the bound")
+    assert _scrape(registry)["asymptote_fitter_identifiable"] == 0
+    assert _labelled(registry, "asymptote_fitter_at_bound", "param") == {"A": 1.0, "B": 0.0, "C_mid": 0.0}
+    assert _labelled(registry, "asymptote_fitter_recommendation", "action") == {
+        "continue": 1.0,
+        "stop": 0.0,
+        "compare": 0.0,
+    }
+
+    # The same collector on a run the range holds: identifiable, nothing at a bound.
+    collector.points = _run_points(20, 0.61, 1.9)
+    good = collector.refit()
+    assert good.identifiable and list(good.at_bound) == []
+    fit_json = json.loads((tmp_path / "fit.json").read_text())
+    assert fit_json["at_bound"] == [] and fit_json["identifiable"] is True
+    assert _scrape(registry)["asymptote_fitter_identifiable"] == 1
+    assert set(_labelled(registry, "asymptote_fitter_at_bound", "param").values()) == {0.0}
+
+
+def test_a_planned_budget_is_projected_and_recommended_against(tmp_path: Path) -> None:
+    """The curve's points reach 2 C_mid; the budget 8 C_mid leaves 0.078 to gain: continue."""
+    budget = 8 * C_MID
+    collector = Collector(tmp_path, "live", SETTINGS, (2.0,), ComputeAxis(30.0), plot=False, planned_compute=budget)
+    collector.points = _run_points(20, A, B)
+    projection = collector.refit()
+    assert projection.planned_compute == budget
+    assert [p.compute for p in projection.projections] == pytest.approx([4 * C_MID, budget])
+    gain = float(predict(budget, A, B, C_MID, R0) - predict(2 * C_MID, A, B, C_MID, R0))
+    assert gain == pytest.approx(0.078, abs=0.001)
+    assert projection.recommendation == "continue"
+    # Noiseless points: the bootstrap collapses onto the fit, so the gain's upper end is the gain.
+    assert projection.recommendation_reason == f"up to {gain:.3f} left to gain by the budget {budget:.4g}"

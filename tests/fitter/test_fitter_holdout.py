@@ -11,10 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fitcheck import known_eval_rows
 
+from services.fitter.collector import Collector
+from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.holdout import half_run_projection, project_from_half
 from services.local.config import StackConfig
+from services.local.progress import fit_text
 from services.local.stack import LocalStack
 
 A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
@@ -38,10 +42,10 @@ def test_first_half_projects_the_end_of_the_run() -> None:
     assert out["reason"] == ""
     assert out["final_compute"] == pytest.approx(2.0 * C_MID)
     assert out["half_compute"] == pytest.approx(C_MID)
-    # Curve points k * C_mid / 12 (k = 1..24); the first half is k = 1..12, and the
-    # fit's early cutoff (0.1 x the largest, C_mid / 10) drops k = 1.
+    # Curve points k * C_mid / 12 (k = 1..24); the first half is k = 1..12, all
+    # used (the default early cutoff is at compute 0).
     assert out["points_in_first_half"] == 12
-    assert out["points_used"] == 11
+    assert out["points_used"] == 12
     assert out["measured"] == rows[-1]["pass_rate"]
     truth_at_end = float(predict(2.0 * C_MID, A, B, C_MID, R0))
     assert abs(out["projected"] - truth_at_end) < 0.02
@@ -139,3 +143,45 @@ def test_local_stack_summary_reports_the_half_run_projection(tmp_path: Path) -> 
     assert entry == expected  # JSON round-trips floats exactly; the bootstrap is seeded
     assert entry["reason"] == "" and entry["measured"] == summary["heldout_pass_rate_final"]
     assert abs(entry["error"]) < 0.03
+
+
+def test_local_stack_summary_says_not_yet_identifiable_for_a_fit_at_its_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fitter's fit.json of a run at A's bound: the summary flags it and shows no projection."""
+    rows = known_eval_rows(25, A, B, C_MID, R0, compute_per_version=2.0 * C_MID / 24)
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    paper_range = CurveFitSettings(a_min=0.45, a_max=0.55, num_bootstrap_resamples=20)
+    collector = Collector(tmp_path, tmp_path.name, paper_range, (2.0,), ComputeAxis(30.0), plot=False)
+    assert collector.projection.ok and list(collector.projection.at_bound) == ["A"]
+    monkeypatch.setenv("COLUMNS", "400")  # the summary table's rows on one line each
+    with LocalStack(StackConfig(run_dir=tmp_path, max_steps=240)):
+        pass
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["fit"]["ok"] is True
+    assert summary["fit"]["identifiable"] is False and summary["fit"]["at_bound"] == ["A"]
+    assert summary["fit"]["recommendation"] == "continue"
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "not yet identifiable (A at the bound of its search range): run longer" in printed
+    assert "A 0.550" not in printed  # no projection from a bound-limited fit
+
+
+def test_fit_text_shows_the_curve_and_recommendation_of_an_identifiable_fit() -> None:
+    fit = {
+        "ok": True,
+        "a": 0.61,
+        "b": 1.92,
+        "c_mid": 2542.0,
+        "r0": 0.2,
+        "a_interval": {"low": 0.6, "high": 0.62},
+        "at_bound": [],
+        "identifiable": True,
+        "recommendation": "stop",
+        "recommendation_reason": "the gain left to the asymptote is at most 0.010, within the margin 0.02",
+    }
+    assert fit_text(fit) == (
+        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542  R0 0.200  "
+        "stop: the gain left to the asymptote is at most 0.010, within the margin 0.02"
+    )
+    assert fit_text({"ok": False, "reason": "too few points"}) == "too few points"
+    assert fit_text({}) is None

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from benchmarks.figure import Target
-from benchmarks.fitter import BENCH_FILE_NAME, bench_fit, bench_fitter
+from benchmarks.fitter import BENCH_FILE_NAME, RECOVERY_FILE_NAME, bench_fit, bench_fitter
 from benchmarks.fitter import main as bench_main
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.evals import EvalFileError, read_eval_log
@@ -61,8 +61,8 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
     run_dir = tmp_path / "fit-report"
 
     report = json.loads((run_dir / "fit.json").read_text())
-    assert set(report) == {"settings", "runs", "comparison"}
-    assert report["comparison"] == []
+    assert set(report) == {"settings", "runs", "comparison", "comparison_verdict"}
+    assert report["comparison"] == [] and report["comparison_verdict"] is None
     run = report["runs"]["run-a"]
     assert set(run) >= {"a", "b", "c_mid", "r0", "intervals", "projections", "num_points_used", "rmse"}
     assert run["r0"] == R0
@@ -70,8 +70,8 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
     assert run["b"] == pytest.approx(B, abs=0.3)
     assert run["c_mid"] == pytest.approx(C_MID, rel=0.1)
     assert run["rmse"] == pytest.approx(0.005, abs=0.0015)
-    # 60 points minus those below 0.1 x the largest compute (the first 5).
-    assert run["num_points_used"] == 55
+    # All 60 points: the default early cutoff is at compute 0.
+    assert run["num_points_used"] == 60
     assert run["intervals"]["level"] == 0.95
     low, high = run["intervals"]["a"]
     assert low <= run["a"] <= high and high - low < 0.05
@@ -89,8 +89,7 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
     assert half["final_compute"] == pytest.approx(3.0 * C_MID)
     assert half["half_compute"] == pytest.approx(1.5 * C_MID)
     assert half["points_in_first_half"] == 30
-    first = np.arange(1, 31) * 3.0 * C_MID / 60
-    assert half["points_used"] == int(np.sum(first >= 0.1 * first.max()))
+    assert half["points_used"] == 30  # the default cutoff at compute 0 keeps them all
     records = [json.loads(line) for line in (tmp_path / "run-a" / "eval.jsonl").read_text().splitlines()]
     assert half["measured"] == records[-1]["pass_rate"]
     assert half["error"] == pytest.approx(half["projected"] - half["measured"])
@@ -126,8 +125,35 @@ def test_fit_command_compares_several_runs(tmp_path: Path) -> None:
     assert [row["name"] for row in rows] == ["fast", "slow"]
     assert rows[0]["decided_by"] == "efficiency"
     assert rows[0]["b_at_shared_a"] > rows[1]["b_at_shared_a"]
+    assert report["comparison_verdict"] == "decided: fast > slow"
+    # Each names the other as a rival within the margin: compare, not continue.
+    assert report["runs"]["fast"]["recommendation"] == "compare"
+    assert report["runs"]["fast"]["recommendation_reason"].endswith("of slow: refit with a shared A and compare B")
     assert "Recipe comparison" in output.getvalue()
     assert (out / "curve.png").stat().st_size > 20_000
+
+
+def test_fit_command_leaves_a_fit_at_its_bound_unranked_and_undecided(tmp_path: Path) -> None:
+    """A run heading to A = 0.9 over the paper's A range (0.45..0.80) ends at A = 0.800, its bound;
+    it must not be ranked above a run whose A = 0.61 the data pin down."""
+    _write_run(tmp_path / "at-bound", a=0.9, seed=1)
+    _write_run(tmp_path / "steady", a=0.61, seed=2)
+    out = tmp_path / "out"
+    console, output = _console()
+    settings = CurveFitSettings(a_min=0.45, a_max=0.8, num_bootstrap_resamples=100)
+    code = main_fit([tmp_path / "at-bound", tmp_path / "steady"], out, settings, [], console=console)
+    assert code == EXIT_OK
+    report = json.loads((out / "fit.json").read_text())
+    at_bound = report["runs"]["at-bound"]
+    assert at_bound["a"] == pytest.approx(0.8) and at_bound["at_bound"] == ["A"] and at_bound["identifiable"] is False
+    assert at_bound["recommendation"] == "continue"
+    rows = {row["name"]: row for row in report["comparison"]}
+    assert rows["steady"]["rank"] == 1 and rows["at-bound"]["rank"] is None
+    assert rows["at-bound"]["decided_by"] == "undecided"
+    assert report["comparison_verdict"].startswith("undecided: run longer (at-bound not ordered")
+    text = " ".join(output.getvalue().split())
+    assert "not yet identifiable (A at bound)" in text
+    assert "undecided: run longer" in text
 
 
 def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
@@ -371,6 +397,13 @@ def test_bench_fitter_reports_against_the_target(tmp_path: Path) -> None:
     assert bench_main(["--output", str(tmp_path), "--quick"]) == 0
     written = json.loads((tmp_path / BENCH_FILE_NAME).read_text())
     assert set(written) == set(figure.as_json())
+    # The A-recovery figure: the same seeded trials give the same errors, written in full.
+    recovery = json.loads((tmp_path / RECOVERY_FILE_NAME).read_text())
+    assert recovery["name"] == "fitter_a_recovery_fast_early_rise" and recovery["met"] is True
+    ours = recovery["details"]["compute_cutoff_8000"]
+    assert len(ours["errors"]) == 100 and recovery["value"] == ours["max_abs_error"] <= 0.02
+    assert ours["max_abs_error"] == pytest.approx(max(abs(e) for e in ours["errors"]))
+    assert recovery["details"]["relative_cutoff_5000"]["median_error"] > 0.03
 
 
 def test_bench_reports_times_and_the_target() -> None:

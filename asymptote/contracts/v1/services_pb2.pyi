@@ -158,7 +158,7 @@ class ProjectedValue(_message.Message):
     def __init__(self, compute: _Optional[float] = ..., pass_rate: _Optional[float] = ..., interval: _Optional[_Union[Interval, _Mapping]] = ...) -> None: ...
 
 class Projection(_message.Message):
-    __slots__ = ("ok", "reason", "a", "b", "c_mid", "r0", "a_interval", "b_interval", "c_mid_interval", "num_points_used", "rmse", "projections", "fitted_unix_s")
+    __slots__ = ("ok", "reason", "a", "b", "c_mid", "r0", "a_interval", "b_interval", "c_mid_interval", "num_points_used", "rmse", "projections", "fitted_unix_s", "at_bound", "identifiable", "recommendation", "recommendation_reason", "planned_compute")
     OK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     A_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,11 @@ class Projection(_message.Message):
     RMSE_FIELD_NUMBER: _ClassVar[int]
     PROJECTIONS_FIELD_NUMBER: _ClassVar[int]
     FITTED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    AT_BOUND_FIELD_NUMBER: _ClassVar[int]
+    IDENTIFIABLE_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDATION_REASON_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     reason: str
     a: float
@@ -185,7 +190,12 @@ class Projection(_message.Message):
     rmse: float
     projections: _containers.RepeatedCompositeFieldContainer[ProjectedValue]
     fitted_unix_s: float
-    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ..., a_interval: _Optional[_Union[Interval, _Mapping]] = ..., b_interval: _Optional[_Union[Interval, _Mapping]] = ..., c_mid_interval: _Optional[_Union[Interval, _Mapping]] = ..., num_points_used: _Optional[int] = ..., rmse: _Optional[float] = ..., projections: _Optional[_Iterable[_Union[ProjectedValue, _Mapping]]] = ..., fitted_unix_s: _Optional[float] = ...) -> None: ...
+    at_bound: _containers.RepeatedScalarFieldContainer[str]
+    identifiable: bool
+    recommendation: str
+    recommendation_reason: str
+    planned_compute: float
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ..., a_interval: _Optional[_Union[Interval, _Mapping]] = ..., b_interval: _Optional[_Union[Interval, _Mapping]] = ..., c_mid_interval: _Optional[_Union[Interval, _Mapping]] = ..., num_points_used: _Optional[int] = ..., rmse: _Optional[float] = ..., projections: _Optional[_Iterable[_Union[ProjectedValue, _Mapping]]] = ..., fitted_unix_s: _Optional[float] = ..., at_bound: _Optional[_Iterable[str]] = ..., identifiable: _Optional[bool] = ..., recommendation: _Optional[str] = ..., recommendation_reason: _Optional[str] = ..., planned_compute: _Optional[float] = ...) -> None: ...
 
 class SubmitPointsRequest(_message.Message):
     __slots__ = ("run", "points")
