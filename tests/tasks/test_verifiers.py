@@ -111,7 +111,7 @@ def test_unboxed_answers_count_when_the_box_is_not_required() -> None:
 
 @pytest.mark.parametrize("reference", ["", "   ", "\\frac{", "???", "\\boxed{"])
 def test_math_references_that_do_not_parse_are_refused(reference: str) -> None:
-    with pytest.raises(ValueError, match="empty reference|cannot parse the reference"):
+    with pytest.raises(ValueError, match=r"empty reference|cannot parse the reference"):
         make_verifier(MathSettings()).check_reference(reference)
 
 
@@ -230,5 +230,5 @@ def test_a_plugin_verifier_is_found_through_its_entry_point() -> None:
 
 
 def test_a_missing_plugin_is_named_with_the_installed_ones() -> None:
-    with pytest.raises(ValueError, match="no verifier entry point 'chess' in group 'asymptote.verifiers'"):
+    with pytest.raises(ValueError, match=r"no verifier entry point 'chess' in group 'asymptote\.verifiers'"):
         make_verifier(PluginSettings(entry_point="chess"))
