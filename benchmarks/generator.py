@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asymptote.tasks import TaskSettings, get_task
+from asymptote.tasks import TaskSettings, get_task, parse_task_settings
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(
         standalone_tokens_per_s(
             EngineSettings(model_dir=args.model_dir, max_num_seqs=args.max_num_seqs),
-            TaskSettings.model_validate(json.loads(args.task)),
+            parse_task_settings(json.loads(args.task)),
             args.group_size,
             args.max_tokens,
             args.concurrency,

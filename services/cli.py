@@ -167,16 +167,16 @@ def _prepare_model(argv: list[str]) -> int:
     # Imports torch: only after the request is known to be well formed.
     import torch
 
-    from asymptote.tasks import TaskSettings
+    from asymptote.tasks import parse_task_settings
     from services.learner.build import ModelSpec
     from services.learner.warmstart import WarmstartSettings, prepare_model
 
     try:
         model = ModelSpec.model_validate(req.get("model") or {})
-        task = TaskSettings.model_validate(req.get("task") or {})
+        task = parse_task_settings(req.get("task") or {})
         warmstart = WarmstartSettings.model_validate(req.get("warmstart") or {})
     except ValidationError as exc:
-        section = {"ModelSpec": "model", "TaskSettings": "task", "WarmstartSettings": "warmstart"}[exc.title]
+        section = {"ModelSpec": "model", "WarmstartSettings": "warmstart"}.get(exc.title, "task")
         raise ConfigError(
             validation_problems(exc, lambda loc: "--request " + ".".join(str(p) for p in (section, *loc)))
         ) from exc

@@ -8,31 +8,56 @@ class satisfying ``Task``, and one entry in ``_REGISTRY``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Discriminator, Tag, TypeAdapter, ValidationError
 
 from asymptote.tasks.arithmetic import ALPHABET, ArithmeticSettings, ArithmeticTask
 from asymptote.tasks.base import Problem, Split, Task
+from asymptote.tasks.dataset import DatasetSettings, DatasetTask
+from asymptote.tasks.readers import DatasetError
 
 __all__ = [
     "ALPHABET",
     "ArithmeticSettings",
     "ArithmeticTask",
+    "DatasetError",
+    "DatasetSettings",
+    "DatasetTask",
     "Problem",
     "Split",
     "Task",
     "TaskSettings",
     "get_task",
+    "parse_task_settings",
     "task_names",
 ]
 
-# One member today; becomes Annotated[A | B, Field(discriminator="name")]
-# when a second task exists.
-TaskSettings = ArithmeticSettings
+
+def _task_name(value: object) -> str:
+    # A mapping without a name is the arithmetic task (configs written before datasets).
+    if isinstance(value, dict):
+        return str(value.get("name", "arithmetic"))
+    return str(getattr(value, "name", "arithmetic"))
+
+
+TaskSettings = Annotated[
+    Annotated[ArithmeticSettings, Tag("arithmetic")] | Annotated[DatasetSettings, Tag("dataset")],
+    Discriminator(_task_name),
+]
+"""A task's settings; ``name`` picks the task (arithmetic when a mapping has no name)."""
+
+_ADAPTER: TypeAdapter[ArithmeticSettings | DatasetSettings] = TypeAdapter(TaskSettings)
 
 _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Task]]] = {
     "arithmetic": (ArithmeticSettings, ArithmeticTask),
+    "dataset": (DatasetSettings, DatasetTask),
 }
+
+
+def parse_task_settings(value: object) -> ArithmeticSettings | DatasetSettings:
+    """Validated task settings from a mapping (a missing name means arithmetic); ValidationError if bad."""
+    return _ADAPTER.validate_python(value)
 
 
 def task_names() -> list[str]:
@@ -50,4 +75,9 @@ def get_task(name: str, settings: BaseModel | None = None) -> Task:
     settings_type, factory = _REGISTRY[name]
     if settings is not None and not isinstance(settings, settings_type):
         raise ValueError(f"task {name!r} takes {settings_type.__name__}, got {type(settings).__name__}")
-    return factory(settings) if settings is not None else factory()
+    if settings is None:
+        try:
+            settings = settings_type()
+        except ValidationError as exc:
+            raise ValueError(f"task {name!r} has no default settings: {exc}") from None
+    return factory(settings)

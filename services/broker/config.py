@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from asymptote.config import Frozen, ListenSettings, ServiceSettings
-from asymptote.tasks import TaskSettings
+from asymptote.tasks import ArithmeticSettings, TaskSettings
 
 
 class SamplingSettings(Frozen):
@@ -45,7 +45,7 @@ class BrokerConfig(ServiceSettings):
     """gRPC listener (Broker service and health)."""
     http: ListenSettings = ListenSettings(port=9101)
     """HTTP listener (/metrics, /healthz, /readyz)."""
-    task: TaskSettings = TaskSettings()
+    task: TaskSettings = ArithmeticSettings()
     """The task the curriculum draws prompts from, with its parameters (splits, sizes, seed)."""
     sampling: SamplingSettings = SamplingSettings()
     """Train rollout sampling."""

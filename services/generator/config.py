@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
+from asymptote.tasks import ArithmeticSettings, TaskSettings
 
 
 class EngineSettings(Frozen):
@@ -58,5 +59,7 @@ class GeneratorConfig(MeteredServiceSettings):
     """JetStream ack wait of a leased task; heartbeats extend it while generating."""
     swap_mode: Literal["inflight", "drain"] = "inflight"
     """inflight: pause keeping requests and KV cache, swap, resume (PipelineRL); drain: finish running requests first."""
+    task: TaskSettings = ArithmeticSettings()
+    """The broker's task: a dataset task's prompt template and verifier apply here (its files are not read)."""
     weights_dir: Path = Path("/dev/shm/asymptote")
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""

@@ -20,6 +20,7 @@ from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine, check_platform
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
+from services.generator.scoring import TaskScorer
 from services.generator.server import GeneratorServicer
 from services.generator.swapper import Swapper
 from services.generator.weights import GrpcWeightSource
@@ -49,6 +50,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 config.task_ack_wait_s,
                 metrics,
                 meter,
+                TaskScorer(config.task, config.engine.model_dir, metrics),
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
             server, _ = await start_server(
@@ -73,6 +75,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             finally:
                 await rt.health.shutting_down()
                 await server.stop(grace=2.0)
+                loop.scorer.close()
                 shutil.rmtree(weights_dir, ignore_errors=True)
         finally:
             await engine.shutdown()

@@ -13,6 +13,12 @@ class GeneratorMetrics:
         self.task_errors = Counter(
             "asymptote_generator_task_errors", "Tasks that failed and were handed back", ["reason"], registry=r
         )
+        self.verdicts = Counter(
+            "asymptote_generator_verdicts",
+            "Completions scored by a dataset task's verifier, by reason (correct, wrong, no_answer, timeout, ...)",
+            ["reason"],
+            registry=r,
+        )
         self.inflight_groups = Gauge("asymptote_generator_inflight_groups", "Groups being generated", registry=r)
         self.policy_version = Gauge("asymptote_generator_policy_version", "Loaded policy version", registry=r)
         self.swaps = Counter("asymptote_generator_swaps", "Weight versions loaded", registry=r)

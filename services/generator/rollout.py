@@ -26,9 +26,10 @@ from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
 from asymptote.messages import decode_task
-from asymptote.tasks import Task, get_task
+from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
 from services.generator.metrics import GeneratorMetrics
+from services.generator.scoring import TaskScorer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class RolloutLoop:
         ack_wait_s: float,
         metrics: GeneratorMetrics,
         meter: ComputeMeter,
+        scorer: TaskScorer | None = None,
     ) -> None:
         self.engine = engine
         self.js = js
@@ -73,17 +75,12 @@ class RolloutLoop:
         self.ack_wait_s = ack_wait_s
         self.metrics = metrics
         self.meter = meter
-        self._tasks: dict[str, Task] = {}
+        self.scorer = scorer or TaskScorer(ArithmeticSettings(), engine.settings.model_dir, metrics)
         self._inflight: set[asyncio.Task[None]] = set()
         self._waiting: deque[Msg] = deque()
         """Tasks leased and not started yet (at most ``prefetch``)."""
         self.prefetch = max(1, max_inflight_groups // 4)
         self._drain = asyncio.Event()
-
-    def _task(self, name: str) -> Task:
-        if name not in self._tasks:
-            self._tasks[name] = get_task(name)
-        return self._tasks[name]
 
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.js.pull_subscribe(
@@ -157,7 +154,7 @@ class RolloutLoop:
     async def _handle(self, msg: Msg) -> None:
         try:
             task = decode_task(msg.data)
-            verifier = self._task(task.task_name)
+            self.scorer.check(task.task_name)
         except (PayloadError, ValueError) as exc:  # ValueError: a task name no verifier knows
             await deadletter(self.js, self.names, msg, "tasks", str(exc))
             self.metrics.task_errors.labels("poison").inc()
@@ -182,9 +179,14 @@ class RolloutLoop:
             started = time.time()
             s = task.sampling
             prompt_ids, samples = await self.engine.sample(
-                task.prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+                self.scorer.prompt(task.task_name, task.prompt),
+                s.num_samples,
+                s.temperature,
+                s.top_p,
+                s.max_tokens,
+                int(s.seed),
             )
-            rewards = [verifier.score(x.text, task.reference) for x in samples]
+            rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
             num_tokens = sum(len(x.token_ids) for x in samples)
             kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
             if task.kind == rollout_pb2.TASK_KIND_TRAIN:

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asymptote.config import Frozen
 from asymptote.faults import parse as parse_failpoints
-from asymptote.tasks import TaskSettings
+from asymptote.tasks import ArithmeticSettings, TaskSettings
 
 
 class StackConfig(Frozen):
@@ -59,7 +59,7 @@ class StackConfig(Frozen):
     """k samples per held-out prompt in an eval round."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
-    task: TaskSettings = TaskSettings()
+    task: TaskSettings = ArithmeticSettings()
     """The task."""
     model: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the tiny model's ModelSpec."""

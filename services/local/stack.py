@@ -313,6 +313,7 @@ class LocalStack:
                 http=ListenSettings(port=free_port()),
                 engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
+                task=c.task,
             )
             self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
             paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"

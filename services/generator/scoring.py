@@ -1,0 +1,69 @@
+"""Prompts and rewards for the tasks a generator serves.
+
+Owns the generator's side of a task: the configured dataset task's prompts
+go through its template (the chat template of the model's own tokenizer,
+or the plain one) and its completions through a ``ScoringPool`` with a
+per-completion time limit, each verdict counted by reason. Any other task
+(the built-in arithmetic one) is scored in this process with its default
+settings, its prompt sent as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task
+from asymptote.tasks.prompts import render_prompt
+from asymptote.tasks.verifiers import reward
+from asymptote.tasks.verifiers.pool import ScoringPool
+from services.generator.metrics import GeneratorMetrics
+
+
+class TaskScorer:
+    def __init__(
+        self, settings: ArithmeticSettings | DatasetSettings, model_dir: Path, metrics: GeneratorMetrics
+    ) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.metrics = metrics
+        self._tasks: dict[str, Task] = {}
+        self._pool: ScoringPool | None = None
+        self._tokenizer: Any = None
+
+    def check(self, task_name: str) -> None:
+        """ValueError for a task this generator cannot score (an unknown name, a dataset not configured)."""
+        if task_name == self.settings.name:
+            return
+        if task_name not in self._tasks:
+            self._tasks[task_name] = get_task(task_name)
+
+    def prompt(self, task_name: str, prompt: str) -> str:
+        """The text the engine continues for ``prompt``."""
+        if not isinstance(self.settings, DatasetSettings) or task_name != self.settings.name:
+            return prompt
+        if self._tokenizer is None and self.settings.template == "chat":
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        return render_prompt(prompt, self.settings, self._tokenizer)
+
+    async def rewards(self, task_name: str, completions: list[str], reference: str) -> list[float]:
+        """One reward per completion; a dataset task's are judged in the pool, within its time limit."""
+        s = self.settings
+        if isinstance(s, DatasetSettings) and task_name == s.name:
+            if self._pool is None:
+                self._pool = ScoringPool(s.verifier, s.num_score_workers, s.score_timeout_s)
+            verdicts = await self._pool.judge_all(completions, reference)
+            for v in verdicts:
+                self.metrics.verdicts.labels(v.reason).inc()
+            return [reward(v, s.reward_style) for v in verdicts]
+        self.check(task_name)
+        task = self._tasks.get(task_name) or get_task(task_name, s)
+        self._tasks[task_name] = task
+        return [task.score(c, reference) for c in completions]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
