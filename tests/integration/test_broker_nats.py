@@ -30,7 +30,7 @@ from asymptote.jetstream.names import Names
 from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
-from asymptote.tasks import TaskSettings
+from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
 
@@ -71,7 +71,7 @@ class Harness:
             prefix=self.prefix,
             grpc={"port": free_port()},
             http={"port": free_port()},
-            task=TaskSettings(num_train=40, num_heldout=3, max_digits=2),
+            task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2),
             sampling=SamplingSettings(group_size=2, max_tokens=4),
             eval=EvalSettings(every_versions=1000, num_samples=2),
             batch_prompts=batch_prompts,
