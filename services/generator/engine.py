@@ -230,6 +230,31 @@ class Engine:
             spans = [(self.version, 0, len(token_ids))]
         return Sample(token_ids, logprobs, spans, str(c.finish_reason or ""), c.text)
 
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The log-prob of each token of ``token_ids`` after the first, given the ones before it.
+
+        Scored by the weights the engine serves, as a forward pass over the
+        whole sequence (vLLM's prompt log-probs, before any temperature).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(token_ids) < 2:
+            raise ValueError(f"scoring needs at least two tokens, got {len(token_ids)}")
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        final = None
+        request = TokensPrompt(prompt_token_ids=token_ids)
+        async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex):
+            final = out
+        if final is None or final.prompt_logprobs is None:
+            raise RuntimeError("vLLM returned no prompt log-probs")
+        scored = []
+        for position, (token, entry) in enumerate(zip(token_ids[1:], final.prompt_logprobs[1:]), start=1):
+            if entry is None or token not in entry:
+                raise RuntimeError(f"vLLM returned no log-prob for token {token} at position {position}")
+            scored.append(float(entry[token].logprob))
+        return scored
+
     async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
         """Load ``weights_path`` as ``version`` into the running engine.
 

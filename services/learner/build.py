@@ -328,3 +328,19 @@ def create_test_model_dir(
     model = build_model(spec, tokenizer)
     log.info("built %s-parameter %s (%s) at %s", f"{count_parameters(model):,}", family, spec, out_dir)
     return save_model_dir(model, tokenizer, out_dir)
+
+
+def cast_model_dir(model_dir: Path, dtype: torch.dtype) -> Path:
+    """Store ``model_dir``'s floating-point weights in ``dtype`` (e.g. a bf16 checkpoint, as hubs ship them)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    for file in model_dir.glob("*.safetensors"):
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})
+    config_file = model_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    return model_dir

@@ -29,7 +29,7 @@ from asymptote.contracts.v1 import rollout_pb2
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, Sample
 from services.generator.weights import check_signature, stage
-from services.learner.build import Family, create_test_model_dir
+from services.learner.build import Family, cast_model_dir, create_test_model_dir
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
 from services.learner.trainer import Trainer, collate
@@ -183,12 +183,7 @@ before the step, 0.017 to 0.027 after it; the pre-step model is 1.7 to 2.4 nats 
 
 @pytest.fixture
 async def bf16_engine(tmp_path: Path) -> AsyncIterator[tuple[Path, Engine]]:
-    from safetensors.torch import load_file, save_file
-
-    model_dir = create_test_model_dir("qwen3", False, tmp_path / "qwen3-bf16")
-    for file in model_dir.glob("*.safetensors"):
-        tensors = {k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}
-        save_file(tensors, str(file), metadata={"format": "pt"})
+    model_dir = cast_model_dir(create_test_model_dir("qwen3", False, tmp_path / "qwen3-bf16"), torch.bfloat16)
     settings = EngineSettings(
         model_dir=model_dir, dtype="bfloat16", max_num_seqs=16, kv_cache_memory_bytes=32 * 1024 * 1024
     )
@@ -210,3 +205,18 @@ async def test_a_bf16_engine_takes_a_bf16_update_of_a_learner_step(
     assert gaps.before <= BF16_TOL
     assert gaps.after <= BF16_TOL
     assert gaps.stale > 5 * BF16_TOL
+
+
+async def test_scoring_a_sequence_gives_the_log_probs_it_was_sampled_with(served: tuple[Path, Engine]) -> None:
+    """``Engine.prompt_logprobs`` (a forward over the whole sequence) agrees with sampling's log-probs."""
+    model_dir, engine = served
+    rows = await sample_all(engine, load_tokenizer(model_dir))
+    worst = 0.0
+    for prompt_ids, s in rows[:4]:
+        scored = await engine.prompt_logprobs(prompt_ids + s.token_ids)
+        assert len(scored) == len(prompt_ids) + len(s.token_ids) - 1
+        tail = scored[len(prompt_ids) - 1 :]
+        worst = max(worst, max(abs(a - b) for a, b in zip(tail, s.logprobs)))
+    assert worst <= LOGPROB_TOL
+    with pytest.raises(ValueError, match="at least two tokens"):
+        await engine.prompt_logprobs(rows[0][0][:1])
