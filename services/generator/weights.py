@@ -52,8 +52,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_BYTES = 4 << 20
 """gRPC's default largest message: every message-sized buffer comes from the heap and is reused."""
-_TRIM_THRESHOLD_BYTES = 32 << 20
-"""Freed memory kept at the top of a heap before glibc hands it back to the kernel."""
+_TRIM_THRESHOLD_BYTES = 8 << 20
+"""Freed memory kept at the top of a heap before glibc hands it back to the kernel: a few
+messages' worth, enough to reuse them (32 MiB measured no faster, and held 20 MB more per swap)."""
 
 
 def reuse_freed_message_buffers() -> None:
