@@ -35,6 +35,10 @@ class EngineSettings(Frozen):
     vLLM's fraction-of-memory sizing fails for small values; set None on GPUs to size by fraction."""
     enable_prefix_caching: bool = True
     """Reuse the KV of shared prompt prefixes (the G samples of a group share their prompt)."""
+    prefix_cache_salt: Literal["version", "none"] = "version"
+    """version: each request's cached prefix KV is keyed by the policy version it was submitted under, so
+    after a weight swap no new request reuses KV computed by older weights (sequences in flight keep theirs).
+    none: prefixes are shared across versions (off-policy KV that k does not bound; for comparison only)."""
     quantization: str | None = None
     """vLLM quantization method of the served model (e.g. fp8, awq, gptq); None serves it unquantized.
     Refused at start where the platform cannot run it (vLLM's CPU build: none)."""

@@ -193,7 +193,10 @@ class Engine:
         latest: dict[int, Any] = {}
         self.num_running += num_samples
         try:
-            async for out in self._llm.generate(prompt, params, request_id=uuid.uuid4().hex):
+            request: dict[str, str] = {"prompt": prompt}
+            if self.settings.prefix_cache_salt == "version":
+                request["cache_salt"] = f"policy-v{self.version}"
+            async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex):
                 prompt_ids = list(out.prompt_token_ids or [])
                 for c in out.outputs:
                     latest[c.index] = c
