@@ -40,19 +40,24 @@ def zero_variance_mask(*, rewards: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(
-    *, rewards: torch.Tensor, normalization: Normalization = "batch"
+    *, rewards: torch.Tensor, normalization: Normalization = "batch", keep_zero_variance: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL, RECIPE 1).
 
     ``normalization``: "batch" divides by the std of all advantages of the
     kept prompts (ScaleRL default), "group" by each group's own std (GRPO),
-    "none" leaves them centred (Dr. GRPO). Returns ([P, G] advantages with
-    zero rows for zero-variance prompts, [P] keep mask).
+    "none" leaves them centred (Dr. GRPO). ``keep_zero_variance``: flat
+    groups are kept too (the "no filtering" ablation): their advantages are
+    0, and they count in the batch std and, through the keep mask, in the
+    loss's denominators. Returns ([P, G] advantages with zero rows for
+    zero-variance prompts, [P] keep mask: the prompts in the loss).
     """
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_prompts, group_size], got shape {tuple(rewards.shape)}")
     rewards = rewards.to(torch.float64) if rewards.dtype == torch.float64 else rewards.float()
     keep = zero_variance_mask(rewards=rewards)
+    if keep_zero_variance:
+        keep = torch.ones_like(keep)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if normalization == "batch":
         kept = centred[keep]
@@ -125,6 +130,30 @@ def aggregate(
     elif weights.shape != token_loss.shape:
         raise ValueError(f"weights must be {tuple(token_loss.shape)}, got {tuple(weights.shape)}")
     return (token_loss * weights.to(token_loss.dtype)).sum()
+
+
+def batch_counts(
+    *, rewards: torch.Tensor, keep: torch.Tensor, loss_mask: torch.Tensor, num_taken: int
+) -> dict[str, float]:
+    """What a step's batch semantics made of its prompts (step metrics).
+
+    ``rewards`` [P, G], ``keep`` [P] the prompts in the loss, ``loss_mask``
+    [N, T] with the keep mask applied. ``batch/prompts_taken``: groups the
+    step consumed (``num_taken``: P, more when the broker dropped flat
+    groups to refill the batch); ``batch/kept_prompts``: prompts in the
+    loss's denominators; ``batch/effective_prompts``: the effective batch,
+    prompts that carry a gradient (kept and not flat); ``batch/loss_samples``
+    and ``batch/loss_tokens``: completions and tokens in the loss.
+    """
+    informative = zero_variance_mask(rewards=rewards) & keep.bool()
+    mask = loss_mask.bool()
+    return {
+        "batch/prompts_taken": float(num_taken),
+        "batch/kept_prompts": float(keep.sum()),
+        "batch/effective_prompts": float(informative.sum()),
+        "batch/loss_samples": float(mask.any(dim=1).sum()),
+        "batch/loss_tokens": float(mask.sum()),
+    }
 
 
 def log_ratio(*, logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
