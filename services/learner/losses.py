@@ -213,25 +213,25 @@ def ppo_clip_loss(
     loss is multiplied by ``sg(min(pi_learner / pi_gen, tis_cap))``.
     """
     _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
+    adv = advantages[:, None]
     if tis_cap is None:
         ratio = torch.exp(log_ratio(logp=logp, logp_gen=logp_gen))
-        weight = None
+        r = ratio.detach()
+        capped = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
     else:
+        # The PPO ratio is taken against the learner's own pre-step log-probs,
+        # which it equals within the step: its clip never binds, and the
+        # weight that is capped (the metric) is the truncated IS weight.
         ratio = torch.exp(logp - logp.detach())
-        weight = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen)).clamp(max=tis_cap)
-    adv = advantages[:, None]
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    token_loss = -torch.minimum(ratio * adv, clipped * adv)
-    if weight is not None:
-        token_loss = token_loss * weight
+        r = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
+        capped = r > tis_cap
+    token_loss = -torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    if tis_cap is not None:
+        token_loss = token_loss * r.clamp(max=tis_cap)
     loss = aggregate(
         token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation, weights=weights
     )
-    r = ratio.detach()
-    active = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
-    is_ratio = r if weight is None else torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
-    stats = ratio_stats(ratio=is_ratio, mask=mask, capped=active)
-    return loss, stats
+    return loss, ratio_stats(ratio=r, mask=mask, capped=capped)
 
 
 def gspo_loss(
@@ -250,8 +250,10 @@ def gspo_loss(
 
     ``s_i = exp(mean over loss tokens of (logp - logp_gen))``, per sequence
     ``-min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)``; each
-    sequence's loss stands on each of its loss tokens and is then aggregated
-    (sample: the plain mean over sequences).
+    sequence's loss stands on each of its loss tokens and is then aggregated.
+    "sample" gives GSPO's objective, the plain mean over sequences. "prompt"
+    and "token" divide by token counts, so each sequence weighs as many times
+    as it has loss tokens: a length-weighted GSPO (LossSettings warns).
     """
     _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
     m = mask.to(logp.dtype)
