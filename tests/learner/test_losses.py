@@ -810,3 +810,13 @@ def test_tis_capped_fraction_counts_weights_over_the_cap(name: str, aggregation:
     assert stats["is/capped_frac"] == pytest.approx(capped / len(weights), rel=1e-6)
     assert stats["is/rho_max"] == pytest.approx(max(weights), rel=1e-9)
     assert stats["is/rho_min"] == pytest.approx(min(weights), rel=1e-9)
+
+
+def test_gspo_says_when_its_aggregation_weighs_by_length() -> None:
+    from services.learner.config import LossSettings
+
+    for aggregation in ("prompt", "token"):
+        (warning,) = LossSettings(name="gspo", aggregation=aggregation).warnings()
+        assert f"aggregation {aggregation!r}" in warning and "length-weighted" in warning
+    assert LossSettings(name="gspo", aggregation="sample").warnings() == []
+    assert LossSettings(name="cispo").warnings() == []
