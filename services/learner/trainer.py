@@ -198,8 +198,9 @@ class Trainer:
             rewards=inputs.rewards, normalization=s.normalization, keep_zero_variance=inputs.keep_zero_variance
         )
         per_completion_adv = advantages.reshape(-1)
-        # Zero-variance prompts are dropped from the loss (RECIPE 1): masking
-        # their tokens keeps them out of the aggregation's denominators too.
+        # Prompts not kept (flat ones, unless the batch keeps them) are out of
+        # the loss (RECIPE 1): masking their tokens keeps them out of the
+        # aggregation's denominators too.
         loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
         weights = aggregation_weights(mask=loss_mask, prompt_index=inputs.prompt_index, aggregation=s.aggregation)
         counts = batch_counts(rewards=inputs.rewards, keep=keep, loss_mask=loss_mask, num_taken=inputs.num_taken)
