@@ -477,3 +477,8 @@ def read_signature(model_dir: Path) -> Signature:
                 dtype = _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype().lower())
                 signature[name] = (dtype, tuple(int(d) for d in sl.get_shape()))
     return signature
+
+
+def count_stored_parameters(model_dir: Path) -> int:
+    """Parameters stored in a model directory's safetensors files (a tied head once)."""
+    return sum(math.prod(shape) for _, shape in read_signature(model_dir).values())

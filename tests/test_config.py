@@ -274,3 +274,26 @@ def test_every_config_field_has_a_description(model: type[BaseModel]) -> None:
                 missing.append(f"{current.__name__}.{name}")
             todo.extend(_models_in(field.annotation))
     assert not missing
+
+
+@pytest.mark.parametrize(
+    ("num_parameters", "lr", "warns"),
+    [
+        (8_000_000_000, 1e-4, True),  # the tiny model's default on an 8B model: 200x the paper's
+        (1_000_000_000, 2e-5, True),
+        (8_000_000_000, 5e-7, False),  # the paper's
+        (8_000_000_000, 1e-5, False),  # 20x the paper's: the most that passes
+        (999_999_999, 1e-4, False),
+        (340_000, 1e-4, False),  # the tiny model with its own
+    ],
+)
+def test_a_large_model_with_a_tiny_model_learning_rate_is_warned_about(
+    num_parameters: int, lr: float, warns: bool, tmp_path: Path
+) -> None:
+    config = LearnerConfig(model_dir=tmp_path, optimizer={"lr": lr})  # type: ignore[arg-type]
+    found = config.warnings(num_parameters=num_parameters)
+    assert len(found) == int(warns)
+    if warns:
+        assert f"optimizer.lr {lr:g}" in found[0] and f"{num_parameters / 1e9:.1f}B parameters" in found[0]
+        assert "5e-07" in found[0] and "100 warm-up steps" in found[0]
+    assert config.warnings() == []  # the model's size unknown: nothing to compare with

@@ -18,10 +18,11 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
-from asymptote.contracts.v1 import rollout_pb2
+from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.ledger import Ledger
+from services.broker.config import ZeroVariance
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,13 @@ class Batcher:
         max_staleness_versions: int,
         ledger: Ledger | None = None,
         stream_seq: Callable[[Ackable], int | None] = no_stream_seq,
-        zero_variance: Literal["refill", "keep"] = "refill",
+        zero_variance: ZeroVariance = "drop",
     ) -> None:
         self.batch_prompts = batch_prompts
         self.zero_variance = zero_variance
-        """refill: flat groups are dropped here and the batch waits for B informative ones; keep: they are
-        batched like any other (the learner leaves them out of the loss)."""
+        """refill: flat groups are dropped here and the batch waits for B informative ones; drop and keep:
+        they are batched like any other, and the batch's header tells the learner whether they count in
+        the loss's denominators (keep) or not (drop)."""
         self.max_staleness = max_staleness_versions
         self.ledger = ledger
         self.stream_seq = stream_seq
@@ -99,6 +101,11 @@ class Batcher:
         """Groups per second the learner gets through when fed (EWMA): a batch's size over the time
         from handing it out to the learner's next request, which leaves out any wait for data."""
         self._last_handed: tuple[float, int] | None = None
+
+    @property
+    def keep_zero_variance(self) -> bool:
+        """Flat groups count in the loss's denominators (the learner reads it in each batch's header)."""
+        return self.zero_variance == "keep"
 
     def is_stale(self, group: rollout_pb2.RolloutGroup, learner_version: int) -> bool:
         return learner_version - int(group.min_version) > self.max_staleness
@@ -199,6 +206,19 @@ class Batcher:
         """Drops since the last batch (for the learner's step metrics)."""
         out, self._since_batch = self._since_batch, Counter()
         return out
+
+    def header(self, batch: HandedOut) -> services_pb2.BatchHeader:
+        """The header the learner gets with ``batch``: its counters since the previous batch, and whether flat
+        groups count in the loss. Takes the counters."""
+        drops = self.take_counters()
+        return services_pb2.BatchHeader(
+            batch_id=batch.batch_id,
+            num_groups=len(batch.items),
+            num_zero_variance=drops.get("zero_variance", 0),
+            num_stale_dropped=drops.get("stale", 0),
+            oldest_group_age_s=time.monotonic() - min(h.received_s for h in batch.items),
+            keep_zero_variance=self.keep_zero_variance,
+        )
 
     async def _evict_stale(self) -> None:
         kept: deque[Held] = deque()

@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 from asymptote.config import Frozen, ListenSettings, ServiceSettings
 from asymptote.tasks import ArithmeticSettings, TaskSettings
 
+ZeroVariance = Literal["drop", "refill", "keep"]
+"""What a batch does with groups whose rewards are all equal (BrokerConfig.zero_variance)."""
+
 
 class SamplingSettings(Frozen):
     """How generators sample train rollouts."""
@@ -53,11 +56,12 @@ class BrokerConfig(ServiceSettings):
     """Held-out evaluation schedule."""
     batch_prompts: int = Field(default=16, ge=1)
     """B: prompt groups per learner batch (after filtering)."""
-    zero_variance: Literal["refill", "keep"] = "refill"
-    """Groups whose completions all got the same reward: refill drops them here and fills the batch with
-    B informative groups (DAPO's dynamic sampling); keep batches them like the rest, and the learner's
-    loss leaves them out (the paper's "no filtering" ablation, and what a model that never yet earns a
-    reward needs to advance at all)."""
+    zero_variance: ZeroVariance = "drop"
+    """Groups whose completions all got the same reward. drop (ScaleRL): a step takes the next B groups
+    and the learner leaves the flat ones out of the loss and its denominators, so the step trains on the
+    informative ones among them. refill (DAPO's dynamic sampling): the broker drops them and fills the
+    batch with B informative groups, which acts as a larger batch. keep (the paper's "no filtering"
+    ablation): they stay in the loss's denominators with zero advantage."""
     mode: Literal["async", "sync"] = "async"
     """async: PipelineRL-k, generators run ahead of the learner by up to k versions.
     sync: conventional on-policy RL; a batch's tasks are issued only once the learner

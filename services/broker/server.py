@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -39,17 +38,8 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
         if batch is None:
             yield services_pb2.BatchPart(header=services_pb2.BatchHeader())
             return
-        drops = batcher.take_counters()
         self.pipeline.metrics.groups_served.inc(len(batch.items))
-        yield services_pb2.BatchPart(
-            header=services_pb2.BatchHeader(
-                batch_id=batch.batch_id,
-                num_groups=len(batch.items),
-                num_zero_variance=drops.get("zero_variance", 0),
-                num_stale_dropped=drops.get("stale", 0),
-                oldest_group_age_s=time.monotonic() - min(h.received_s for h in batch.items),
-            )
-        )
+        yield services_pb2.BatchPart(header=batcher.header(batch))
         if not request.packed:
             for held in batch.items:
                 yield services_pb2.BatchPart(group=held.group)

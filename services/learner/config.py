@@ -44,6 +44,16 @@ class LossSettings(Frozen):
             raise ValueError(f"tis_cap applies to grpo and dapo; {self.name} takes its IS correction otherwise")
         return self
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but likely not what was meant (logged when the learner starts)."""
+        if self.name == "gspo" and self.aggregation != "sample":
+            return [
+                f"loss gspo with aggregation {self.aggregation!r} divides by token counts, so each sequence's "
+                "loss weighs by its length: a length-weighted GSPO; aggregation 'sample' gives GSPO's own "
+                "objective (the mean over sequences)"
+            ]
+        return []
+
 
 class OptimizerSettings(Frozen):
     """AdamW with linear warm-up then constant learning rate."""
@@ -60,6 +70,25 @@ class OptimizerSettings(Frozen):
     """AdamW epsilon (paper: 1e-15 for an 8B model in bf16)."""
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     """Gradient clipping by global norm."""
+
+
+PAPER_LR = 5e-7
+"""ScaleRL's learning rate for its 8B dense model (AdamW, after 100 warm-up steps)."""
+LARGE_MODEL_NUM_PARAMETERS = 1_000_000_000
+"""From this size on a model is in the paper's class, not the tiny model's."""
+LARGE_MODEL_MAX_LR = 1e-5
+"""Learning rates above this (20x the paper's) are tiny-model settings on a large model."""
+
+
+def learning_rate_warning(*, lr: float, num_parameters: int) -> str | None:
+    """A warning when a billion-parameter-class model is given a tiny model's learning rate."""
+    if num_parameters < LARGE_MODEL_NUM_PARAMETERS or lr <= LARGE_MODEL_MAX_LR:
+        return None
+    return (
+        f"optimizer.lr {lr:g} is a tiny-model learning rate, {lr / PAPER_LR:.0f}x the paper's {PAPER_LR:g} "
+        f"for its 8B model, and this model has {num_parameters / 1e9:.1f}B parameters; ScaleRL used AdamW "
+        "with lr 5e-7 after 100 warm-up steps, eps 1e-15, weight decay 0.01"
+    )
 
 
 class LearnerConfig(MeteredServiceSettings):
@@ -112,3 +141,11 @@ class LearnerConfig(MeteredServiceSettings):
     """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL on GPUs, else gloo)."""
     dist_timeout_s: float = Field(default=86_400.0, gt=0.0)
     """How long a rank waits in a collective: ranks > 0 wait there while rank 0 waits for data."""
+
+    def warnings(self, num_parameters: int | None = None) -> list[str]:
+        """Valid settings that are likely not what was meant; ``num_parameters``: the model's, when known."""
+        found = self.loss.warnings()
+        if num_parameters is not None:
+            lr = learning_rate_warning(lr=self.optimizer.lr, num_parameters=num_parameters)
+            found += [lr] if lr else []
+        return found

@@ -263,7 +263,7 @@ class Learner:
                 self.trained_ids[g.group_id] = None
             while len(self.trained_ids) > MAX_TRAINED_IDS:
                 self.trained_ids.popitem(last=False)
-            inputs = collate(groups, self.pad_id)
+            inputs = collate(groups, self.pad_id, header)
             step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
             # Mid-step: the weights moved in memory, nothing announced or checkpointed yet.
             failpoint("learner.step.trained", self.step + 1)

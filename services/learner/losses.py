@@ -40,19 +40,24 @@ def zero_variance_mask(*, rewards: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(
-    *, rewards: torch.Tensor, normalization: Normalization = "batch"
+    *, rewards: torch.Tensor, normalization: Normalization = "batch", keep_zero_variance: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL, RECIPE 1).
 
     ``normalization``: "batch" divides by the std of all advantages of the
     kept prompts (ScaleRL default), "group" by each group's own std (GRPO),
-    "none" leaves them centred (Dr. GRPO). Returns ([P, G] advantages with
-    zero rows for zero-variance prompts, [P] keep mask).
+    "none" leaves them centred (Dr. GRPO). ``keep_zero_variance``: flat
+    groups are kept too (the "no filtering" ablation): their advantages are
+    0, and they count in the batch std and, through the keep mask, in the
+    loss's denominators. Returns ([P, G] advantages with zero rows for
+    zero-variance prompts, [P] keep mask: the prompts in the loss).
     """
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_prompts, group_size], got shape {tuple(rewards.shape)}")
     rewards = rewards.to(torch.float64) if rewards.dtype == torch.float64 else rewards.float()
     keep = zero_variance_mask(rewards=rewards)
+    if keep_zero_variance:
+        keep = torch.ones_like(keep)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if normalization == "batch":
         kept = centred[keep]
@@ -127,6 +132,30 @@ def aggregate(
     return (token_loss * weights.to(token_loss.dtype)).sum()
 
 
+def batch_counts(
+    *, rewards: torch.Tensor, keep: torch.Tensor, loss_mask: torch.Tensor, num_taken: int
+) -> dict[str, float]:
+    """What a step's batch semantics made of its prompts (step metrics).
+
+    ``rewards`` [P, G], ``keep`` [P] the prompts in the loss, ``loss_mask``
+    [N, T] with the keep mask applied. ``batch/prompts_taken``: groups the
+    step consumed (``num_taken``: P, more when the broker dropped flat
+    groups to refill the batch); ``batch/kept_prompts``: prompts in the
+    loss's denominators; ``batch/effective_prompts``: the effective batch,
+    prompts that carry a gradient (kept and not flat); ``batch/loss_samples``
+    and ``batch/loss_tokens``: completions and tokens in the loss.
+    """
+    informative = zero_variance_mask(rewards=rewards) & keep.bool()
+    mask = loss_mask.bool()
+    return {
+        "batch/prompts_taken": float(num_taken),
+        "batch/kept_prompts": float(keep.sum()),
+        "batch/effective_prompts": float(informative.sum()),
+        "batch/loss_samples": float(mask.any(dim=1).sum()),
+        "batch/loss_tokens": float(mask.sum()),
+    }
+
+
 def log_ratio(*, logp: torch.Tensor, logp_gen: torch.Tensor) -> torch.Tensor:
     """Clamped ``logp - logp_gen`` (see LOG_RATIO_CLAMP for why)."""
     return (logp - logp_gen).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -184,25 +213,25 @@ def ppo_clip_loss(
     loss is multiplied by ``sg(min(pi_learner / pi_gen, tis_cap))``.
     """
     _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
+    adv = advantages[:, None]
     if tis_cap is None:
         ratio = torch.exp(log_ratio(logp=logp, logp_gen=logp_gen))
-        weight = None
+        r = ratio.detach()
+        capped = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
     else:
+        # The PPO ratio is taken against the learner's own pre-step log-probs,
+        # which it equals within the step: its clip never binds, and the
+        # weight that is capped (the metric) is the truncated IS weight.
         ratio = torch.exp(logp - logp.detach())
-        weight = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen)).clamp(max=tis_cap)
-    adv = advantages[:, None]
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    token_loss = -torch.minimum(ratio * adv, clipped * adv)
-    if weight is not None:
-        token_loss = token_loss * weight
+        r = torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
+        capped = r > tis_cap
+    token_loss = -torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    if tis_cap is not None:
+        token_loss = token_loss * r.clamp(max=tis_cap)
     loss = aggregate(
         token_loss=token_loss, mask=mask, prompt_index=prompt_index, aggregation=aggregation, weights=weights
     )
-    r = ratio.detach()
-    active = ((adv > 0) & (r > 1.0 + eps_high)) | ((adv < 0) & (r < 1.0 - eps_low))
-    is_ratio = r if weight is None else torch.exp(log_ratio(logp=logp.detach(), logp_gen=logp_gen))
-    stats = ratio_stats(ratio=is_ratio, mask=mask, capped=active)
-    return loss, stats
+    return loss, ratio_stats(ratio=r, mask=mask, capped=capped)
 
 
 def gspo_loss(
@@ -221,8 +250,10 @@ def gspo_loss(
 
     ``s_i = exp(mean over loss tokens of (logp - logp_gen))``, per sequence
     ``-min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)``; each
-    sequence's loss stands on each of its loss tokens and is then aggregated
-    (sample: the plain mean over sequences).
+    sequence's loss stands on each of its loss tokens and is then aggregated.
+    "sample" gives GSPO's objective, the plain mean over sequences. "prompt"
+    and "token" divide by token counts, so each sequence weighs as many times
+    as it has loss tokens: a length-weighted GSPO (LossSettings warns).
     """
     _check_shapes(logp=logp, logp_gen=logp_gen, advantages=advantages, mask=mask, prompt_index=prompt_index)
     m = mask.to(logp.dtype)

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(LearnerConfig, args.config, "ASY_LEARNER")
     setup_logging("learner", config.log_format)
     log_resolved(config, "learner")
+    for warning in config.warnings(_num_parameters(config.model_dir)):
+        log.warning("%s", warning)
     # Imports torch: only after the config is valid.
     from services.learner.distributed import DataParallel
     from services.learner.loop import follow, serve
@@ -38,3 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     if not dp.is_main:
         return follow(config, dp)
     return run_until_stopped(lambda stop: serve(config, stop, dp))
+
+
+def _num_parameters(model_dir: Path) -> int | None:
+    """The model's size for the config's warnings; None when unreadable (loading it says why)."""
+    from asymptote.codec import count_stored_parameters
+    from asymptote.errors import WeightsError
+
+    try:
+        return count_stored_parameters(model_dir)
+    except (OSError, WeightsError) as exc:
+        log.debug("could not count the parameters in %s: %s", model_dir, exc)
+        return None

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from asymptote.contracts.v1 import rollout_pb2
+from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
-from services.learner.losses import aggregation_weights, group_advantages, log_ratio, policy_loss
+from services.learner.losses import aggregation_weights, batch_counts, group_advantages, log_ratio, policy_loss
 from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, pack
 
 
@@ -38,10 +38,19 @@ class StepInputs:
     temperature: torch.Tensor  # [N]
     truncated: torch.Tensor  # [N] bool
     num_prompts: int
+    num_taken: int  # groups the step consumed: num_prompts, plus the flat ones the broker dropped to refill it
+    keep_zero_variance: bool  # flat groups count in the loss's denominators (the broker's zero_variance: keep)
 
 
-def collate(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> StepInputs:
-    """Lay out a batch of groups; raises PayloadError on inconsistent groups."""
+def collate(
+    groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int, header: services_pb2.BatchHeader | None = None
+) -> StepInputs:
+    """Lay out a batch of groups; raises PayloadError on inconsistent groups.
+
+    ``header``: the broker's for the batch, which says how many groups the
+    step took and whether flat groups count in the loss (None: a batch
+    assembled here, every group taken, flat ones left out).
+    """
     if not groups:
         raise PayloadError("empty batch")
     group_size = len(groups[0].completions)
@@ -83,6 +92,8 @@ def collate(groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int) -> StepInpu
         temperature=torch.tensor(temperature, dtype=torch.float32),
         truncated=torch.tensor(truncated, dtype=torch.bool),
         num_prompts=len(groups),
+        num_taken=len(groups) if header is None else header.num_groups + header.num_zero_variance,
+        keep_zero_variance=header is not None and header.keep_zero_variance,
     )
 
 
@@ -183,12 +194,16 @@ class Trainer:
         started = time.perf_counter()
         s = self.loss_settings
         self.model.train()
-        advantages, keep = group_advantages(rewards=inputs.rewards, normalization=s.normalization)
+        advantages, keep = group_advantages(
+            rewards=inputs.rewards, normalization=s.normalization, keep_zero_variance=inputs.keep_zero_variance
+        )
         per_completion_adv = advantages.reshape(-1)
-        # Zero-variance prompts are dropped from the loss (RECIPE 1): masking
-        # their tokens keeps them out of the aggregation's denominators too.
+        # Prompts not kept (flat ones, unless the batch keeps them) are out of
+        # the loss (RECIPE 1): masking their tokens keeps them out of the
+        # aggregation's denominators too.
         loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
         weights = aggregation_weights(mask=loss_mask, prompt_index=inputs.prompt_index, aggregation=s.aggregation)
+        counts = batch_counts(rewards=inputs.rewards, keep=keep, loss_mask=loss_mask, num_taken=inputs.num_taken)
         score_mask = inputs.loss_mask
         batch, temperature, logp_gen = inputs.batch, inputs.temperature, inputs.logp_gen
         if self.dp.distributed:
@@ -244,7 +259,7 @@ class Trainer:
             "reward/mean": float(inputs.rewards.mean()),
             "reward/pass_rate": float((inputs.rewards > 0).float().mean()),
             "batch/prompts": float(inputs.num_prompts),
-            "batch/kept_prompts": float(keep.sum()),
+            **counts,
             "batch/samples": float(inputs.rewards.numel()),
             "batch/tokens": float(num_tokens),
             "batch/truncation_rate": float(inputs.truncated.float().mean()),

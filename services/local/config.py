@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from asymptote.config import Frozen
 from asymptote.faults import parse as parse_failpoints
 from asymptote.tasks import ArithmeticSettings, TaskSettings
+from services.broker.config import ZeroVariance
 
 
 class StackConfig(Frozen):
@@ -43,8 +44,9 @@ class StackConfig(Frozen):
     """Completion length cap."""
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k."""
-    zero_variance: Literal["refill", "keep"] = "refill"
-    """The broker's zero-variance groups: refill (drop them, fill the batch with informative ones) or keep."""
+    zero_variance: ZeroVariance = "drop"
+    """Groups whose rewards are all equal: drop (ScaleRL: out of the loss and its denominators), refill
+    (DAPO: the broker replaces them with informative ones) or keep (in the denominators, zero advantage)."""
     mode: Literal["async", "sync"] = "async"
     """async: PipelineRL-k with in-flight weight swaps. sync: conventional on-policy RL for
     comparison (generators drain before every swap, the learner trains only on data of its

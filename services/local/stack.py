@@ -32,6 +32,7 @@ from typing import Any, Self
 from pydantic import SecretStr
 from rich.live import Live
 
+from asymptote.codec import count_stored_parameters
 from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.errors import ConfigError
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
@@ -293,6 +294,9 @@ class LocalStack:
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
         )
+        if c.model_dir is not None:
+            for warning in learner.warnings(count_stored_parameters(model_dir)):
+                log.warning("%s", warning)
         fitter = FitterConfig(
             nats=nats,
             log_format="text",

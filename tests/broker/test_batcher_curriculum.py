@@ -20,7 +20,7 @@ from asymptote.errors import PayloadError
 from asymptote.messages import validate_group
 from asymptote.tasks import ArithmeticSettings, Problem
 from services.broker.batcher import Batcher, is_zero_variance, pass_rate
-from services.broker.config import BrokerConfig
+from services.broker.config import BrokerConfig, ZeroVariance
 from services.broker.curriculum import Curriculum
 
 # --------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def ids(items: Sequence[object]) -> list[str]:
 
 @pytest.mark.parametrize("rewards", [(0.0, 0.0, 0.0), (1.0, 1.0, 1.0), (-1.0, -1.0, -1.0), (0.5, 0.5, 0.5)])
 async def test_zero_variance_groups_are_acked_and_counted(rewards: tuple[float, ...]) -> None:
-    batcher = Batcher(batch_prompts=2, max_staleness_versions=8)
+    batcher = Batcher(batch_prompts=2, max_staleness_versions=8, zero_variance="refill")
     msg, reason = await admit(batcher, "zv", rewards)
     assert reason == "zero_variance"
     assert msg.calls == ["ack"]  # accounted for: never redelivered
@@ -109,9 +109,10 @@ async def test_groups_with_signal_are_held_unacked(rewards: tuple[float, ...]) -
     assert batcher.num_held == 1
 
 
-async def test_zero_variance_keep_batches_flat_groups_in_arrival_order() -> None:
-    """keep: flat groups are held and batched like informative ones; nothing is dropped."""
-    batcher = Batcher(batch_prompts=3, max_staleness_versions=8, zero_variance="keep")
+@pytest.mark.parametrize("mode", ["drop", "keep"])
+async def test_zero_variance_drop_and_keep_batch_flat_groups_in_arrival_order(mode: ZeroVariance) -> None:
+    """drop and keep: flat groups are held and batched like informative ones; nothing is dropped here."""
+    batcher = Batcher(batch_prompts=3, max_staleness_versions=8, zero_variance=mode)
     msgs = [
         (await admit(batcher, gid, rewards))[0]
         for gid, rewards in (("a", (0.0, 0.0)), ("b", (0.0, 1.0)), ("c", (1.0, 1.0)))
@@ -121,6 +122,30 @@ async def test_zero_variance_keep_batches_flat_groups_in_arrival_order() -> None
     handed = await batcher.next_batch(learner_version=0, num_groups=3, timeout_s=1.0)
     assert handed is not None
     assert ids(handed.items) == ["a", "b", "c"]
+    header = batcher.header(handed)
+    assert (header.num_groups, header.num_zero_variance) == (3, 0)
+    assert header.keep_zero_variance == (mode == "keep")
+
+
+async def test_zero_variance_refill_fills_the_batch_with_informative_groups() -> None:
+    """refill: flat groups are acked and counted on arrival; the batch waits for B informative ones."""
+    batcher = Batcher(batch_prompts=2, max_staleness_versions=8, zero_variance="refill")
+    msgs = {
+        gid: (await admit(batcher, gid, rewards))[0]
+        for gid, rewards in (("a", (0.0, 0.0)), ("b", (0.0, 1.0)), ("c", (1.0, 1.0)), ("d", (1.0, 0.0)))
+    }
+    assert [gid for gid, m in msgs.items() if m.acked] == ["a", "c"]
+    handed = await batcher.next_batch(learner_version=0, num_groups=2, timeout_s=1.0)
+    assert handed is not None
+    assert ids(handed.items) == ["b", "d"]
+    header = batcher.header(handed)
+    assert (header.num_groups, header.num_zero_variance, header.keep_zero_variance) == (2, 2, False)
+
+
+def test_zero_variance_defaults_to_drop() -> None:
+    """ScaleRL's semantics by default: a step takes the next B groups, flat ones included."""
+    assert Batcher(batch_prompts=1, max_staleness_versions=0).zero_variance == "drop"
+    assert BrokerConfig().zero_variance == "drop"
 
 
 async def test_stale_groups_are_dropped_on_arrival() -> None:
@@ -172,7 +197,7 @@ async def test_next_batch_times_out_with_none() -> None:
 
 
 async def test_next_batch_returns_once_enough_arrive() -> None:
-    batcher = Batcher(batch_prompts=3, max_staleness_versions=8)
+    batcher = Batcher(batch_prompts=3, max_staleness_versions=8, zero_variance="refill")
     waiter = asyncio.create_task(batcher.next_batch(learner_version=0, num_groups=3, timeout_s=5.0))
     msgs = []
     for i in range(4):
@@ -258,7 +283,7 @@ async def test_heartbeat_touches_every_held_message_and_survives_failures() -> N
         async def in_progress(self) -> None:
             raise ConnectionError("nats down")
 
-    batcher = Batcher(batch_prompts=1, max_staleness_versions=8)
+    batcher = Batcher(batch_prompts=1, max_staleness_versions=8, zero_variance="refill")
     ready, _ = await admit(batcher, "ready")
     flaky = Flaky("flaky")
     await batcher.admit(make_group("flaky", (0.0, 1.0)), flaky)

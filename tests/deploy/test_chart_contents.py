@@ -35,7 +35,7 @@ from asymptote.config import TlsSettings, load_config
 from services.broker.config import BrokerConfig
 from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
-from services.learner.config import LearnerConfig
+from services.learner.config import LearnerConfig, OptimizerSettings
 
 MODELS = {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
 WORKLOAD_KIND = {"broker": "Deployment", "generator": "Deployment", "learner": "StatefulSet", "fitter": "Deployment"}
@@ -639,3 +639,19 @@ def test_dockerfiles_run_each_role_as_the_charts_user(role: str, base: str) -> N
     defaults = MODELS[role].model_fields
     assert exposed == {defaults["grpc"].default.port, defaults["http"].default.port}
     assert exposed == set(values[role]["ports"].values())
+
+
+def test_the_chart_defaults_are_the_papers_8b_preset(tmp_path: Path) -> None:
+    """The chart deploys GPU-sized models: its defaults are ScaleRL's 8B dense settings, which the
+    learner's large-model learning-rate check accepts (the tiny model's defaults it does not)."""
+    rendered = render("defaults")
+    learner = load_service_config(rendered, "learner", tmp_path)
+    broker = load_service_config(rendered, "broker", tmp_path)
+    opt = learner.optimizer
+    assert (opt.lr, opt.warmup_steps, opt.eps, opt.weight_decay) == (5e-7, 100, 1e-15, 0.01)
+    assert (learner.loss.name, learner.loss.eps_max) == ("cispo", 4.0)
+    assert (learner.batch_prompts, broker.batch_prompts, broker.sampling.group_size) == (48, 48, 16)
+    assert (broker.max_staleness_versions, broker.zero_variance) == (8, "drop")
+    assert learner.warnings(num_parameters=8_000_000_000) == []
+    tiny_lr = learner.model_copy(update={"optimizer": OptimizerSettings()})
+    assert len(tiny_lr.warnings(num_parameters=8_000_000_000)) == 1

@@ -5,8 +5,8 @@ biases and a tied head, a Qwen3 with q/k norms), a random-initialised model
 directory runs through the whole stack: the learner loads it through the Auto
 classes, the generator's vLLM engine serves it, and each new version reaches
 the generator. A random model earns no reward on the arithmetic task, so every
-group is flat; the broker keeps them (``zero_variance: keep``) so that the
-learner still steps and announces versions. What is asserted is the plumbing:
+group is flat; under the default batch semantics (``zero_variance: drop``)
+the broker still hands them out, so the learner steps and announces versions. What is asserted is the plumbing:
 versions advance, the generator loads them (its gauge, and the versions on the
 tokens of the groups it published), and the final eval round is sampled by the
 final version.
@@ -45,7 +45,6 @@ def test_the_stack_trains_a_model_directory(family: str, launch: Callable[..., A
         checkpoint_every_steps=MAX_STEPS,
         batch_prompts=4,
         group_size=2,
-        zero_variance="keep",
     ) as (stack, progress):
         assert stack.follow() == 0, progress.outcome
         stack.save_final_metrics()

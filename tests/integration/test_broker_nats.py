@@ -31,7 +31,7 @@ from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
 from asymptote.tasks import ArithmeticSettings
-from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
+from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings, ZeroVariance
 from services.broker.main import serve
 
 _prefixes = itertools.count()
@@ -61,7 +61,12 @@ def make_group(task: rollout_pb2.GenerationTask, rewards: list[float], version: 
 
 class Harness:
     def __init__(
-        self, server: NatsServer, batch_prompts: int = 2, outstanding: int = 4, ack_wait_s: float = 30.0
+        self,
+        server: NatsServer,
+        batch_prompts: int = 2,
+        outstanding: int = 4,
+        ack_wait_s: float = 30.0,
+        zero_variance: ZeroVariance = "drop",
     ) -> None:
         self.server = server
         self.prefix = f"it{next(_prefixes)}"
@@ -77,6 +82,7 @@ class Harness:
             batch_prompts=batch_prompts,
             max_outstanding_tasks=outstanding,
             ack_wait_s=ack_wait_s,
+            zero_variance=zero_variance,
             log_format="text",
         )
         self.stop = asyncio.Event()
@@ -139,8 +145,9 @@ async def running(h: Harness) -> AsyncIterator[Harness]:
 
 
 @pytest.fixture
-async def harness(nats: NatsServer) -> AsyncIterator[Harness]:
-    async with running(Harness(nats)) as h:
+async def harness(nats: NatsServer, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """A running broker; parametrize it indirectly with a zero_variance mode (default: the config's)."""
+    async with running(Harness(nats, zero_variance=getattr(request, "param", "drop"))) as h:
         yield h
 
 
@@ -189,6 +196,7 @@ async def stream_count(h: Harness, stream: str) -> int:
     return int((await h.js.stream_info(stream)).state.messages)
 
 
+@pytest.mark.parametrize("harness", ["refill"], indirect=True)
 async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     h = harness
 
@@ -238,6 +246,31 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     status = await h.stub.Status(services_pb2.StatusRequest())
     assert status.gauges["groups_trained"] == 2
     assert status.gauges["dropped_zero_variance"] == 1
+
+
+@pytest.mark.parametrize(
+    ("harness", "served", "num_zero_variance"),
+    [("drop", ["t1", "t2"], 0), ("keep", ["t1", "t2"], 0), ("refill", ["t1", "t3"], 1)],
+    indirect=["harness"],
+)
+async def test_zero_variance_modes_over_nats_and_grpc(
+    harness: Harness, served: list[str], num_zero_variance: int
+) -> None:
+    """drop and keep serve the next B groups, flat ones included; refill drops the flat one and fills the
+    batch from the next; the header tells the learner which, and every group is acked once accounted for."""
+    h = harness
+    train = [t for t, _ in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:3]
+    assert len(train) == 3
+    tasks = dict(zip(["t1", "t2", "t3"], train))
+    for name, rewards in (("t1", [1.0, 0.0]), ("t2", [0.0, 0.0]), ("t3", [0.0, 1.0])):
+        assert not await publish_group(h, make_group(tasks[name], rewards))
+    header, groups = await next_batch(h)
+    assert [g.group_id for g in groups] == [tasks[name].task_id for name in served]
+    assert header.num_groups == 2 and header.num_zero_variance == num_zero_variance
+    assert header.keep_zero_variance == (h.config.zero_variance == "keep")
+    await h.stub.Ack(services_pb2.AckRequest(batch_ids=[header.batch_id]))
+    # Left in the stream: the group no batch took yet (drop, keep); none under refill.
+    await wait_for_count(h, h.names.rollouts_stream, 1 - num_zero_variance)
 
 
 async def test_poison_is_dead_lettered_and_broker_keeps_serving(harness: Harness) -> None:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from asymptote.codec import count_stored_parameters
 from asymptote.tasks import ALPHABET
 from services.learner.build import (
     CHAT_SPECIAL_TOKENS,
@@ -58,6 +59,7 @@ def test_directory_loads_strictly_with_its_parameters_counted_once(model_dir: Pa
     model = load_model(model_dir)  # ModelError on any weight either side lacks
     tensors = checkpoint(model_dir)
     assert count_parameters(model) == sum(t.numel() for t in tensors.values())
+    assert count_stored_parameters(model_dir) == count_parameters(model)  # read from the files, no torch
     tied = model.config.tie_word_embeddings
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     assert (head.weight is embed.weight) == tied

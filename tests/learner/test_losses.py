@@ -776,3 +776,47 @@ def test_public_functions_take_keyword_arguments_only() -> None:
     for f in public:
         kinds = {p.kind for p in inspect.signature(f).parameters.values()}
         assert kinds == {inspect.Parameter.KEYWORD_ONLY}, f.__name__
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_tis_capped_fraction_counts_weights_over_the_cap(name: str, aggregation: Aggregation) -> None:
+    """With TIS the capped fraction is the share of loss tokens whose weight pi_learner / pi_gen exceeded
+    tis_cap; the PPO clip against the learner's own log-probs cannot bind, so it was read as 0 before."""
+    from services.learner.losses import policy_loss
+
+    batch = random_batch(seed=31, num_prompts=4, group_size=3, num_tokens=5, reward_kind="binary")
+    rewards, logp, logp_gen, mask, prompt_index = batch.tensors()
+    advantages, keep = group_advantages(rewards=rewards)
+    loss_mask = mask * keep[prompt_index, None]
+    _, stats = policy_loss(
+        name=name,
+        logp=logp,
+        logp_gen=logp_gen,
+        advantages=advantages.reshape(-1),
+        mask=loss_mask,
+        prompt_index=prompt_index,
+        aggregation=aggregation,
+        tis_cap=2.0,
+    )
+    weights = [
+        math.exp(_clamp(batch.logp[n][t] - batch.logp_gen[n][t]))
+        for n in range(len(batch.logp))
+        for t in range(len(batch.logp[n]))
+        if loss_mask[n, t]
+    ]
+    capped = sum(1 for w in weights if w > 2.0)
+    assert 0 < capped < len(weights)
+    assert stats["is/capped_frac"] == pytest.approx(capped / len(weights), rel=1e-6)
+    assert stats["is/rho_max"] == pytest.approx(max(weights), rel=1e-9)
+    assert stats["is/rho_min"] == pytest.approx(min(weights), rel=1e-9)
+
+
+def test_gspo_says_when_its_aggregation_weighs_by_length() -> None:
+    from services.learner.config import LossSettings
+
+    for aggregation in ("prompt", "token"):
+        (warning,) = LossSettings(name="gspo", aggregation=aggregation).warnings()
+        assert f"aggregation {aggregation!r}" in warning and "length-weighted" in warning
+    assert LossSettings(name="gspo", aggregation="sample").warnings() == []
+    assert LossSettings(name="cispo").warnings() == []

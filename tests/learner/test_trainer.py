@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from asymptote.contracts.v1 import rollout_pb2
+from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
+from services.broker.batcher import Batcher
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.model import PolicyForward, pack
 from services.learner.trainer import Trainer, collate
@@ -282,3 +284,172 @@ def test_lm_head_runs_in_float32_for_a_bfloat16_body() -> None:
     # ...and the body did compute in bf16: float32 throughout gives other log-probs.
     logp32, _ = PolicyForward(model)(batch, temperature)
     assert (logp32.detach()[mask] - want[mask]).abs().max() > 1e-4
+
+
+# --------------------------------------------------------------------------
+# Batch semantics: zero_variance drop, refill and keep, broker to loss
+# --------------------------------------------------------------------------
+
+
+def semantics_stream() -> list[rollout_pb2.RolloutGroup]:
+    """Six groups in arrival order, two of them flat (all rewards 1, all 0); lengths differ so that
+    every denominator tells the modes apart. One log-ratio is large enough to cap CISPO's weight."""
+    return [
+        group(
+            "a",
+            [1, 5, 6],
+            [
+                completion([7, 8, 2], [-0.5, -8.0, -1.0], [(5, 0, 3)], 1.0, loss_mask=[1, 1, 0]),
+                completion([9], [-1.5], [(5, 0, 1)], 0.0),
+                completion([10, 11], [-2.0, -2.5], [(5, 0, 2)], 0.0),
+            ],
+        ),
+        group(
+            "flat1",
+            [1, 6],
+            [
+                completion([11, 12, 2], [-0.5, -0.5, -0.5], [(5, 0, 3)], 1.0),
+                completion([13], [-0.5], [(5, 0, 1)], 1.0),
+                completion([4, 5, 6, 7], [-1.0, -1.0, -1.0, -1.0], [(5, 0, 4)], 1.0),
+            ],
+        ),
+        group(
+            "b",
+            [1, 5],
+            [
+                completion([7, 7, 7, 7], [-0.125, -2.0, -3.0, -0.75], [(5, 0, 4)], 1.0, loss_mask=[1, 0, 0, 1]),
+                completion([8, 2], [-0.0625, -4.0], [(5, 0, 2)], 1.0),
+                completion([3], [-2.0], [(5, 0, 1)], 0.0),
+            ],
+        ),
+        group(
+            "flat0",
+            [1, 12, 3],
+            [
+                completion([14, 2], [-3.0, -0.25], [(5, 0, 2)], 0.0),
+                completion([15, 15, 15], [-2.0, -2.0, -2.0], [(5, 0, 3)], 0.0),
+                completion([2], [-0.1], [(5, 0, 1)], 0.0),
+            ],
+        ),
+        group(
+            "c",
+            [1, 9],
+            [
+                completion([6, 2], [-1.0, -0.5], [(5, 0, 2)], 0.0),
+                completion([6, 6, 2], [-1.0, -3.0, -0.5], [(5, 0, 3)], 1.0),
+                completion([5], [-0.75], [(5, 0, 1)], 1.0),
+            ],
+        ),
+        group(
+            "d",
+            [1, 10, 11],
+            [
+                completion([12], [-2.0], [(5, 0, 1)], 1.0),
+                completion([13, 2], [-2.5, -0.5], [(5, 0, 2)], 0.0),
+                completion([14, 14], [-1.0, -1.0], [(5, 0, 2)], 0.0),
+            ],
+        ),
+    ]
+
+
+class FakeMsg:
+    """Stands in for a JetStream message (the batcher with real ones: tests/integration/test_broker_nats.py)."""
+
+    async def ack(self) -> None: ...
+    async def nak(self, delay: float | None = None) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+async def broker_batch(
+    mode: str, stream: Sequence[rollout_pb2.RolloutGroup], batch_prompts: int
+) -> tuple[list[rollout_pb2.RolloutGroup], services_pb2.BatchHeader]:
+    """The groups and header the broker hands the learner when ``stream`` arrives in order."""
+    batcher = Batcher(batch_prompts=batch_prompts, max_staleness_versions=8, zero_variance=mode)  # type: ignore[arg-type]
+    for g in stream:
+        await batcher.admit(g, FakeMsg())
+    handed = await batcher.next_batch(learner_version=5, num_groups=batch_prompts, timeout_s=1.0)
+    assert handed is not None
+    return [h.group for h in handed.items], batcher.header(handed)
+
+
+def reference_semantics(
+    model: LlamaForCausalLM, stream: Sequence[rollout_pb2.RolloutGroup], mode: str, batch_prompts: int, agg: str
+) -> dict[str, float]:
+    """RECIPE 1-2 and the three modes, one group, completion and token at a time (CISPO, eps_max 4).
+
+    drop and keep take the next B groups; refill skips flat ones until B informative ones are in (the
+    skipped ones are taken too). drop and refill leave flat groups out of the loss; keep counts them.
+    """
+    taken, batch = 0, []
+    for g in stream:
+        if len(batch) == batch_prompts:
+            break
+        taken += 1
+        flat = len({c.reward for c in g.completions}) == 1
+        if mode == "refill" and flat:
+            continue
+        batch.append(g)
+    in_loss = [mode == "keep" or len({c.reward for c in g.completions}) > 1 for g in batch]
+    centred = [
+        [c.reward - sum(x.reward for x in g.completions) / len(g.completions) for c in g.completions] for g in batch
+    ]
+    values = [a for row, k in zip(centred, in_loss) if k for a in row]
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    per_prompt: list[list[list[float]]] = []  # prompt -> completion -> token loss terms
+    for g, row, k in zip(batch, centred, in_loss):
+        completions = []
+        for c, a in zip(g.completions, row):
+            if not k:
+                continue
+            logp, _ = reference_logprobs(model, list(g.prompt_token_ids), list(c.token_ids), 1.0)
+            mask = list(c.loss_mask) or [1] * len(c.token_ids)
+            terms = []
+            for t, lp in enumerate(logp.double().tolist()):
+                if mask[t]:
+                    weight = min(math.exp(lp - c.logprobs[t]), 4.0)
+                    terms.append(-weight * (a / std) * lp)
+            completions.append(terms)
+        per_prompt.append(completions)
+    if agg == "prompt":
+        prompt_means = [sum(sum(c) for c in p) / sum(len(c) for c in p) for p in per_prompt if p]
+        loss = sum(prompt_means) / len(prompt_means)
+    elif agg == "sample":
+        sample_means = [sum(c) / len(c) for p in per_prompt for c in p]
+        loss = sum(sample_means) / len(sample_means)
+    else:
+        tokens = [x for p in per_prompt for c in p for x in c]
+        loss = sum(tokens) / len(tokens)
+    return {
+        "loss": loss,
+        "batch/prompts_taken": float(taken),
+        "batch/prompts": float(len(batch)),
+        "batch/kept_prompts": float(sum(in_loss)),
+        "batch/effective_prompts": float(sum(1 for row in centred if any(a != 0 for a in row))),
+        "batch/loss_samples": float(sum(len(p) for p in per_prompt)),
+        "batch/loss_tokens": float(sum(len(c) for p in per_prompt for c in p)),
+    }
+
+
+@pytest.mark.parametrize("aggregation", ["prompt", "sample", "token"])
+@pytest.mark.parametrize(
+    ("mode", "denominators"),
+    [
+        # (taken, in batch, kept, effective, samples in the loss, tokens in the loss)
+        ("drop", (4, 4, 2, 2, 6, 10)),
+        ("refill", (6, 4, 4, 4, 12, 21)),
+        ("keep", (4, 4, 4, 2, 12, 24)),
+    ],
+)
+async def test_batch_semantics_loss_and_denominators_match_reference(
+    tiny_llama: LlamaForCausalLM, mode: str, denominators: tuple[int, ...], aggregation: str
+) -> None:
+    stream = semantics_stream()
+    groups, header = await broker_batch(mode, stream, batch_prompts=4)
+    want = reference_semantics(tiny_llama, stream, mode, 4, aggregation)
+    trainer = Trainer(copy.deepcopy(tiny_llama), LossSettings(aggregation=aggregation), OptimizerSettings())  # type: ignore[arg-type]
+    got = trainer.step(collate(groups, PAD, header), learner_version=5)
+    keys = ("batch/prompts_taken", "batch/prompts", "batch/kept_prompts", "batch/effective_prompts")
+    keys += ("batch/loss_samples", "batch/loss_tokens")
+    assert [got[k] for k in keys] == [want[k] for k in keys] == list(map(float, denominators))
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)

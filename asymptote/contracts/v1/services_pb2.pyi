@@ -66,18 +66,20 @@ class NextBatchRequest(_message.Message):
     def __init__(self, learner_version: _Optional[int] = ..., num_groups: _Optional[int] = ..., timeout_s: _Optional[float] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("batch_id", "num_groups", "num_zero_variance", "num_stale_dropped", "oldest_group_age_s")
+    __slots__ = ("batch_id", "num_groups", "num_zero_variance", "num_stale_dropped", "oldest_group_age_s", "keep_zero_variance")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     NUM_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
     NUM_STALE_DROPPED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_GROUP_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     num_groups: int
     num_zero_variance: int
     num_stale_dropped: int
     oldest_group_age_s: float
-    def __init__(self, batch_id: _Optional[str] = ..., num_groups: _Optional[int] = ..., num_zero_variance: _Optional[int] = ..., num_stale_dropped: _Optional[int] = ..., oldest_group_age_s: _Optional[float] = ...) -> None: ...
+    keep_zero_variance: bool
+    def __init__(self, batch_id: _Optional[str] = ..., num_groups: _Optional[int] = ..., num_zero_variance: _Optional[int] = ..., num_stale_dropped: _Optional[int] = ..., oldest_group_age_s: _Optional[float] = ..., keep_zero_variance: _Optional[bool] = ...) -> None: ...
 
 class RolloutGroups(_message.Message):
     __slots__ = ("groups",)
