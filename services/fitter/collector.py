@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,16 @@ class Point:
     min_version: int
     max_version: int
     unix_s: float
+    tokens_by_version: dict[str, int] = field(default_factory=dict)
+    """Completion tokens of the round each policy version sampled (JSON keys are strings)."""
+    compute_by_version: dict[str, float] = field(default_factory=dict)
+    """Those versions' compute; ``compute`` is their token-weighted mean."""
+
+
+def sampled_compute(tokens_by_version: dict[int, int], compute_of: Callable[[int], float]) -> float:
+    """The compute that produced a round: each sampling version's compute, weighted by its tokens."""
+    total = sum(tokens_by_version.values())
+    return sum(n * compute_of(v) for v, n in tokens_by_version.items()) / total
 
 
 @dataclass(frozen=True)
@@ -151,10 +162,20 @@ class Collector:
         del self._rounds[result.eval_id]
         self._done.add(version)
         rs = list(rnd.results.values())
+        finished = min(r.finished_unix_s for r in rs)
+        tokens: dict[int, int] = {}
+        for r in rs:
+            for v, n in r.tokens_by_version.items():
+                tokens[int(v)] = tokens.get(int(v), 0) + int(n)
+        if not any(tokens.values()):  # no tokens, or a generator that does not say: the issued version
+            tokens = {version: 1}
+        computes = {v: self.axis.at_version(v, finished) for v in sorted(tokens)}
         point = Point(
             step=version,
             policy_version=version,
-            compute=self.axis.at_version(version, min(r.finished_unix_s for r in rs)),
+            compute=sampled_compute(tokens, computes.__getitem__),
+            tokens_by_version={str(v): n for v, n in sorted(tokens.items())},
+            compute_by_version={str(v): c for v, c in computes.items()},
             pass_rate=float(np.mean([r.num_correct / max(r.num_samples, 1) for r in rs])),
             num_prompts=len(rs),
             num_samples=sum(r.num_samples for r in rs),

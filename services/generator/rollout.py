@@ -245,7 +245,12 @@ class RolloutLoop:
         self, task: rollout_pb2.GenerationTask, samples: list[Sample], rewards: list[float], num_tokens: int
     ) -> rollout_pb2.EvalResult:
         versions = [v for x in samples for v, _, _ in x.version_spans] or [self.engine.version]
+        tokens_by_version: dict[int, int] = {}
+        for x in samples:
+            for v, start, end in x.version_spans:
+                tokens_by_version[v] = tokens_by_version.get(v, 0) + end - start
         return rollout_pb2.EvalResult(
+            tokens_by_version=tokens_by_version,
             eval_id=task.eval_id,
             task_id=task.task_id,
             prompt_id=task.prompt_id,

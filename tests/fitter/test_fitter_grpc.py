@@ -312,6 +312,36 @@ async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: P
     assert (tmp_path / "fit.json").exists()
 
 
+async def test_an_eval_round_sits_at_the_compute_of_the_versions_that_sampled_it(
+    fitter: Fitter, tmp_path: Path
+) -> None:
+    """Issued at version 10, sampled by versions 16 and 18 (in flight): placed at their compute, token-weighted."""
+    _, _, collector = fitter
+    axis = collector.axis
+    for v in (0, 10, 16, 18):
+        axis.observe(
+            rollout_pb2.ComputeTelemetry(
+                service="learner", instance_id="l", num_devices=1, device_seconds_total=5.0 * v, unix_s=5.0 * v
+            )
+        )
+        axis.mark_version(v, 5.0 * v)
+    results = _eval_round(10, 0.5, num_prompts=2)
+    results[0].tokens_by_version.update({16: 30, 18: 10})
+    results[1].tokens_by_version.update({18: 60})
+    results[0].min_version, results[0].max_version = 16, 18
+    results[1].min_version = results[1].max_version = 18
+    assert collector.add_result(results[0]) is None
+    point = collector.add_result(results[1])
+    assert point is not None
+    # 30 tokens at version 16 (80 s) and 70 at version 18 (90 s); version 10's own compute is 50 s.
+    assert point.compute == pytest.approx((30 * 80.0 + 70 * 90.0) / 100)
+    assert point.tokens_by_version == {"16": 30, "18": 70}
+    assert point.compute_by_version == {"16": 80.0, "18": 90.0}
+    row = json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[-1])
+    assert (row["policy_version"], row["min_version"], row["max_version"]) == (10, 16, 18)
+    assert row["compute"] == pytest.approx(87.0)
+
+
 def _scrape(registry: CollectorRegistry) -> dict[str, float]:
     return {
         sample.name: sample.value

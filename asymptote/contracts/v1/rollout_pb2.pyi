@@ -128,7 +128,14 @@ class RolloutGroup(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., task: _Optional[_Union[GenerationTask, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., generator_id: _Optional[str] = ..., started_unix_s: _Optional[float] = ..., finished_unix_s: _Optional[float] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens")
+    __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens", "tokens_by_version")
+    class TokensByVersionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +148,7 @@ class EvalResult(_message.Message):
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BY_VERSION_FIELD_NUMBER: _ClassVar[int]
     eval_id: str
     task_id: str
     prompt_id: str
@@ -153,7 +161,8 @@ class EvalResult(_message.Message):
     generator_id: str
     finished_unix_s: float
     num_tokens: int
-    def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    tokens_by_version: _containers.ScalarMap[int, int]
+    def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ..., tokens_by_version: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
     __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained", "step", "final")
