@@ -40,6 +40,7 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             yield services_pb2.BatchPart(header=services_pb2.BatchHeader())
             return
         drops = batcher.take_counters()
+        rollouts = batcher.take_rollout_counts()
         self.pipeline.metrics.groups_served.inc(len(batch.items))
         yield services_pb2.BatchPart(
             header=services_pb2.BatchHeader(
@@ -48,6 +49,9 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
                 num_zero_variance=drops.get("zero_variance", 0),
                 num_stale_dropped=drops.get("stale", 0),
                 oldest_group_age_s=time.monotonic() - min(h.received_s for h in batch.items),
+                num_completions=rollouts["completions"],
+                num_interrupted=rollouts["interrupted"],
+                num_truncated=rollouts["truncated"],
             )
         )
         if not request.packed:
