@@ -18,7 +18,7 @@ import pytest
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.messages import validate_group
-from asymptote.tasks import Problem, TaskSettings
+from asymptote.tasks import ArithmeticSettings, Problem
 from services.broker.batcher import Batcher, is_zero_variance, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
@@ -494,7 +494,7 @@ def test_outstanding_limit_follows_consumption_and_k() -> None:
     from services.broker.pipeline import BrokerPipeline
 
     config = BrokerConfig(
-        task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
+        task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
     )
     p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     assert p.outstanding_limit() == 32  # nothing measured yet: two batches
@@ -562,7 +562,7 @@ def test_outstanding_limit_follows_the_learners_pace_not_what_it_got() -> None:
     from services.broker.pipeline import BrokerPipeline
 
     config = BrokerConfig(
-        task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
+        task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=16, max_staleness_versions=8
     )
     p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     p.issue_latency_s = 1.0

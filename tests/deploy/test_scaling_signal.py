@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from asymptote.jetstream.names import Names
-from asymptote.tasks import TaskSettings
+from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig
 from services.broker.metrics import BrokerMetrics
 from services.broker.pipeline import BrokerPipeline
@@ -23,7 +23,7 @@ BATCH = 16
 
 
 def pipeline(num_active: int, num_stale: int = 0) -> BrokerPipeline:
-    config = BrokerConfig(task=TaskSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=BATCH)
+    config = BrokerConfig(task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=BATCH)
     p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
     now = time.monotonic()
     for i in range(num_active):

@@ -23,7 +23,7 @@ from asymptote.jetstream.names import Names, ensure_bucket
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
 from asymptote.rpc import start_server
-from asymptote.tasks import TaskSettings
+from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
 from services.learner.server import LearnerServicer, add_learner_to_server
@@ -53,7 +53,7 @@ async def servers(nats: NatsServer) -> AsyncIterator[dict[str, int]]:
         prefix=prefix,
         grpc={"port": broker_port},
         http={"port": free_port()},
-        task=TaskSettings(num_train=40, num_heldout=3, max_digits=2),
+        task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2),
         sampling=SamplingSettings(group_size=2, max_tokens=4),
         eval=EvalSettings(every_versions=1000, num_samples=2),
         batch_prompts=2,
