@@ -64,8 +64,9 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
     """Raise PayloadError naming the first thing wrong with a group.
 
     A group has an id, a prompt and completions; each completion has tokens,
-    one finite log-probability <= 0 per token, a loss mask (if any) and
-    version spans (if any) that cover its tokens exactly, and a finite reward.
+    one finite log-probability <= 0 per token, a loss mask (if any),
+    version spans (if any) that cover its tokens in the loss exactly (an
+    injected token, out of the loss, may be uncovered), and a finite reward.
     """
     if not group.group_id:
         raise PayloadError("rollout group has no group_id")
@@ -90,17 +91,32 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
             raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
         if not math.isfinite(c.reward):
             raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
-        spans = c.version_spans
-        if spans:
-            covered = 0
-            for span in spans:
-                if span.start != covered or span.end <= span.start:
-                    raise PayloadError(f"group {group.group_id} completion {i}: version spans must tile the tokens")
-                covered = span.end
-            if covered != n:
-                raise PayloadError(
-                    f"group {group.group_id} completion {i}: version spans cover {covered} of {n} tokens"
-                )
+        if c.version_spans:
+            _check_spans(c, n, f"group {group.group_id} completion {i}")
+
+
+def _check_spans(c: rollout_pb2.Completion, n: int, where: str) -> None:
+    """Spans in order, non-empty, within the tokens, leaving uncovered only tokens out of the loss.
+
+    A generator leaves the tokens it injected (the interruption phrase) out
+    of both: no policy sampled them.
+    """
+    mask = list(c.loss_mask)
+
+    def in_loss(start: int, end: int) -> bool:
+        return any(mask[start:end]) if mask else end > start
+
+    covered = 0
+    for span in c.version_spans:
+        if span.start < covered or span.end <= span.start:
+            raise PayloadError(f"{where}: version spans must tile the tokens (in order, non-empty, no overlap)")
+        if in_loss(covered, min(span.start, n)):
+            raise PayloadError(
+                f"{where}: version spans must tile the tokens in the loss: [{covered}, {span.start}) is uncovered"
+            )
+        covered = span.end
+    if covered > n or in_loss(covered, n):
+        raise PayloadError(f"{where}: version spans cover {covered} of {n} tokens")
 
 
 def decode_eval_result(data: bytes) -> rollout_pb2.EvalResult:

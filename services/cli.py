@@ -19,12 +19,18 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from asymptote.tasks import ArithmeticSettings, DatasetSettings
+    from services.local.config import StackConfig
 
 USAGE = """asymptote <command> [options]
 
@@ -46,10 +52,18 @@ UP_FLAGS = {
     "run_dir": "--run-dir",
     "model_dir": "--model",
     "max_steps": "--max-steps",
+    "max_tokens": "--max-tokens",
     "num_generators": "--generators",
     "learner_ranks": "--learner-ranks",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
+DATASET_FLAGS = {
+    "path": "--dataset",
+    "eval_path": "--eval-dataset",
+    "holdout_fraction": "--holdout-fraction",
+    "preset": "--preset",
+}
+"""DatasetSettings fields that ``asymptote up`` sets from flags, and their flags."""
 REQUEST_KEYS = ("cache_dir", "task", "model", "warmstart", "model_dir")
 """What a ``prepare-model --request`` object may hold."""
 
@@ -75,7 +89,80 @@ def writable_dir(path: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: the directory is not writable")
 
 
+def _first_row(path: Path, flag: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The first readable row of the dataset at ``path``; ConfigError naming ``flag`` when there is none."""
+    from asymptote.tasks.readers import read_rows
+
+    try:
+        for _, row in read_rows(path, settings.get("format", "auto"), settings.get("split", "train")):
+            if isinstance(row, dict):
+                return row
+    except ValueError as exc:  # DatasetError: missing, unknown format, unreadable
+        raise ConfigError(f"{flag} {path}: {exc}") from exc
+    raise ConfigError(f"{flag} {path}: no readable row")
+
+
+def dataset_task(task: ArithmeticSettings | DatasetSettings, args: argparse.Namespace) -> DatasetSettings | None:
+    """The dataset task the ``up`` flags describe (over a dataset task of ``--config``), or None without them.
+
+    Without ``--preset`` (and no field mapping in the config) a file whose
+    rows have GSM8K's ``question`` and ``answer`` (with its ``#### `` line)
+    is read with the gsm8k preset. ConfigError names the flag at fault.
+    """
+    from asymptote.tasks import DatasetSettings
+
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in DATASET_FLAGS.items()}
+    given = {field: value for field, value in given.items() if value is not None}
+    if not given:
+        return None
+    if "path" not in given:
+        raise ConfigError(f"{', '.join(DATASET_FLAGS[f] for f in given)}: needs --dataset FILE")
+    for field in ("path", "eval_path"):
+        if field in given:
+            if not given[field].exists():
+                raise ConfigError(f"{DATASET_FLAGS[field]} {given[field]}: no such file or directory")
+            given[field] = given[field].resolve()  # the services may run elsewhere
+    base = task.model_dump() if isinstance(task, DatasetSettings) else {}
+    if "eval_path" in given and "holdout_fraction" not in given:
+        base.pop("holdout_fraction", None)
+    if "holdout_fraction" in given and "eval_path" not in given:
+        base.pop("eval_path", None)
+    if "eval_path" not in given and "holdout_fraction" not in given and not isinstance(task, DatasetSettings):
+        raise ConfigError(
+            "--dataset: needs --eval-dataset FILE or --holdout-fraction F (e.g. 0.05) for the held-out split"
+        )
+    merged = {**base, **given, "name": "dataset"}
+    first = _first_row(given["path"], "--dataset", merged)
+    if "preset" not in given and not base.get("fields") and base.get("preset", "none") == "none":
+        if "prompt" not in first and "question" in first and "####" in str(first.get("answer", "")):
+            merged["preset"] = "gsm8k"
+            print("--dataset: rows have question and answer fields: reading them as GSM8K (--preset gsm8k)")
+    try:
+        settings = DatasetSettings.model_validate(merged)
+    except ValidationError as exc:
+        flags = ", ".join(DATASET_FLAGS[f] for f in given)
+        raise ConfigError(
+            validation_problems(exc, lambda loc: DATASET_FLAGS.get(str(loc[0]) if loc else "") or flags)
+        ) from exc
+    names = settings.field_names
+    missing = [n for n in (names.prompt, names.answer) if n not in first]
+    if missing:
+        raise ConfigError(
+            f"--dataset {given['path']}: rows have fields {', '.join(map(str, first)) or 'none'}, not "
+            f"{' and '.join(missing)}; --preset gsm8k reads question/answer, task.fields in --config maps others"
+        )
+    return settings
+
+
 def _up(argv: list[str]) -> int:
+    config = up_config(argv)
+    from services.local.stack import LocalStack
+
+    return LocalStack(config).run()
+
+
+def up_config(argv: list[str]) -> StackConfig:
+    """The stack config ``asymptote up argv`` runs: ``--config`` with the flags over it, checked."""
     from asymptote.config import load_config
     from services.local.config import StackConfig
 
@@ -84,12 +171,24 @@ def _up(argv: list[str]) -> int:
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
     parser.add_argument("--model", type=Path, help="Hugging Face model directory to train (default: the tiny model)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
+    parser.add_argument("--max-tokens", type=int, help="completion length cap (the tiny model's task needs 7)")
     parser.add_argument("--generators", type=int, help="generator processes")
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
+    parser.add_argument(
+        "--dataset", type=Path, help="train on this file (jsonl, parquet, csv, or a save_to_disk folder); needs --model"
+    )
+    parser.add_argument("--eval-dataset", type=Path, help="held-out file in the same layout as --dataset")
+    parser.add_argument("--holdout-fraction", type=float, help="hold out this fraction of --dataset instead")
+    parser.add_argument(
+        "--preset", choices=["none", "gsm8k"], help="a known layout (default: gsm8k for question/answer rows)"
+    )
     args = parser.parse_args(argv)
     config = load_config(StackConfig, args.config, "ASY_UP")
     given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in UP_FLAGS.items()}
     overrides = {field: value for field, value in given.items() if value is not None}
+    task = dataset_task(config.task, args)
+    if task is not None and config.model_dir is None and args.model is None:
+        raise ConfigError("--dataset: needs --model DIR (the built-in tiny model knows only the arithmetic task)")
     if overrides:
 
         def name(loc: tuple[int | str, ...]) -> str:
@@ -100,14 +199,16 @@ def _up(argv: list[str]) -> int:
             config = StackConfig.model_validate({**config.model_dump(), **overrides})
         except ValidationError as exc:
             raise ConfigError(validation_problems(exc, name)) from exc
+    if task is not None:
+        config = config.model_copy(update={"task": task})
+    if config.task.name == "dataset" and config.model_dir is None:
+        raise ConfigError("--config task: a dataset task needs model_dir (or --model DIR)")
     if config.run_dir is not None:
         writable_dir(config.run_dir, "--run-dir" if args.run_dir is not None else "--config run_dir")
     if config.model_dir is not None and not (config.model_dir / "config.json").is_file():
         flag = "--model" if args.model is not None else "--config model_dir"
         raise ConfigError(f"{flag} {config.model_dir}: no config.json here (not a Hugging Face model directory)")
-    from services.local.stack import LocalStack
-
-    return LocalStack(config).run()
+    return config
 
 
 def prepare_request(text: str) -> dict[str, Any]:

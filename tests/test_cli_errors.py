@@ -42,10 +42,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bad_value": "batch_prompts: -3\n",
         "bad_model": "model:\n  hidden_size: -4\n",
         "model_overrides": "model:\n  hidden_size: 64\n",
+        "dataset_task": "task:\n  name: dataset\n  path: absent.jsonl\n  holdout_fraction: 0.1\n",
     }
     for name, text in made.items():
         (d / f"{name}.yaml").write_text(text)
+    (d / "train.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
+    (d / "other_fields.jsonl").write_text('{"q": "1+1?", "a": "2"}\n')
     return {name: d / f"{name}.yaml" for name in made} | {
+        "train": d / "train.jsonl",
+        "other_fields": d / "other_fields.jsonl",
         "missing": d / "missing.yaml",
         "dir": d,
         "model_without_norm": _model_without_a_weight(d / "model-without-norm", "model.norm.weight"),
@@ -88,6 +93,27 @@ CASES: dict[str, tuple[list[str], str]] = {
         ["up", "--model", "{model_without_norm}", "--run-dir", "{dir}"],
         "checkpoint lacks: model.norm.weight",
     ),
+    "up-dataset-without-model": (["up", "--dataset", "{train}", "--holdout-fraction", "0.5"], "--model"),
+    "up-dataset-missing": (
+        ["up", "--model", "{dir}", "--dataset", "{missing}", "--holdout-fraction", "0.5"],
+        "--dataset",
+    ),
+    "up-eval-dataset-without-dataset": (["up", "--eval-dataset", "{train}"], "--dataset"),
+    "up-dataset-without-a-heldout-split": (["up", "--model", "{dir}", "--dataset", "{train}"], "--holdout-fraction"),
+    "up-dataset-two-heldout-splits": (
+        ["up", "--model", "{dir}", "--dataset", "{train}", "--eval-dataset", "{train}", "--holdout-fraction", "0.5"],
+        "--eval-dataset",
+    ),
+    "up-holdout-fraction-out-of-range": (
+        ["up", "--model", "{dir}", "--dataset", "{train}", "--holdout-fraction", "1.5"],
+        "--holdout-fraction",
+    ),
+    "up-dataset-fields-not-found": (
+        ["up", "--model", "{dir}", "--dataset", "{other_fields}", "--holdout-fraction", "0.5"],
+        "rows have fields q, a, not prompt and answer",
+    ),
+    "up-dataset-task-in-config-without-model": (["up", "--config", "{dataset_task}"], "--config task"),
+    "up-unknown-preset": (["up", "--dataset", "{train}", "--preset", "mmlu"], "--preset"),
     "fit-not-yaml": (["fit", "{dir}", "--config", "{not_yaml}"], "--config"),
     "bench-output-not-creatable": (["bench", "--output", "/proc/asymptote/bench"], "--output"),
     "prepare-model-not-json": (["prepare-model", "--request", "{cache_dir: x"], "--request"),

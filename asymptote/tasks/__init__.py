@@ -15,6 +15,7 @@ from pydantic import BaseModel, Discriminator, Tag, TypeAdapter, ValidationError
 from asymptote.tasks.arithmetic import ALPHABET, ArithmeticSettings, ArithmeticTask
 from asymptote.tasks.base import Problem, Split, Task
 from asymptote.tasks.dataset import DatasetSettings, DatasetTask
+from asymptote.tasks.length import LengthControlSettings
 from asymptote.tasks.readers import DatasetError
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "DatasetError",
     "DatasetSettings",
     "DatasetTask",
+    "LengthControlSettings",
     "Problem",
     "Split",
     "Task",

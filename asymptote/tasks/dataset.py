@@ -30,6 +30,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from asymptote.config import Frozen
 from asymptote.tasks.base import Problem, Split
+from asymptote.tasks.length import LengthControlSettings
 from asymptote.tasks.readers import DatasetError, FileFormat, read_rows
 from asymptote.tasks.verifiers import MathSettings, RewardStyle, Verifier, VerifierSettings, make_verifier, reward
 from asymptote.tasks.verifiers.base import Verdict
@@ -97,6 +98,9 @@ class DatasetSettings(Frozen):
     """Time one completion's scoring may take; past it the completion is wrong (reason timeout)."""
     num_score_workers: int = Field(default=2, ge=1)
     """Processes that score completions in each generator."""
+    length_control: LengthControlSettings = LengthControlSettings()
+    """Interruption length control (ScaleRL): thinking budget, answer budget, interruption phrase; off by
+    default. The broker's max_tokens still caps a whole completion."""
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSettings:

@@ -4,7 +4,8 @@ Owns what happens to a valid rollout group (asymptote.messages decodes and
 validates it) between JetStream and the learner: the zero-variance filter,
 the staleness bound (PipelineRL-k), the buffer of ready groups, batches
 handed out and waiting for the learner's ack, and the counters of
-everything dropped with its reason.
+everything dropped with its reason and of what was received (completions,
+interrupted, truncated) before any filter.
 Messages are held unacked until the learner confirms; the batcher never
 acks a group it has not either dropped (with a reason) or seen trained.
 """
@@ -56,6 +57,19 @@ def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
     return all(c.reward == first for c in group.completions)
 
 
+ROLLOUT_COUNTS = ("completions", "interrupted", "truncated")
+"""What ``rollout_counts`` counts of a group's completions."""
+
+
+def rollout_counts(group: rollout_pb2.RolloutGroup) -> Counter[str]:
+    """A group's completions, and of them those interrupted (thinking budget) and truncated (length cap)."""
+    return Counter(
+        completions=len(group.completions),
+        interrupted=sum(c.interrupted for c in group.completions),
+        truncated=sum(c.truncated for c in group.completions),
+    )
+
+
 def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
     return sum(1 for c in group.completions if c.reward > 0) / len(group.completions)
 
@@ -94,6 +108,9 @@ class Batcher:
         self.served_at_version: int | None = None
         """Learner version of the last batch handed out (synchronous mode waits past it)."""
         self._since_batch: Counter[str] = Counter()
+        self.rollouts: Counter[str] = Counter()
+        """``rollout_counts`` of every group received once (no duplicate), before any filter."""
+        self._rollouts_since_batch: Counter[str] = Counter()
         self._changed = asyncio.Condition()
         self.taken = asyncio.Event()
         """Set when a batch is handed out (room for more tasks); the issuer clears it."""
@@ -130,6 +147,10 @@ class Batcher:
         self.num_received += 1
         if ended:
             return await self._duplicate(group.group_id, msg, "copy of a task that already ended")
+        # Counted before any filter: the interruption and truncation rates of what was generated.
+        counts = rollout_counts(group)
+        self.rollouts += counts
+        self._rollouts_since_batch += counts
         reason: str | None = None
         if self.zero_variance == "refill" and is_zero_variance(group):
             reason = "zero_variance"
@@ -208,9 +229,10 @@ class Batcher:
         return out
 
     def header(self, batch: HandedOut) -> services_pb2.BatchHeader:
-        """The header the learner gets with ``batch``: its counters since the previous batch, and whether flat
-        groups count in the loss. Takes the counters."""
+        """The header the learner gets with ``batch``: its counters since the previous batch (drops, and every
+        completion received before any filter), and whether flat groups count in the loss. Takes the counters."""
         drops = self.take_counters()
+        rollouts = self.take_rollout_counts()
         return services_pb2.BatchHeader(
             batch_id=batch.batch_id,
             num_groups=len(batch.items),
@@ -218,7 +240,15 @@ class Batcher:
             num_stale_dropped=drops.get("stale", 0),
             oldest_group_age_s=time.monotonic() - min(h.received_s for h in batch.items),
             keep_zero_variance=self.keep_zero_variance,
+            num_completions=rollouts["completions"],
+            num_interrupted=rollouts["interrupted"],
+            num_truncated=rollouts["truncated"],
         )
+
+    def take_rollout_counts(self) -> Counter[str]:
+        """``rollout_counts`` summed over the groups received since the last batch (before any filter)."""
+        out, self._rollouts_since_batch = self._rollouts_since_batch, Counter()
+        return out
 
     async def _evict_stale(self) -> None:
         kept: deque[Held] = deque()

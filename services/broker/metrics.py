@@ -12,6 +12,13 @@ class BrokerMetrics:
         self.groups_dropped = Counter(
             "asymptote_broker_groups_dropped", "Groups kept out of the loss, by reason", ["reason"], registry=r
         )
+        self.completions_received = Counter(
+            "asymptote_broker_completions_received",
+            "Completions of the train groups received, before any filter, by outcome "
+            "(all, interrupted: thinking budget reached, truncated: length cap reached)",
+            ["outcome"],
+            registry=r,
+        )
         self.groups_served = Counter("asymptote_broker_groups_served", "Groups handed to the learner", registry=r)
         self.groups_trained = Counter("asymptote_broker_groups_trained", "Groups acked by the learner", registry=r)
         self.tasks_issued = Counter("asymptote_broker_tasks_issued", "Generation tasks issued", ["kind"], registry=r)

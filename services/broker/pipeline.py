@@ -29,7 +29,7 @@ from asymptote.lifecycle import wait_or_stop
 from asymptote.messages import decode, decode_group
 from asymptote.policy import watch_policy
 from asymptote.tasks import Problem, get_task
-from services.broker.batcher import Ackable, Batcher, pass_rate
+from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
@@ -391,9 +391,13 @@ class BrokerPipeline:
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
+        before = self.batcher.rollouts.copy()
         reason = await self.batcher.admit(group, msg, ended=ended)
         if reason is not None:
             self.metrics.groups_dropped.labels(reason).inc()
+        for key in ROLLOUT_COUNTS:
+            if counted := self.batcher.rollouts[key] - before[key]:
+                self.metrics.completions_received.labels("all" if key == "completions" else key).inc(counted)
 
     # -- upkeep ------------------------------------------------------------
 

@@ -13,8 +13,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +46,14 @@ class Sample:
     version_spans: list[tuple[int, int, int]]  # (version, start, end)
     finish_reason: str
     text: str
+    stop_reason: str | None = None
+    """The stop string that ended it, if one did."""
+    loss_mask: list[int] = field(default_factory=list)
+    """0 on tokens the generator injected (out of the loss); empty: every token is in the loss."""
+    interrupted: bool = False
+    """The interruption phrase was appended (its thinking budget ran out)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens of its (last) request served from the prefix cache."""
 
     @property
     def truncated(self) -> bool:
@@ -162,18 +170,21 @@ class Engine:
 
     async def sample(
         self,
-        prompt: str,
+        prompt: str | list[int],
         num_samples: int,
         temperature: float,
         top_p: float,
         max_tokens: int,
         seed: int = 0,
         on_progress: Callable[[int], None] | None = None,
+        stop: Sequence[str] = (),
     ) -> tuple[list[int], list[Sample]]:
-        """Sample ``num_samples`` completions of ``prompt``; returns (prompt ids, samples).
+        """Sample ``num_samples`` completions of ``prompt`` (text, or token ids taken as they are);
+        returns (prompt ids, samples).
 
         ``on_progress``, if given, is called with the fewest tokens any of the
         completions has so far, after every engine step that advanced them.
+        ``stop``: strings that end a completion, kept in its text and tokens.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -186,18 +197,23 @@ class Engine:
             logprobs=0,
             seed=seed or None,
             output_kind=RequestOutputKind.FINAL_ONLY if on_progress is None else RequestOutputKind.CUMULATIVE,
+            stop=list(stop) or None,
+            include_stop_str_in_output=bool(stop),
         )
+        request: dict[str, Any] = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        if self.settings.prefix_cache_salt == "version":
+            # KV cached under an older version is never reused (sequences in flight keep their own).
+            request["cache_salt"] = f"policy-v{self.version}"
         prompt_ids: list[int] | None = None
+        num_cached = 0
         # Each completion's newest state, by index: streamed (CUMULATIVE)
         # outputs of a parallel request carry only the completions that moved.
         latest: dict[int, Any] = {}
         self.num_running += num_samples
         try:
-            request: dict[str, str] = {"prompt": prompt}
-            if self.settings.prefix_cache_salt == "version":
-                request["cache_salt"] = f"policy-v{self.version}"
             async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex):
                 prompt_ids = list(out.prompt_token_ids or [])
+                num_cached = int(out.num_cached_tokens or 0)
                 for c in out.outputs:
                     latest[c.index] = c
                 if on_progress is not None and len(latest) == num_samples:
@@ -216,9 +232,9 @@ class Engine:
                 f"vLLM ended the request early ({', '.join(cut) or 'no finish reason'}): "
                 f"{len(outputs) - len(unfinished)} of {num_samples} completions finished"
             )
-        return prompt_ids, [self._sample(c) for c in outputs]
+        return prompt_ids, [self._sample(c, num_cached) for c in outputs]
 
-    def _sample(self, c: Any) -> Sample:
+    def _sample(self, c: Any, num_cached_tokens: int = 0) -> Sample:
         token_ids = list(c.token_ids)
         logprobs: list[float] = []
         for tid, entry in zip(token_ids, c.logprobs or []):
@@ -231,7 +247,16 @@ class Engine:
         spans = [(int(s.version), int(s.start), int(s.end)) for s in (c.weight_versions or [])]
         if not spans and token_ids:
             spans = [(self.version, 0, len(token_ids))]
-        return Sample(token_ids, logprobs, spans, str(c.finish_reason or ""), c.text)
+        stop_reason = c.stop_reason if isinstance(c.stop_reason, str) else None
+        return Sample(
+            token_ids,
+            logprobs,
+            spans,
+            str(c.finish_reason or ""),
+            c.text,
+            stop_reason=stop_reason,
+            num_cached_tokens=num_cached_tokens,
+        )
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The log-prob of each token of ``token_ids`` after the first, given the ones before it.

@@ -19,6 +19,21 @@ class GeneratorMetrics:
             ["reason"],
             registry=r,
         )
+        self.completions = Counter(
+            "asymptote_generator_completions", "Completions generated, before any filter", ["kind"], registry=r
+        )
+        self.completions_interrupted = Counter(
+            "asymptote_generator_completions_interrupted",
+            "Completions that reached their thinking budget and got the interruption phrase",
+            ["kind"],
+            registry=r,
+        )
+        self.completions_truncated = Counter(
+            "asymptote_generator_completions_truncated",
+            "Completions cut by the length cap (the answer budget or max_tokens)",
+            ["kind"],
+            registry=r,
+        )
         self.inflight_groups = Gauge("asymptote_generator_inflight_groups", "Groups being generated", registry=r)
         self.policy_version = Gauge("asymptote_generator_policy_version", "Loaded policy version", registry=r)
         self.swaps = Counter("asymptote_generator_swaps", "Weight versions loaded", registry=r)

@@ -51,6 +51,8 @@ def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
         truncated=sample.truncated,
         finish_reason=sample.finish_reason,
         text=sample.text,
+        loss_mask=sample.loss_mask,
+        interrupted=sample.interrupted,
     )
 
 
@@ -178,14 +180,16 @@ class RolloutLoop:
                     return
             started = time.time()
             s = task.sampling
-            prompt_ids, samples = await self.engine.sample(
-                self.scorer.prompt(task.task_name, task.prompt),
-                s.num_samples,
-                s.temperature,
-                s.top_p,
-                s.max_tokens,
-                int(s.seed),
-            )
+            prompt = self.scorer.prompt(task.task_name, task.prompt)
+            length = self.scorer.length_control(task.task_name)
+            if length is None:
+                prompt_ids, samples = await self.engine.sample(
+                    prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+                )
+            else:
+                prompt_ids, samples = await length.sample(
+                    self.engine, task.task_id, prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+                )
             rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
             num_tokens = sum(len(x.token_ids) for x in samples)
             kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
@@ -198,6 +202,9 @@ class RolloutLoop:
             await self.js.publish(subject, payload, headers={"Nats-Msg-Id": task.task_id})
             await msg.ack()
             self.metrics.tokens.labels(kind).inc(num_tokens)
+            self.metrics.completions.labels(kind).inc(len(samples))
+            self.metrics.completions_interrupted.labels(kind).inc(sum(x.interrupted for x in samples))
+            self.metrics.completions_truncated.labels(kind).inc(sum(x.truncated for x in samples))
             self.metrics.groups.labels(kind).inc()
             self.meter.num_tokens += num_tokens
         except asyncio.CancelledError:

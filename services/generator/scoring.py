@@ -5,7 +5,8 @@ go through its template (the chat template of the model's own tokenizer,
 or the plain one) and its completions through a ``ScoringPool`` with a
 per-completion time limit, each verdict counted by reason. Any other task
 (the built-in arithmetic one) is scored in this process with its default
-settings, its prompt sent as it is.
+settings, its prompt sent as it is. A dataset task with a thinking budget
+is sampled under interruption length control (length.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.verifiers import reward
 from asymptote.tasks.verifiers.pool import ScoringPool
+from services.generator.length import LengthControl
 from services.generator.metrics import GeneratorMetrics
 
 
@@ -30,6 +32,7 @@ class TaskScorer:
         self._tasks: dict[str, Task] = {}
         self._pool: ScoringPool | None = None
         self._tokenizer: Any = None
+        self._length: LengthControl | None = None
 
     def check(self, task_name: str) -> None:
         """ValueError for a task this generator cannot score (an unknown name, a dataset not configured)."""
@@ -42,11 +45,25 @@ class TaskScorer:
         """The text the engine continues for ``prompt``."""
         if not isinstance(self.settings, DatasetSettings) or task_name != self.settings.name:
             return prompt
-        if self._tokenizer is None and self.settings.template == "chat":
+        return render_prompt(prompt, self.settings, self.tokenizer() if self.settings.template == "chat" else None)
+
+    def tokenizer(self) -> Any:
+        """The model's own tokenizer (loaded on first use)."""
+        if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        return render_prompt(prompt, self.settings, self._tokenizer)
+        return self._tokenizer
+
+    def length_control(self, task_name: str) -> LengthControl | None:
+        """The configured dataset task's length control, if it is on; None for any other task."""
+        s = self.settings
+        if not isinstance(s, DatasetSettings) or task_name != s.name or not s.length_control.enabled:
+            return None
+        if self._length is None:
+            phrase = s.length_control.interruption_phrase
+            self._length = LengthControl(s.length_control, self.tokenizer().encode(phrase, add_special_tokens=False))
+        return self._length
 
     async def rewards(self, task_name: str, completions: list[str], reference: str) -> list[float]:
         """One reward per completion; a dataset task's are judged in the pool, within its time limit."""

@@ -50,6 +50,19 @@ MAX_TRAINED_IDS = 200_000
 """Group ids remembered as trained (checkpointed with the weights); far more than can be redelivered."""
 
 
+def rollout_rates(header: services_pb2.BatchHeader) -> dict[str, float]:
+    """The broker's counts of the completions received since the previous batch, before any filter,
+    and their interruption and truncation rates (0 when none arrived)."""
+    n = header.num_completions
+    return {
+        "rollout/completions": float(n),
+        "rollout/interrupted": float(header.num_interrupted),
+        "rollout/truncated": float(header.num_truncated),
+        "rollout/interruption_rate": header.num_interrupted / n if n else 0.0,
+        "rollout/truncation_rate": header.num_truncated / n if n else 0.0,
+    }
+
+
 class BrokerClient:
     """The learner's calls to Broker; marks the learner not ready while unreachable."""
 
@@ -281,6 +294,7 @@ class Learner:
                 "time/wait_s": waited,
                 "batch/zero_variance_dropped": float(header.num_zero_variance),
                 "batch/stale_dropped": float(header.num_stale_dropped),
+                **rollout_rates(header),
                 **step,
             }
             self.metrics.steps.inc()

@@ -77,6 +77,23 @@ def fit_text(fit: Mapping[str, Any]) -> str | None:
     return text
 
 
+def length_rates(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Over the whole run: the interruption and truncation rates of every completion generated (before
+    any filter, as the broker counted them), and the truncation rate of the trained batches (after it)."""
+    completions = sum(r.get("rollout/completions", 0.0) for r in steps)
+    trained = sum(r.get("batch/samples", 0.0) for r in steps)
+    return {
+        "interruption_rate": sum(r.get("rollout/interrupted", 0.0) for r in steps) / completions
+        if completions
+        else None,
+        "truncation_rate": sum(r.get("rollout/truncated", 0.0) for r in steps) / completions if completions else None,
+        "trained_truncation_rate": sum(r.get("batch/truncation_rate", 0.0) * r.get("batch/samples", 0.0) for r in steps)
+        / trained
+        if trained
+        else None,
+    }
+
+
 class Progress:
     """One run's progress as the run directory shows it, and how it ended (set by the stack)."""
 
@@ -178,6 +195,7 @@ class Progress:
             "half_run_projection": half_run_projection(evals) if evals else None,
             "restarts": {name: n for name, n in restarts.items() if n},
             "ledger": read_json(self.run_dir / "ledger.json"),
+            "length": length_rates(read_jsonl(self.run_dir / "metrics.jsonl")),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         t = Table(title="run summary", show_header=False)
@@ -200,6 +218,13 @@ class Progress:
                 "half-run projection",
                 f"{hp['projected']:.3f} (interval {hp['interval'][0]:.3f}-{hp['interval'][1]:.3f}) vs measured "
                 f"{hp['measured']:.3f}: error {hp['error']:+.3f}",
+            )
+        rates = summary["length"]
+        if rates["truncation_rate"] is not None:
+            t.add_row(
+                "length",
+                f"interrupted {rates['interruption_rate']:.3f}  truncated {rates['truncation_rate']:.3f} "
+                f"of all completions; truncated {rates['trained_truncation_rate'] or 0.0:.3f} of those trained",
             )
         ledger = summary["ledger"]
         if ledger:

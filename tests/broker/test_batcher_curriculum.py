@@ -99,6 +99,28 @@ async def test_zero_variance_groups_are_acked_and_counted(rewards: tuple[float, 
     assert batcher.take_counters() == Counter()  # reset after each take
 
 
+async def test_interrupted_and_truncated_completions_are_counted_before_any_filter() -> None:
+    batcher = Batcher(batch_prompts=1, max_staleness_versions=2)
+    await batcher.set_learner_version(10)
+    flags = {  # group id: (rewards, interrupted, truncated) of its completions
+        "kept": ((0.0, 1.0, 1.0), (True, False, True), (True, False, False)),
+        "flat": ((0.0, 0.0), (True, True), (True, True)),  # all truncated: dropped as zero variance
+        "stale": ((0.0, 1.0), (False, False), (False, True)),
+    }
+    for gid, (rewards, interrupted, truncated) in flags.items():
+        g = make_group(gid, rewards, min_version=5 if gid == "stale" else 10)
+        for c, i, t in zip(g.completions, interrupted, truncated):
+            c.interrupted, c.truncated = i, t
+        await batcher.admit(g, FakeMsg(gid))
+    # A redelivery of a held group is not new data: not counted again.
+    await batcher.admit(make_group("kept", (0.0, 1.0, 1.0)), FakeMsg("kept-copy"))
+    assert batcher.take_counters() == Counter(zero_variance=1, stale=1)
+    expected = Counter(completions=7, interrupted=4, truncated=4)
+    assert batcher.take_rollout_counts() == expected
+    assert batcher.rollouts == expected
+    assert batcher.take_rollout_counts() == Counter()  # reset after each take, the total kept
+
+
 @pytest.mark.parametrize("rewards", [(0.0, 1.0), (-1.0, 1.0), (1.0, 1.0, 0.0), (0.25, 0.5)])
 async def test_groups_with_signal_are_held_unacked(rewards: tuple[float, ...]) -> None:
     batcher = Batcher(batch_prompts=2, max_staleness_versions=8)

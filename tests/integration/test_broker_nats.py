@@ -226,7 +226,10 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     (t1, _), (t2, _), (t3, _) = train[:3]
     assert not await publish_group(h, make_group(t1, [1.0, 0.0]))
     assert await publish_group(h, make_group(t1, [1.0, 0.0])), "a re-publish must be deduplicated"
-    assert not await publish_group(h, make_group(t2, [0.0, 0.0]))  # zero variance
+    flat = make_group(t2, [0.0, 0.0])  # zero variance: both completions ran out of room
+    for c in flat.completions:
+        c.interrupted, c.truncated = True, True
+    assert not await publish_group(h, flat)
     assert not await publish_group(h, make_group(t3, [0.0, 1.0]))
     for _, m in train[:3]:
         await m.ack()  # type: ignore[attr-defined]
@@ -235,6 +238,8 @@ async def test_back_pressure_batches_filters_and_acks(harness: Harness) -> None:
     assert header.batch_id
     assert [g.group_id for g in groups] == [t1.task_id, t3.task_id]
     assert header.num_zero_variance == 1
+    # Counted before the filter dropped the flat group (the re-publish was deduplicated by JetStream).
+    assert (header.num_completions, header.num_interrupted, header.num_truncated) == (6, 2, 2)
     # Held until the learner acks: both groups are still in the stream (once the
     # broker's ack of the filtered group, sent without waiting, has landed).
     await wait_for_count(h, h.names.rollouts_stream, 2)

@@ -86,7 +86,7 @@ class VersionSpan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask")
+    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask", "interrupted")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class Completion(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
@@ -103,7 +104,8 @@ class Completion(_message.Message):
     finish_reason: str
     text: str
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
+    interrupted: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., interrupted: _Optional[bool] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "task", "prompt_token_ids", "completions", "generator_id", "started_unix_s", "finished_unix_s", "min_version", "max_version")

@@ -26,7 +26,7 @@ from asymptote.contracts.v1 import rollout_pb2 as asymptote_dot_contracts_dot_v1
 from asymptote.contracts.v1 import tensors_pb2 as asymptote_dot_contracts_dot_v1_dot_tensors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%asymptote/contracts/v1/services.proto\x12\x16\x61symptote.contracts.v1\x1a$asymptote/contracts/v1/rollout.proto\x1a$asymptote/contracts/v1/tensors.proto\"\x0f\n\rStatusRequest\"\xde\x01\n\rServiceStatus\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x41\n\x06gauges\x18\x06 \x03(\x0b\x32\x31.asymptote.contracts.v1.ServiceStatus.GaugesEntry\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x38\n\x08sampling\x18\x02 \x01(\x0b\x32&.asymptote.contracts.v1.SamplingParams\"}\n\x10GenerateResponse\x12\x37\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\".asymptote.contracts.v1.Completion\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\"b\n\x10NextBatchRequest\x12\x17\n\x0flearner_version\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06packed\x18\x04 \x01(\x08\"\xa1\x01\n\x0b\x42\x61tchHeader\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x19\n\x11num_zero_variance\x18\x03 \x01(\r\x12\x19\n\x11num_stale_dropped\x18\x04 \x01(\r\x12\x1a\n\x12oldest_group_age_s\x18\x05 \x01(\x01\x12\x1a\n\x12keep_zero_variance\x18\x06 \x01(\x08\"E\n\rRolloutGroups\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.asymptote.contracts.v1.RolloutGroup\"\xba\x01\n\tBatchPart\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32#.asymptote.contracts.v1.BatchHeaderH\x00\x12\x35\n\x05group\x18\x02 \x01(\x0b\x32$.asymptote.contracts.v1.RolloutGroupH\x00\x12\x37\n\x06groups\x18\x03 \x01(\x0b\x32%.asymptote.contracts.v1.RolloutGroupsH\x00\x42\x06\n\x04part\"N\n\nAckedBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x1b\n\x13\x64uplicate_group_ids\x18\x03 \x03(\t\"m\n\nAckRequest\x12\x11\n\tbatch_ids\x18\x01 \x03(\t\x12\x17\n\x0frelease_unacked\x18\x02 \x01(\x08\x12\x33\n\x07\x62\x61tches\x18\x03 \x03(\x0b\x32\".asymptote.contracts.v1.AckedBatch\";\n\x0b\x41\x63kResponse\x12\x11\n\tnum_acked\x18\x01 \x01(\r\x12\x19\n\x11unknown_batch_ids\x18\x02 \x03(\t\"%\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"H\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\"%\n\x08Interval\x12\x0b\n\x03low\x18\x01 \x01(\x01\x12\x0c\n\x04high\x18\x02 \x01(\x01\"h\n\x0eProjectedValue\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x32\n\x08interval\x18\x03 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\"\xf2\x03\n\nProjection\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\t\n\x01\x61\x18\x03 \x01(\x01\x12\t\n\x01\x62\x18\x04 \x01(\x01\x12\r\n\x05\x63_mid\x18\x05 \x01(\x01\x12\n\n\x02r0\x18\x06 \x01(\x01\x12\x34\n\na_interval\x18\x07 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x34\n\nb_interval\x18\x08 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x38\n\x0e\x63_mid_interval\x18\t \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x17\n\x0fnum_points_used\x18\n \x01(\r\x12\x0c\n\x04rmse\x18\x0b \x01(\x01\x12;\n\x0bprojections\x18\x0c \x03(\x0b\x32&.asymptote.contracts.v1.ProjectedValue\x12\x15\n\rfitted_unix_s\x18\r \x01(\x01\x12\x10\n\x08\x61t_bound\x18\x0e \x03(\t\x12\x14\n\x0cidentifiable\x18\x0f \x01(\x08\x12\x16\n\x0erecommendation\x18\x10 \x01(\t\x12\x1d\n\x15recommendation_reason\x18\x11 \x01(\t\x12\x17\n\x0fplanned_compute\x18\x12 \x01(\x01\"V\n\x13SubmitPointsRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x32\n\x06points\x18\x02 \x03(\x0b\x32\".asymptote.contracts.v1.CurvePoint\"#\n\x14GetProjectionRequest\x12\x0b\n\x03run\x18\x01 \x01(\t2\xc2\x01\n\tGenerator\x12]\n\x08Generate\x12\'.asymptote.contracts.v1.GenerateRequest\x1a(.asymptote.contracts.v1.GenerateResponse\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\x8c\x02\n\x06\x42roker\x12Z\n\tNextBatch\x12(.asymptote.contracts.v1.NextBatchRequest\x1a!.asymptote.contracts.v1.BatchPart0\x01\x12N\n\x03\x41\x63k\x12\".asymptote.contracts.v1.AckRequest\x1a#.asymptote.contracts.v1.AckResponse\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\xc3\x01\n\x07Learner\x12`\n\x0bPullWeights\x12*.asymptote.contracts.v1.PullWeightsRequest\x1a#.asymptote.contracts.v1.WeightsPart0\x01\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\xcc\x01\n\x06\x46itter\x12_\n\x0cSubmitPoints\x12+.asymptote.contracts.v1.SubmitPointsRequest\x1a\".asymptote.contracts.v1.Projection\x12\x61\n\rGetProjection\x12,.asymptote.contracts.v1.GetProjectionRequest\x1a\".asymptote.contracts.v1.Projectionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%asymptote/contracts/v1/services.proto\x12\x16\x61symptote.contracts.v1\x1a$asymptote/contracts/v1/rollout.proto\x1a$asymptote/contracts/v1/tensors.proto\"\x0f\n\rStatusRequest\"\xde\x01\n\rServiceStatus\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x41\n\x06gauges\x18\x06 \x03(\x0b\x32\x31.asymptote.contracts.v1.ServiceStatus.GaugesEntry\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x38\n\x08sampling\x18\x02 \x01(\x0b\x32&.asymptote.contracts.v1.SamplingParams\"}\n\x10GenerateResponse\x12\x37\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\".asymptote.contracts.v1.Completion\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\"b\n\x10NextBatchRequest\x12\x17\n\x0flearner_version\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06packed\x18\x04 \x01(\x08\"\xea\x01\n\x0b\x42\x61tchHeader\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x19\n\x11num_zero_variance\x18\x03 \x01(\r\x12\x19\n\x11num_stale_dropped\x18\x04 \x01(\r\x12\x1a\n\x12oldest_group_age_s\x18\x05 \x01(\x01\x12\x1a\n\x12keep_zero_variance\x18\x06 \x01(\x08\x12\x17\n\x0fnum_completions\x18\x07 \x01(\r\x12\x17\n\x0fnum_interrupted\x18\x08 \x01(\r\x12\x15\n\rnum_truncated\x18\t \x01(\r\"E\n\rRolloutGroups\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.asymptote.contracts.v1.RolloutGroup\"\xba\x01\n\tBatchPart\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32#.asymptote.contracts.v1.BatchHeaderH\x00\x12\x35\n\x05group\x18\x02 \x01(\x0b\x32$.asymptote.contracts.v1.RolloutGroupH\x00\x12\x37\n\x06groups\x18\x03 \x01(\x0b\x32%.asymptote.contracts.v1.RolloutGroupsH\x00\x42\x06\n\x04part\"N\n\nAckedBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x1b\n\x13\x64uplicate_group_ids\x18\x03 \x03(\t\"m\n\nAckRequest\x12\x11\n\tbatch_ids\x18\x01 \x03(\t\x12\x17\n\x0frelease_unacked\x18\x02 \x01(\x08\x12\x33\n\x07\x62\x61tches\x18\x03 \x03(\x0b\x32\".asymptote.contracts.v1.AckedBatch\";\n\x0b\x41\x63kResponse\x12\x11\n\tnum_acked\x18\x01 \x01(\r\x12\x19\n\x11unknown_batch_ids\x18\x02 \x03(\t\"%\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"H\n\nCurvePoint\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\"%\n\x08Interval\x12\x0b\n\x03low\x18\x01 \x01(\x01\x12\x0c\n\x04high\x18\x02 \x01(\x01\"h\n\x0eProjectedValue\x12\x0f\n\x07\x63ompute\x18\x01 \x01(\x01\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x32\n\x08interval\x18\x03 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\"\xf2\x03\n\nProjection\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\t\n\x01\x61\x18\x03 \x01(\x01\x12\t\n\x01\x62\x18\x04 \x01(\x01\x12\r\n\x05\x63_mid\x18\x05 \x01(\x01\x12\n\n\x02r0\x18\x06 \x01(\x01\x12\x34\n\na_interval\x18\x07 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x34\n\nb_interval\x18\x08 \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x38\n\x0e\x63_mid_interval\x18\t \x01(\x0b\x32 .asymptote.contracts.v1.Interval\x12\x17\n\x0fnum_points_used\x18\n \x01(\r\x12\x0c\n\x04rmse\x18\x0b \x01(\x01\x12;\n\x0bprojections\x18\x0c \x03(\x0b\x32&.asymptote.contracts.v1.ProjectedValue\x12\x15\n\rfitted_unix_s\x18\r \x01(\x01\x12\x10\n\x08\x61t_bound\x18\x0e \x03(\t\x12\x14\n\x0cidentifiable\x18\x0f \x01(\x08\x12\x16\n\x0erecommendation\x18\x10 \x01(\t\x12\x1d\n\x15recommendation_reason\x18\x11 \x01(\t\x12\x17\n\x0fplanned_compute\x18\x12 \x01(\x01\"V\n\x13SubmitPointsRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x32\n\x06points\x18\x02 \x03(\x0b\x32\".asymptote.contracts.v1.CurvePoint\"#\n\x14GetProjectionRequest\x12\x0b\n\x03run\x18\x01 \x01(\t2\xc2\x01\n\tGenerator\x12]\n\x08Generate\x12\'.asymptote.contracts.v1.GenerateRequest\x1a(.asymptote.contracts.v1.GenerateResponse\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\x8c\x02\n\x06\x42roker\x12Z\n\tNextBatch\x12(.asymptote.contracts.v1.NextBatchRequest\x1a!.asymptote.contracts.v1.BatchPart0\x01\x12N\n\x03\x41\x63k\x12\".asymptote.contracts.v1.AckRequest\x1a#.asymptote.contracts.v1.AckResponse\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\xc3\x01\n\x07Learner\x12`\n\x0bPullWeights\x12*.asymptote.contracts.v1.PullWeightsRequest\x1a#.asymptote.contracts.v1.WeightsPart0\x01\x12V\n\x06Status\x12%.asymptote.contracts.v1.StatusRequest\x1a%.asymptote.contracts.v1.ServiceStatus2\xcc\x01\n\x06\x46itter\x12_\n\x0cSubmitPoints\x12+.asymptote.contracts.v1.SubmitPointsRequest\x1a\".asymptote.contracts.v1.Projection\x12\x61\n\rGetProjection\x12,.asymptote.contracts.v1.GetProjectionRequest\x1a\".asymptote.contracts.v1.Projectionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,37 +48,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEXTBATCHREQUEST']._serialized_start=603
   _globals['_NEXTBATCHREQUEST']._serialized_end=701
   _globals['_BATCHHEADER']._serialized_start=704
-  _globals['_BATCHHEADER']._serialized_end=865
-  _globals['_ROLLOUTGROUPS']._serialized_start=867
-  _globals['_ROLLOUTGROUPS']._serialized_end=936
-  _globals['_BATCHPART']._serialized_start=939
-  _globals['_BATCHPART']._serialized_end=1125
-  _globals['_ACKEDBATCH']._serialized_start=1127
-  _globals['_ACKEDBATCH']._serialized_end=1205
-  _globals['_ACKREQUEST']._serialized_start=1207
-  _globals['_ACKREQUEST']._serialized_end=1316
-  _globals['_ACKRESPONSE']._serialized_start=1318
-  _globals['_ACKRESPONSE']._serialized_end=1377
-  _globals['_PULLWEIGHTSREQUEST']._serialized_start=1379
-  _globals['_PULLWEIGHTSREQUEST']._serialized_end=1416
-  _globals['_CURVEPOINT']._serialized_start=1418
-  _globals['_CURVEPOINT']._serialized_end=1490
-  _globals['_INTERVAL']._serialized_start=1492
-  _globals['_INTERVAL']._serialized_end=1529
-  _globals['_PROJECTEDVALUE']._serialized_start=1531
-  _globals['_PROJECTEDVALUE']._serialized_end=1635
-  _globals['_PROJECTION']._serialized_start=1638
-  _globals['_PROJECTION']._serialized_end=2136
-  _globals['_SUBMITPOINTSREQUEST']._serialized_start=2138
-  _globals['_SUBMITPOINTSREQUEST']._serialized_end=2224
-  _globals['_GETPROJECTIONREQUEST']._serialized_start=2226
-  _globals['_GETPROJECTIONREQUEST']._serialized_end=2261
-  _globals['_GENERATOR']._serialized_start=2264
-  _globals['_GENERATOR']._serialized_end=2458
-  _globals['_BROKER']._serialized_start=2461
-  _globals['_BROKER']._serialized_end=2729
-  _globals['_LEARNER']._serialized_start=2732
-  _globals['_LEARNER']._serialized_end=2927
-  _globals['_FITTER']._serialized_start=2930
-  _globals['_FITTER']._serialized_end=3134
+  _globals['_BATCHHEADER']._serialized_end=938
+  _globals['_ROLLOUTGROUPS']._serialized_start=940
+  _globals['_ROLLOUTGROUPS']._serialized_end=1009
+  _globals['_BATCHPART']._serialized_start=1012
+  _globals['_BATCHPART']._serialized_end=1198
+  _globals['_ACKEDBATCH']._serialized_start=1200
+  _globals['_ACKEDBATCH']._serialized_end=1278
+  _globals['_ACKREQUEST']._serialized_start=1280
+  _globals['_ACKREQUEST']._serialized_end=1389
+  _globals['_ACKRESPONSE']._serialized_start=1391
+  _globals['_ACKRESPONSE']._serialized_end=1450
+  _globals['_PULLWEIGHTSREQUEST']._serialized_start=1452
+  _globals['_PULLWEIGHTSREQUEST']._serialized_end=1489
+  _globals['_CURVEPOINT']._serialized_start=1491
+  _globals['_CURVEPOINT']._serialized_end=1563
+  _globals['_INTERVAL']._serialized_start=1565
+  _globals['_INTERVAL']._serialized_end=1602
+  _globals['_PROJECTEDVALUE']._serialized_start=1604
+  _globals['_PROJECTEDVALUE']._serialized_end=1708
+  _globals['_PROJECTION']._serialized_start=1711
+  _globals['_PROJECTION']._serialized_end=2209
+  _globals['_SUBMITPOINTSREQUEST']._serialized_start=2211
+  _globals['_SUBMITPOINTSREQUEST']._serialized_end=2297
+  _globals['_GETPROJECTIONREQUEST']._serialized_start=2299
+  _globals['_GETPROJECTIONREQUEST']._serialized_end=2334
+  _globals['_GENERATOR']._serialized_start=2337
+  _globals['_GENERATOR']._serialized_end=2531
+  _globals['_BROKER']._serialized_start=2534
+  _globals['_BROKER']._serialized_end=2802
+  _globals['_LEARNER']._serialized_start=2805
+  _globals['_LEARNER']._serialized_end=3000
+  _globals['_FITTER']._serialized_start=3003
+  _globals['_FITTER']._serialized_end=3207
 # @@protoc_insertion_point(module_scope)

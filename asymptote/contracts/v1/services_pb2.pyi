@@ -66,20 +66,26 @@ class NextBatchRequest(_message.Message):
     def __init__(self, learner_version: _Optional[int] = ..., num_groups: _Optional[int] = ..., timeout_s: _Optional[float] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("batch_id", "num_groups", "num_zero_variance", "num_stale_dropped", "oldest_group_age_s", "keep_zero_variance")
+    __slots__ = ("batch_id", "num_groups", "num_zero_variance", "num_stale_dropped", "oldest_group_age_s", "keep_zero_variance", "num_completions", "num_interrupted", "num_truncated")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     NUM_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
     NUM_STALE_DROPPED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_GROUP_AGE_S_FIELD_NUMBER: _ClassVar[int]
     KEEP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     num_groups: int
     num_zero_variance: int
     num_stale_dropped: int
     oldest_group_age_s: float
     keep_zero_variance: bool
-    def __init__(self, batch_id: _Optional[str] = ..., num_groups: _Optional[int] = ..., num_zero_variance: _Optional[int] = ..., num_stale_dropped: _Optional[int] = ..., oldest_group_age_s: _Optional[float] = ..., keep_zero_variance: _Optional[bool] = ...) -> None: ...
+    num_completions: int
+    num_interrupted: int
+    num_truncated: int
+    def __init__(self, batch_id: _Optional[str] = ..., num_groups: _Optional[int] = ..., num_zero_variance: _Optional[int] = ..., num_stale_dropped: _Optional[int] = ..., oldest_group_age_s: _Optional[float] = ..., keep_zero_variance: _Optional[bool] = ..., num_completions: _Optional[int] = ..., num_interrupted: _Optional[int] = ..., num_truncated: _Optional[int] = ...) -> None: ...
 
 class RolloutGroups(_message.Message):
     __slots__ = ("groups",)

@@ -1,0 +1,126 @@
+"""Interruption length control: a thinking budget, the interruption phrase, an answer budget.
+
+Owns carrying out ScaleRL's length control for one prompt group
+(settings and the budget draw: asymptote/tasks/length.py). The group's G
+completions first run to the group's thinking budget, stopping early at
+the text that closes thinking. Then each completion that
+
+- reached the budget still thinking gets the interruption phrase's tokens
+  appended and continues for at most the answer budget (interrupted);
+- closed its thinking continues for at most the answer budget;
+- ended by itself (end of sequence) is done.
+
+A continuation is a new engine request whose prompt is the prompt, the
+first part and the phrase, so the prefix cache serves what the first
+request computed. The spliced completion keeps every sampled token's
+log-prob and policy-version span (a swap between the two requests shows
+as two versions); the phrase's tokens have log-prob 0, no span, and 0 in
+the loss mask. The task's max_tokens still caps the whole completion.
+Knows nothing about NATS or rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from asymptote.tasks.length import LengthControlSettings, draw_thinking_budget
+from services.generator.engine import Engine, Sample
+
+
+def splice(first: Sample, injected_ids: list[int], injected_text: str, second: Sample) -> Sample:
+    """``first``, then the injected tokens (out of the loss), then ``second``, as one completion.
+
+    ``second``'s version spans are moved past the first part and the
+    injected tokens; the injected tokens get log-prob 0 and no span.
+    """
+    offset = len(first.token_ids) + len(injected_ids)
+    spans = list(first.version_spans) + [(v, a + offset, b + offset) for v, a, b in second.version_spans]
+    first_mask = first.loss_mask or [1] * len(first.token_ids)
+    mask = first_mask + [0] * len(injected_ids) + (second.loss_mask or [1] * len(second.token_ids))
+    return Sample(
+        token_ids=first.token_ids + injected_ids + second.token_ids,
+        logprobs=first.logprobs + [0.0] * len(injected_ids) + second.logprobs,
+        version_spans=spans,
+        finish_reason=second.finish_reason,
+        text=first.text + injected_text + second.text,
+        stop_reason=second.stop_reason,
+        loss_mask=mask if 0 in mask else [],
+        interrupted=first.interrupted or bool(injected_ids),
+        num_cached_tokens=second.num_cached_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What follows a first part: the tokens to inject (none when thinking closed) and the room left."""
+
+    injected_ids: list[int]
+    max_tokens: int
+
+
+def continuation(
+    first: Sample, settings: LengthControlSettings, phrase_ids: list[int], max_tokens: int
+) -> Continuation | None:
+    """How ``first`` (a first part, run to the thinking budget) goes on, or None when it is done.
+
+    Done: it ended by itself, or the task's ``max_tokens`` leaves no room
+    after it (and the phrase): it then stays as it is, truncated.
+    """
+    closed = settings.think_end in first.text
+    if not closed and first.finish_reason != "length":
+        return None  # ended by itself while thinking
+    if closed and first.stop_reason != settings.think_end:
+        return None  # closed its thinking and went on to end by itself (or at the cap)
+    injected = [] if closed else phrase_ids
+    room = min(settings.answer_budget_tokens, max_tokens - len(first.token_ids) - len(injected))
+    return Continuation(injected, room) if room > 0 else None
+
+
+class LengthControl:
+    """Samples prompt groups under a thinking budget drawn per group (see the module docstring)."""
+
+    def __init__(self, settings: LengthControlSettings, phrase_ids: list[int]) -> None:
+        if not settings.enabled:
+            raise ValueError("LengthControl needs thinking_budget_tokens")
+        if not phrase_ids:
+            raise ValueError(f"the interruption phrase {settings.interruption_phrase!r} tokenizes to no tokens")
+        self.settings = settings
+        self.phrase_ids = phrase_ids
+
+    async def sample(
+        self,
+        engine: Engine,
+        task_id: str,
+        prompt: str,
+        num_samples: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int = 0,
+    ) -> tuple[list[int], list[Sample]]:
+        """(prompt ids, completions) of one group; see the module docstring."""
+        s = self.settings
+        budget = draw_thinking_budget(s, task_id)
+        prompt_ids, firsts = await engine.sample(
+            prompt, num_samples, temperature, top_p, min(budget, max_tokens), seed, stop=[s.think_end]
+        )
+
+        async def finish(index: int, first: Sample) -> Sample:
+            follow = continuation(first, s, self.phrase_ids, max_tokens)
+            if follow is None:
+                return first
+            # Each continuation is its own request: distinct seeds keep seeded groups diverse.
+            _, (second,) = await engine.sample(
+                prompt_ids + first.token_ids + follow.injected_ids,
+                1,
+                temperature,
+                top_p,
+                follow.max_tokens,
+                seed + 1 + index if seed else 0,
+            )
+            text = s.interruption_phrase if follow.injected_ids else ""
+            return splice(first, follow.injected_ids, text, second)
+
+        samples = await asyncio.gather(*(finish(i, f) for i, f in enumerate(firsts)))
+        return prompt_ids, list(samples)
