@@ -100,7 +100,7 @@ async def test_zero_variance_groups_are_acked_and_counted(rewards: tuple[float, 
 
 
 async def test_interrupted_and_truncated_completions_are_counted_before_any_filter() -> None:
-    batcher = Batcher(batch_prompts=1, max_staleness_versions=2)
+    batcher = Batcher(batch_prompts=1, max_staleness_versions=2, zero_variance="refill")  # both filters drop
     await batcher.set_learner_version(10)
     flags = {  # group id: (rewards, interrupted, truncated) of its completions
         "kept": ((0.0, 1.0, 1.0), (True, False, True), (True, False, False)),

@@ -112,6 +112,19 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert [e["policy_version"] for e in evals] == [0, 5, 10]
         assert all(e["num_prompts"] == 200 for e in evals)
         assert evals[0]["compute"] < evals[1]["compute"] < evals[2]["compute"]
+        # Each round sits at the compute of the versions that sampled its tokens, token-weighted,
+        # and never before the version it was issued for.
+        for e in evals:
+            tokens = {int(v): n for v, n in e["tokens_by_version"].items()}
+            computes = {int(v): c for v, c in e["compute_by_version"].items()}
+            assert tokens and set(tokens) == set(computes), e
+            assert (
+                e["policy_version"] <= min(tokens)
+                and e["min_version"] <= min(tokens) <= max(tokens) <= e["max_version"]
+            )
+            weighted = sum(n * computes[v] for v, n in tokens.items()) / sum(tokens.values())
+            assert e["compute"] == pytest.approx(weighted)
+            assert [computes[v] for v in sorted(computes)] == sorted(computes.values())
         fit = json.loads((stack.run_dir / "fit.json").read_text())
         assert fit["num_points"] == 3
         # Fitted or refused, fit.json must be the fitter's verdict on these rows (tests/fitcheck.py).
