@@ -45,6 +45,9 @@ class Point:
     min_version: int
     max_version: int
     unix_s: float
+    sampled_version: float | None = None
+    """The token-weighted mean of the versions that sampled the round (``policy_version`` is the version it
+    was issued at: in flight, later versions may sample it)."""
     tokens_by_version: dict[str, int] = field(default_factory=dict)
     """Completion tokens of the round each policy version sampled (JSON keys are strings)."""
     compute_by_version: dict[str, float] = field(default_factory=dict)
@@ -174,6 +177,7 @@ class Collector:
             step=version,
             policy_version=version,
             compute=sampled_compute(tokens, computes.__getitem__),
+            sampled_version=sum(v * n for v, n in tokens.items()) / sum(tokens.values()),
             tokens_by_version={str(v): n for v, n in sorted(tokens.items())},
             compute_by_version={str(v): c for v, c in computes.items()},
             pass_rate=float(np.mean([r.num_correct / max(r.num_samples, 1) for r in rs])),

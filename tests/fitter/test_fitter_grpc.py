@@ -337,6 +337,7 @@ async def test_an_eval_round_sits_at_the_compute_of_the_versions_that_sampled_it
     assert point.compute == pytest.approx((30 * 80.0 + 70 * 90.0) / 100)
     assert point.tokens_by_version == {"16": 30, "18": 70}
     assert point.compute_by_version == {"16": 80.0, "18": 90.0}
+    assert point.sampled_version == pytest.approx(17.4)
     row = json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[-1])
     assert (row["policy_version"], row["min_version"], row["max_version"]) == (10, 16, 18)
     assert row["compute"] == pytest.approx(87.0)
