@@ -3,7 +3,7 @@
 - ``status``: the release's pods by component (readiness, restarts), each
   generator's loaded policy version and the learner's, and the latest
   projection (A, B, C_mid with their intervals);
-- ``scale generators N``: sets the generator Deployment's replicas through
+- ``scale POOL N``: sets a generator pool's Deployment replicas through
   its scale subresource (refused while an autoscaler owns the count, unless
   ``--force``);
 - ``health HOST:PORT ...``: the standard gRPC health check of each endpoint
@@ -194,14 +194,21 @@ def _reason(exc: Exception) -> str:
     return f"{status} {reason}" if status else str(reason)
 
 
-def generator_deployment(apps: Any, namespace: str, release: str) -> Any:
+POOL_LABEL = "asymptote.dev/generator-pool"
+
+
+def generator_deployment(apps: Any, namespace: str, release: str, pool: str = "generators") -> Any:
+    """The Deployment of generator pool ``pool``; "generators" names the release's only pool."""
     deployments = apps.list_namespaced_deployment(
         namespace, label_selector=release_selector(release, "generator")
     ).items
+    pools = sorted((d.metadata.labels or {}).get(POOL_LABEL, "") for d in deployments)
+    if pool != "generators":
+        deployments = [d for d in deployments if (d.metadata.labels or {}).get(POOL_LABEL) == pool]
     if len(deployments) != 1:
         raise LookupError(
-            f"expected one generator Deployment of release {release!r} in namespace {namespace!r}, "
-            f"found {len(deployments)}"
+            f"expected one generator Deployment of release {release!r} in namespace {namespace!r} "
+            f"for {pool!r}, found {len(deployments)}; its pools: {', '.join(p for p in pools if p) or 'none named'}"
         )
     return deployments[0]
 
@@ -216,9 +223,11 @@ def autoscalers_of(autoscaling: Any, namespace: str, deployment: str) -> list[st
     )
 
 
-def scale_generators(apps: Any, autoscaling: Any, namespace: str, release: str, replicas: int, force: bool) -> str:
-    """Set the generator Deployment's replicas (scale subresource); returns what was done."""
-    deployment = generator_deployment(apps, namespace, release)
+def scale_generators(
+    apps: Any, autoscaling: Any, namespace: str, release: str, replicas: int, force: bool, pool: str = "generators"
+) -> str:
+    """Set a generator pool's replicas (scale subresource); returns what was done, and what would undo it."""
+    deployment = generator_deployment(apps, namespace, release, pool)
     name = deployment.metadata.name
     owners = autoscalers_of(autoscaling, namespace, name)
     if owners and not force:
@@ -345,8 +354,8 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="pods by component, policy versions, the latest projection")
     cluster_args(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    scale = sub.add_parser("scale", help="set the number of generators")
-    scale.add_argument("target", choices=["generators"])
+    scale = sub.add_parser("scale", help="set the number of generators of a pool")
+    scale.add_argument("target", help='a generator pool\'s name, or "generators" for the only pool')
     scale.add_argument("replicas", type=int)
     scale.add_argument("--force", action="store_true", help="scale even while an autoscaler owns the count")
     cluster_args(scale)
@@ -417,7 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             status = collect_status(core, namespace, args.release)
             print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
         else:
-            print(scale_generators(apps, autoscaling, namespace, args.release, args.replicas, args.force))
+            print(scale_generators(apps, autoscaling, namespace, args.release, args.replicas, args.force, args.target))
+            print(
+                "warning: the next helm upgrade sets it back to the pool's replicas in the values; "
+                "change generatorPools[].replicas to keep it",
+                file=sys.stderr,
+            )
     except (LookupError, PermissionError) as exc:
         print(f"asymptote kube {args.command}: {exc}", file=sys.stderr)
         return 1

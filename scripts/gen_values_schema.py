@@ -162,6 +162,16 @@ RESOURCES = obj(
     required=("requests", "limits"),
     description="Kubernetes requests and limits (cpu, memory); every container has both",
 )
+GPU_RESOURCES = obj(
+    {
+        "requests": {"type": "object", "required": ["cpu"]},
+        "limits": {"type": "object", "required": ["cpu"]},
+    },
+    required=("requests", "limits"),
+    description="Kubernetes requests and limits: cpu; memory is sized from model.sizeGiB unless set here",
+)
+# A GPU as the device plugin advertises it: nvidia.com/gpu, a MIG slice (nvidia.com/mig-3g.40gb), amd.com/gpu...
+GPU_RESOURCE_NAME = {"type": "string", "pattern": r"^[a-z0-9.-]+/[a-z0-9.-]+$"}
 
 
 def image() -> dict[str, Any]:
@@ -198,15 +208,27 @@ def service_values(service: str, config: dict[str, Any], extra: dict[str, Any]) 
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
         "tolerations": {"type": "array", "items": {"type": "object"}},
         "affinity": OBJECT,
+        "topologySpreadConstraints": {"type": "array", "items": {"type": "object", "required": ["topologyKey"]}},
+        "runtimeClassName": STR,
+        "schedulerName": STR,
         "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
         "priorityClassName": STR,
+        "podLabels": {"type": "object", "additionalProperties": {"type": "string"}},
         "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
         "extraEnv": {"type": "array", "items": {"type": "object", "required": ["name"]}},
-        "tmpSizeLimit": QUANTITY,
+        "extraVolumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "extraVolumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"]}},
         "config": config,
     }
     props.update(extra)
     return obj(props, required=("ports", "resources", "config"), description=f"The {service}")
+
+
+def _optional(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with nothing required at any depth: a pool sets only what it changes."""
+    if isinstance(schema, dict):
+        return {k: _optional(v) for k, v in schema.items() if k not in ("required", "allOf")}
+    return schema
 
 
 def startup_probe() -> dict[str, Any]:
@@ -269,6 +291,7 @@ def values_schema() -> dict[str, Any]:
         {
             "minReplicas": {"type": "integer", "minimum": 0},
             "maxReplicas": {"type": "integer", "minimum": 1},
+            "weight": {"type": "number", "exclusiveMinimum": 0, "description": "This pool's part of the gauge"},
             "scaleDownStabilizationSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
             "keda": obj(
                 {
@@ -277,6 +300,7 @@ def values_schema() -> dict[str, Any]:
                     "cooldownPeriodSeconds": {"type": "integer", "minimum": 0},
                     "serverAddress": {"type": "string", "pattern": r"^(https?://\S+)?$"},
                     "query": STR,
+                    "fallbackReplicas": {"type": "integer", "minimum": 0},
                 },
                 required=("enabled",),
             ),
@@ -304,22 +328,58 @@ def values_schema() -> dict[str, Any]:
         ],
     )
     generator = service_values(
-        "generators (vLLM on GPU node pools)",
+        "generators: the settings every pool shares (vLLM on GPU node pools)",
         configs["generator"],
         {
+            "resources": GPU_RESOURCES,
             "replicas": {"type": "integer", "minimum": 0},
             "gpus": {"type": "integer", "minimum": 1},
-            "shmSizeLimit": QUANTITY,
+            "tensorParallelSize": {"type": "integer", "minimum": 1},
+            "gpuResourceName": GPU_RESOURCE_NAME,
+            "weightsOn": {"enum": ["memory", "disk"]},
             "maxUnavailable": {"type": "integer", "minimum": 1},
             "startupProbe": startup_probe(),
             "pdb": obj({"enabled": BOOL, "maxUnavailable": {"type": "integer", "minimum": 1}}, required=("enabled",)),
             "autoscaling": autoscaling,
         },
     )
+    generator_pools = {
+        "type": "array",
+        "minItems": 1,
+        "description": "Generator pools: a Deployment each; a key set here replaces generator's (config, autoscaling merge)",
+        "items": obj(
+            {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$"},
+                **{k: _optional(v) for k, v in generator["properties"].items()},
+            },
+            required=("name",),
+        ),
+    }
     learner = service_values(
-        "learner (one replica, on its own GPU pool)",
+        "learner (torchrun on learner.nodes pods of a StatefulSet, on its own GPU pool)",
         configs["learner"],
-        {"gpus": {"type": "integer", "minimum": 1}, "persistence": persistence(), "startupProbe": startup_probe()},
+        {
+            "resources": GPU_RESOURCES,
+            "nodes": {"type": "integer", "minimum": 1},
+            "gpusPerNode": {"type": "integer", "minimum": 1},
+            "gpuResourceName": GPU_RESOURCE_NAME,
+            "rendezvousPort": PORT,
+            "nccl": obj(
+                {
+                    "socketIfname": STR,
+                    "ibHca": STR,
+                    "debug": {"enum": ["", "VERSION", "WARN", "INFO", "TRACE"]},
+                    "env": {
+                        "type": "object",
+                        "propertyNames": {"pattern": "^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$"},
+                        "additionalProperties": {"type": "string"},
+                    },
+                },
+                description="NCCL between the learner's ranks: interfaces, InfiniBand HCAs, debug, other NCCL_* settings",
+            ),
+            "persistence": persistence(),
+            "startupProbe": startup_probe(),
+        },
     )
     broker = service_values("broker (CPU nodes)", configs["broker"], {})
     fitter = service_values("fitter (CPU nodes)", configs["fitter"], {"persistence": persistence()})
@@ -358,7 +418,7 @@ def values_schema() -> dict[str, Any]:
         "description": "Generated by scripts/gen_values_schema.py from the chart's values and the services' config models.",
         "type": "object",
         "additionalProperties": False,
-        "required": ["run", "nats", "model", "images", "generator", "learner", "broker", "fitter"],
+        "required": ["run", "nats", "model", "images", "generator", "generatorPools", "learner", "broker", "fitter"],
         "properties": {
             "global": OBJECT,
             "nameOverride": STR,
@@ -376,6 +436,11 @@ def values_schema() -> dict[str, Any]:
             "model": obj(
                 {
                     "path": {"type": "string", "pattern": "^/"},
+                    "sizeGiB": {
+                        "type": "number",
+                        "exclusiveMinimum": 0,
+                        "description": "The weights' size; sizes shm, memory and /tmp",
+                    },
                     "cache": obj(
                         {
                             "mountPath": {"type": "string", "pattern": "^/"},
@@ -389,7 +454,7 @@ def values_schema() -> dict[str, Any]:
                         required=("mountPath",),
                     ),
                 },
-                required=("path", "cache"),
+                required=("path", "sizeGiB", "cache"),
             ),
             "images": obj(
                 {
@@ -406,6 +471,7 @@ def values_schema() -> dict[str, Any]:
             "podSecurityContext": OBJECT,
             "containerSecurityContext": OBJECT,
             "generator": generator,
+            "generatorPools": generator_pools,
             "learner": learner,
             "broker": broker,
             "fitter": fitter,
@@ -413,6 +479,7 @@ def values_schema() -> dict[str, Any]:
                 {
                     "enabled": BOOL,
                     "metricsFrom": PEERS,
+                    "dnsTo": PEERS,
                     "natsTo": PEERS,
                     "natsPorts": {"type": "array", "minItems": 1, "items": PORT},
                     "generatorClientsFrom": PEERS,
@@ -435,6 +502,16 @@ def values_schema() -> dict[str, Any]:
                             "enabled": BOOL,
                             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                             "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        }
+                    ),
+                    "prometheusRule": obj(
+                        {
+                            "enabled": BOOL,
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "swapStaleMinutes": {"type": "integer", "minimum": 1},
+                            "maxVersionLag": {"type": "integer", "minimum": 1},
+                            "learnerIdleMinutes": {"type": "integer", "minimum": 1},
+                            "projectionErrorRatio": {"type": "number", "exclusiveMinimum": 0},
                         }
                     ),
                 }

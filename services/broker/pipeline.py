@@ -90,6 +90,8 @@ class BrokerPipeline:
         # Train tasks wait for the first policy version, whose eval round
         # (R0) must be queued ahead of them so it runs on the initial weights.
         self.policy_seen = asyncio.Event()
+        self.run_finished = False
+        """The learner announced its final version (max_steps): generators are wanted only to drain the tasks left."""
 
     # -- state -------------------------------------------------------------
 
@@ -303,6 +305,7 @@ class BrokerPipeline:
         async for policy in watch_policy(self.policy_kv, self.names, stop):
             await self.batcher.set_learner_version(int(policy.version))
             self.metrics.learner_version.set(policy.version)
+            self.run_finished = bool(policy.final)
             if policy.version % self.config.eval.every_versions == 0 or policy.final or not self.policy_seen.is_set():
                 await self._issue_eval_round_retrying(int(policy.version), stop)
             self.policy_seen.set()
@@ -411,7 +414,11 @@ class BrokerPipeline:
 
     def desired_generators(self) -> int:
         """Generators the pipeline wants: more while the learner starves, one fewer
-        while two batches or more wait for it (the learner is the bottleneck)."""
+        while two batches or more wait for it (the learner is the bottleneck).
+        None once the learner's final version is out and its tasks (the final
+        eval round) are answered, so an autoscaler can give the GPUs back."""
+        if self.run_finished and self.pending_tasks == 0:
+            return 0
         now = time.monotonic()
         active = sum(1 for t in self._generators_seen.values() if now - t < 60.0) or 1
         if len(self.batcher.ready) >= 2 * self.config.batch_prompts:

@@ -39,6 +39,62 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             role: {"repository": f"registry.example/asymptote-{role}", "digest": DIGEST}
             for role in ("generator", "learner", "broker", "fitter")
         },
+        "monitoring": {"serviceMonitors": {"enabled": True}},
+    },
+    # A learner across two 8-GPU nodes over InfiniBand, on its own node pool.
+    "two-node-learner": {
+        "learner": {
+            "nodes": 2,
+            "gpusPerNode": 8,
+            "nccl": {"socketIfname": "eth0", "ibHca": "mlx5", "debug": "INFO", "env": {"NCCL_IB_GID_INDEX": "3"}},
+            "nodeSelector": {"cloud.google.com/gke-nodepool": "learner-h100"},
+            "podLabels": {"kueue.x-k8s.io/queue-name": "rl-learner"},
+            "schedulerName": "kueue-aware-scheduler",
+        },
+        "model": {"sizeGiB": 16, "cache": {"existingClaim": "qwen3-8b"}},
+    },
+    # Two generator pools: H100s one GPU each, and A100s in pairs (tensor
+    # parallelism 2) on another node pool, under the NVIDIA runtime class, one on MIG slices.
+    "two-generator-pools": {
+        "generator": {
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+            ],
+            "podLabels": {"kueue.x-k8s.io/queue-name": "rl-generators"},
+            "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}],
+            "extraVolumes": [{"name": "hf-cache", "emptyDir": {"sizeLimit": "1Gi"}}],
+            "extraVolumeMounts": [{"name": "hf-cache", "mountPath": "/var/cache/hf"}],
+        },
+        "generatorPools": [
+            {"name": "h100", "replicas": 8, "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}},
+            {
+                "name": "a100",
+                "replicas": 3,
+                "gpus": 2,
+                "tensorParallelSize": 2,
+                "runtimeClassName": "nvidia",
+                "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"},
+                "tolerations": [{"key": "pool", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}],
+                "affinity": {},
+                "config": {"engine": {"max_num_seqs": 128}},
+            },
+            {"name": "mig", "replicas": 2, "gpuResourceName": "nvidia.com/mig-3g.40gb"},
+        ],
+    },
+    # KEDA over two pools that idle at zero once the run is done; alerts on.
+    "keda-scale-to-zero": {
+        "generator": {
+            "autoscaling": {
+                "minReplicas": 0,
+                "maxReplicas": 32,
+                "keda": {"enabled": True, "serverAddress": "http://prometheus-operated.monitoring.svc:9090"},
+            }
+        },
+        "generatorPools": [{"name": "h100", "autoscaling": {"weight": 3}}, {"name": "a100", "gpus": 2}],
+        "monitoring": {
+            "serviceMonitors": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        },
     },
     "external-nats-credentials": {
         "nats": {
@@ -101,6 +157,15 @@ class Rendered:
 
     def component(self, kind: str, component: str) -> dict[str, Any]:
         return self.get(kind, f"{RELEASE}-asymptote-{component}")
+
+    def pools(self) -> list[str]:
+        """Names of the generator pools: a Deployment each."""
+        prefix = f"{RELEASE}-asymptote-generator-"
+        return [
+            d["metadata"]["name"].removeprefix(prefix)
+            for d in self.of_kind("Deployment")
+            if d["metadata"]["name"].startswith(prefix)
+        ]
 
 
 def parse_manifests(files: dict[str, str]) -> list[dict[str, Any]]:

@@ -42,8 +42,27 @@ WORKLOAD_KIND = {"broker": "Deployment", "generator": "Deployment", "learner": "
 FULLNAME = f"{RELEASE}-asymptote"
 
 
+def named(rendered: Rendered, component: str) -> str:
+    """The name of a component's workload and ConfigMap: a generator's is its first pool's."""
+    return f"generator-{rendered.pools()[0]}" if component == "generator" else component
+
+
+def workload(rendered: Rendered, component: str) -> dict[str, Any]:
+    return rendered.component(WORKLOAD_KIND[component], named(rendered, component))
+
+
 def pod_spec(rendered: Rendered, component: str) -> dict[str, Any]:
-    return dict(rendered.component(WORKLOAD_KIND[component], component)["spec"]["template"]["spec"])
+    return dict(workload(rendered, component)["spec"]["template"]["spec"])
+
+
+def pool_values(values: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """A generator pool's settings: the pool's keys over the shared generator ones (the chart merges config)."""
+    pool = values["generatorPools"][index]
+    merged = {**values["generator"], **pool}
+    merged["config"] = values["generator"]["config"] | pool.get("config", {})
+    merged["autoscaling"] = values["generator"]["autoscaling"] | pool.get("autoscaling", {})
+    merged["gpus"] = pool.get("gpus", pool.get("tensorParallelSize", values["generator"]["gpus"]))
+    return merged
 
 
 def container(rendered: Rendered, component: str) -> dict[str, Any]:
@@ -60,11 +79,14 @@ def secret_value(rendered: Rendered, ref: dict[str, str]) -> str:
 
 def load_service_config(rendered: Rendered, component: str, tmp_path: Path) -> Any:
     """The service's config as the service itself loads it: the ConfigMap's file plus the pod's env."""
-    config_map = rendered.component("ConfigMap", component)
+    config_map = rendered.component("ConfigMap", named(rendered, component))
     path = tmp_path / f"{component}.yaml"
     path.write_text(config_map["data"]["config.yaml"])
     env = {}
     for var in container(rendered, component)["env"]:
+        if "fieldRef" in var.get("valueFrom", {}):
+            env[var["name"]] = "0"  # the downward API's pod index, on pod 0
+            continue
         env[var["name"]] = var["value"] if "value" in var else secret_value(rendered, var["valueFrom"]["secretKeyRef"])
     return load_config(MODELS[component], path, f"ASY_{component.upper()}", env)
 
@@ -92,7 +114,7 @@ def test_service_configs_load_with_the_services_models(
         if auth.get("user"):
             assert (config.nats.user, config.nats.password.get_secret_value()) == (auth["user"], auth["password"])
         # The password reaches the pod only through the Secret, never the ConfigMap.
-        assert "password" not in rendered.component("ConfigMap", component)["data"]["config.yaml"]
+        assert "password" not in rendered.component("ConfigMap", named(rendered, component))["data"]["config.yaml"]
     else:
         assert config.nats.user is None and config.nats.password is None
     mounts = {m["mountPath"] for m in container(rendered, component)["volumeMounts"]}
@@ -102,7 +124,8 @@ def test_service_configs_load_with_the_services_models(
         assert config.nats.tls_ca_file is not None and config.nats.tls_ca_file.parent.as_posix() in mounts
     assert config.grpc_tls == expected_grpc_tls(rendered, container(rendered, component), spec, values)
     # The user's typed values arrive unchanged.
-    for key, value in values[component]["config"].items():
+    typed = pool_values(values)["config"] if component == "generator" else values[component]["config"]
+    for key, value in typed.items():
         if isinstance(value, dict):
             for sub, v in value.items():
                 assert getattr(getattr(config, key), sub) == v, f"{key}.{sub}"
@@ -116,16 +139,16 @@ def test_service_configs_load_with_the_services_models(
         assert host == f"{FULLNAME}-broker.{NAMESPACE}.svc"
         assert int(port) == next(p["port"] for p in broker_service["spec"]["ports"] if p["name"] == "grpc")
         assert config.advertise_host == f"{FULLNAME}-learner.{NAMESPACE}.svc"
-        assert rendered.component("StatefulSet", "learner")["spec"]["serviceName"] == f"{FULLNAME}-learner"
+        assert rendered.component("StatefulSet", "learner")["spec"]["serviceName"] == f"{FULLNAME}-learner-nodes"
         assert config.batch_prompts == load_service_config(rendered, "broker", tmp_path).batch_prompts
         assert config.run_dir.as_posix() in mounts and config.model_dir.as_posix() == values["model"]["path"]
-        assert config.num_devices == values["learner"]["gpus"]
+        assert config.num_devices == values["learner"]["nodes"] * values["learner"]["gpusPerNode"]
     if component == "generator":
         assert config.engine.model_dir.as_posix() == values["model"]["path"]
         assert config.engine.model_dir.as_posix().startswith(values["model"]["cache"]["mountPath"] + "/")
         assert config.weights_dir.as_posix().startswith("/dev/shm")  # a memory-backed volume, below
-        assert config.num_devices == values["generator"]["gpus"]
-        assert config.engine.tensor_parallel_size == values["generator"]["gpus"]  # unset in every value set
+        assert config.num_devices == pool_values(values)["gpus"]
+        assert config.engine.tensor_parallel_size == pool_values(values)["gpus"]
     if component == "fitter":
         assert config.run_dir.as_posix() in mounts
         assert config.run_name == (values["run"]["name"] or RELEASE)
@@ -160,40 +183,63 @@ def render_values(value_set: str) -> dict[str, Any]:
         return chart.merge_values(VALUE_SETS[value_set])
 
 
-def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str) -> None:
-    values = render_values(value_set)["generator"]
-    deployment = rendered.component("Deployment", "generator")
-    spec = pod_spec(rendered, "generator")
-    main = container(rendered, "generator")
-    gpus = values["gpus"]
-    assert main["resources"]["limits"]["nvidia.com/gpu"] == gpus == main["resources"]["requests"]["nvidia.com/gpu"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0]["matchExpressions"]
-    assert deployment["spec"]["strategy"] == {
-        "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-    }
-    # A vLLM engine takes minutes to load: the startup probe waits up to 15 of them.
-    startup = main["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    mounts = {m["name"]: m for m in main["volumeMounts"]}
-    model_cache = volumes["model-cache"]
-    if render_values(value_set)["model"]["cache"]["existingClaim"]:
-        assert model_cache["persistentVolumeClaim"] == {"claimName": "qwen3-8b", "readOnly": True}
-        assert mounts["model-cache"]["readOnly"] is True
-    else:
-        assert "emptyDir" in model_cache
-    assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and mounts["shm"]["mountPath"] == "/dev/shm"
-    assert volumes["tmp"]["emptyDir"]["sizeLimit"] == values["tmpSizeLimit"] == "8Gi"  # vLLM caches
-    autoscaled = values["autoscaling"]["keda"]["enabled"] or values["autoscaling"]["hpa"]["enabled"]
-    assert ("replicas" in deployment["spec"]) is not autoscaled
-    if not autoscaled:
-        assert deployment["spec"]["replicas"] == values["replicas"]
-    pdb = rendered.component("PodDisruptionBudget", "generator")
-    assert pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str, tmp_path: Path) -> None:
+    all_values = render_values(value_set)
+    assert rendered.pools() == [p["name"] for p in all_values["generatorPools"]]
+    for index, pool in enumerate(rendered.pools()):
+        values = pool_values(all_values, index)
+        deployment = rendered.component("Deployment", f"generator-{pool}")
+        spec = deployment["spec"]["template"]["spec"]
+        (main,) = spec["containers"]
+        gpus, resource = values["gpus"], values["gpuResourceName"]
+        assert main["resources"]["limits"][resource] == gpus == main["resources"]["requests"][resource]
+        config = yaml.safe_load(rendered.component("ConfigMap", f"generator-{pool}")["data"]["config.yaml"])
+        assert config["engine"]["tensor_parallel_size"] == config["num_devices"] == gpus
+        assert spec["tolerations"] == values["tolerations"]
+        # No required GPU-label affinity: without GPU Feature Discovery nothing would match it.
+        assert spec.get("affinity", {}) == values["affinity"] == {}
+        assert spec.get("nodeSelector", {}) == values["nodeSelector"]
+        assert spec.get("runtimeClassName", "") == values["runtimeClassName"]
+        assert spec.get("topologySpreadConstraints", []) == values["topologySpreadConstraints"]
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels["asymptote.dev/generator-pool"] == pool
+        assert values["podLabels"].items() <= pod_labels.items()
+        assert deployment["spec"]["selector"]["matchLabels"]["asymptote.dev/generator-pool"] == pool
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        }
+        # A vLLM engine takes minutes to load: the startup probe waits up to 15 of them.
+        startup = main["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["name"]: m for m in main["volumeMounts"]}
+        model_cache = volumes["model-cache"]
+        if all_values["model"]["cache"]["existingClaim"]:
+            assert model_cache["persistentVolumeClaim"] == {
+                "claimName": all_values["model"]["cache"]["existingClaim"],
+                "readOnly": True,
+            }
+            assert mounts["model-cache"]["readOnly"] is True
+        else:
+            assert "emptyDir" in model_cache
+        assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and mounts["shm"]["mountPath"] == "/dev/shm"
+        for extra in values["extraVolumes"]:
+            assert volumes[extra["name"]] == extra
+        for extra in values["extraVolumeMounts"]:
+            assert mounts[extra["name"]] == extra
+        for env in values["extraEnv"]:
+            assert env in main["env"]
+        autoscaled = values["autoscaling"]["keda"]["enabled"] or values["autoscaling"]["hpa"]["enabled"]
+        assert ("replicas" in deployment["spec"]) is not autoscaled
+        if not autoscaled:
+            assert deployment["spec"]["replicas"] == values["replicas"]
+        pdb = rendered.component("PodDisruptionBudget", f"generator-{pool}")
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    # One Service before every pool: Generate's clients reach them all.
+    service = rendered.component("Service", "generator")
+    assert "asymptote.dev/generator-pool" not in service["spec"]["selector"]
 
 
 def generator_config(values: dict[str, Any]) -> dict[str, Any]:
@@ -214,12 +260,12 @@ def test_tensor_parallelism_follows_the_generators_gpus() -> None:
     assert generator_config(two)["engine"]["tensor_parallel_size"] == 2
     with pytest.raises(helm.HelmRenderError) as caught:
         generator_config({"generator": {"gpus": 2, "config": {"engine": {"tensor_parallel_size": 1}}}})
-    assert "generator.config.engine.tensor_parallel_size (1) must equal generator.gpus (2)" in str(caught.value)
+    assert "generatorPools[main]: tensorParallelSize (1) must equal gpus (2)" in str(caught.value)
 
 
 def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> None:
     learner = rendered.component("StatefulSet", "learner")
-    assert learner["spec"]["replicas"] == 1
+    assert learner["spec"]["replicas"] == render_values(value_set)["learner"]["nodes"]
     assert not [d for d in rendered.of_kind("Deployment") if "learner" in d["metadata"]["name"]]
     mounts = {m["name"]: m["mountPath"] for m in container(rendered, "learner")["volumeMounts"]}
     assert mounts["run"] == "/var/lib/asymptote/run"
@@ -228,7 +274,8 @@ def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> Non
         assert claim["metadata"]["name"] == "run"
         assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
         assert learner["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
-    assert container(rendered, "learner")["resources"]["limits"]["nvidia.com/gpu"] == 1
+    per_node = render_values(value_set)["learner"]["gpusPerNode"]
+    assert container(rendered, "learner")["resources"]["limits"]["nvidia.com/gpu"] == per_node
 
 
 @pytest.mark.parametrize("component", ["broker", "fitter"])
@@ -236,18 +283,19 @@ def test_broker_and_fitter_are_single_cpu_pods(rendered: Rendered, component: st
     deployment = rendered.component("Deployment", component)
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     spec = pod_spec(rendered, component)
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
+    # Any node: no affinity, and GPU nodes' taint tolerated (an all-GPU cluster taints every node).
+    assert "affinity" not in spec
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert "nvidia.com/gpu" not in container(rendered, component)["resources"]["limits"]
-    assert "tolerations" not in spec
 
 
 @pytest.mark.parametrize("component", sorted(MODELS))
 def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> None:
-    workload = rendered.component(WORKLOAD_KIND[component], component)
+    workload_ = workload(rendered, component)
     spec = pod_spec(rendered, component)
-    labels = workload["spec"]["template"]["metadata"]["labels"]
-    assert labels == {
+    pool = {"asymptote.dev/generator-pool": rendered.pools()[0]} if component == "generator" else {}
+    labels = workload_["metadata"]["labels"]
+    assert labels == pool | {
         "app.kubernetes.io/name": "asymptote",
         "app.kubernetes.io/instance": RELEASE,
         "app.kubernetes.io/component": component,
@@ -256,7 +304,7 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
         "app.kubernetes.io/managed-by": "Helm",
         "helm.sh/chart": "asymptote-0.1.0",
     }
-    assert workload["metadata"]["labels"] == labels
+    assert workload_["spec"]["template"]["metadata"]["labels"].items() >= labels.items()
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] >= 10000
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     for c in spec["containers"] + spec.get("initContainers", []):
@@ -267,14 +315,23 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
             "limits"
         ].keys()
     main = container(rendered, component)
-    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    if component == "learner" and workload_["spec"]["replicas"] > 1:
+        # Only pod 0 (rank 0, the service) serves /healthz and /readyz; the other nodes' probes pass.
+        assert "NODE_RANK" in main["livenessProbe"]["exec"]["command"][-1]
+        assert "/readyz" in main["readinessProbe"]["exec"]["command"][-1]
+    else:
+        assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     # Writable places on the read-only root: /tmp (HOME) and, per service, its run or shm volume.
     assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
     assert {"name": "HOME", "value": "/tmp"} in main["env"]
-    assert main["args"] == [component, "--config", "/etc/asymptote/config/config.yaml"]
+    if component == "learner":
+        assert main["command"] == ["torchrun"]
+        assert main["args"][-5:] == ["-m", "services.cli", "learner", "--config", "/etc/asymptote/config/config.yaml"]
+    else:
+        assert main["args"] == [component, "--config", "/etc/asymptote/config/config.yaml"]
     # A config change rolls the pods.
-    assert len(workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"]) == 64
+    assert len(workload_["spec"]["template"]["metadata"]["annotations"]["checksum/config"]) == 64
 
 
 def test_config_checksum_follows_the_config() -> None:
@@ -288,8 +345,12 @@ def test_config_checksum_follows_the_config() -> None:
 
 
 def test_generators_scale_on_the_brokers_gauge() -> None:
-    keda = render("many-generators-keda").component("ScaledObject", "generator")["spec"]
-    assert keda["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-generator"}
+    keda = render("many-generators-keda").component("ScaledObject", "generator-main")["spec"]
+    assert keda["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": f"{FULLNAME}-generator-main",
+    }
     assert (keda["minReplicaCount"], keda["maxReplicaCount"]) == (4, 64)
     (trigger,) = keda["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
@@ -301,14 +362,14 @@ def test_generators_scale_on_the_brokers_gauge() -> None:
         keda["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     )
 
-    hpa = render("monitoring-hpa").component("HorizontalPodAutoscaler", "generator")["spec"]
-    assert hpa["scaleTargetRef"]["name"] == f"{FULLNAME}-generator"
+    hpa = render("monitoring-hpa").component("HorizontalPodAutoscaler", "generator-main")["spec"]
+    assert hpa["scaleTargetRef"]["name"] == f"{FULLNAME}-generator-main"
     (metric,) = hpa["metrics"]
     assert metric["external"]["metric"] == {
         "name": "asymptote_broker_desired_generators",
         "selector": {"matchLabels": {"namespace": NAMESPACE, "service": f"{FULLNAME}-broker"}},
     }
-    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1000m"}
 
     defaults = render("defaults")
     assert not defaults.of_kind("ScaledObject") and not defaults.of_kind("HorizontalPodAutoscaler")
@@ -327,7 +388,10 @@ PODS = ("broker", "generator", "learner", "fitter", "health-test")
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    absent = [e["key"] for e in selector.get("matchExpressions", []) if e["operator"] == "DoesNotExist"]
+    assert len(absent) == len(selector.get("matchExpressions", [])), selector
+    matched = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    return matched and not any(k in labels for k in absent)
 
 
 def _port_matches(rule_ports: list[dict[str, Any]] | None, port: int, port_name: str) -> bool:
@@ -401,12 +465,20 @@ def test_nats_and_metrics_peers_follow_the_values() -> None:
     policy = render("external-nats-credentials").component("NetworkPolicy", "broker")["spec"]
     nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
     assert nats_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
-    metrics_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "http", "protocol": "TCP"}])
+    metrics_rule = next(r for r in policy["ingress"] if r.get("ports") == [{"port": "http", "protocol": "TCP"}])
+    # Prometheus pods in any namespace, by the Operator's or the community chart's labels.
     assert metrics_rule["from"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}},
     ]
+    # DNS to any address by default: a node-local DNS cache (169.254.20.10) is no pod a selector names.
     dns = policy["egress"][0]
-    assert {"port": 53, "protocol": "UDP"} in dns["ports"]
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    with helm.Chart.load(CHART) as chart:
+        narrowed = {"networkPolicy": {"dnsTo": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]}}
+        files = chart.render(narrowed, name=RELEASE, namespace=NAMESPACE)
+    policies = [o for o in parse_manifests(files) if o["kind"] == "NetworkPolicy"]
+    assert all(p["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "169.254.20.10/32"}}] for p in policies)
 
 
 # -- helm test, monitoring, secrets ----------------------------------------------
@@ -576,12 +648,13 @@ def test_umbrella_chart_installs_nats_for_the_services(stack_rendered: Rendered)
     objects = stack_rendered.objects
     assert len(objects) == len(render("defaults").objects)
     for component in MODELS:
-        config = yaml.safe_load(stack_rendered.component("ConfigMap", component)["data"]["config.yaml"])
+        config_map = stack_rendered.component("ConfigMap", named(stack_rendered, component))
+        config = yaml.safe_load(config_map["data"]["config.yaml"])
         assert config["nats"]["url"] == f"nats://{RELEASE}-nats.{NAMESPACE}.svc:4222"
         refs = [
             e["valueFrom"]["secretKeyRef"]["name"]
             for e in container(stack_rendered, component)["env"]
-            if "valueFrom" in e
+            if "secretKeyRef" in e.get("valueFrom", {})
         ]
         assert refs == ["asymptote-nats-auth", "asymptote-nats-auth"]
         policy = stack_rendered.component("NetworkPolicy", component)["spec"]

@@ -77,7 +77,7 @@ def test_strict_validation_catches_a_misspelled_field() -> None:
     ][0].pop("readinessProbe")
     with pytest.raises(AssertionError, match="readinesProbe"):
         validate_object(deployment)
-    scaled = json.loads(json.dumps(render("many-generators-keda").component("ScaledObject", "generator")))
+    scaled = json.loads(json.dumps(render("many-generators-keda").component("ScaledObject", "generator-main")))
     scaled["spec"]["maxReplicas"] = scaled["spec"].pop("maxReplicaCount")
     with pytest.raises(AssertionError, match="fields its CRD does not define"):
         validate_object(scaled)
@@ -131,9 +131,19 @@ BAD_VALUES = [
     ({"images": {"generator": {"digest": "latest"}}}, "/images/generator/digest"),
     ({"run": {"prefix": "Bad-Prefix"}}, "/run/prefix"),
     (
-        {"generator": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
-        "/generator/resources/requests",
+        {"broker": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
+        "/broker/resources/requests",
     ),
+    ({"generator": {"resources": {"requests": {"cpu": None}}}}, "/generator/resources/requests"),
+    # The learner is nodes x gpusPerNode now; a pool needs a DNS-label name and only generator's keys.
+    ({"learner": {"gpus": 8}}, "additional properties 'gpus'"),
+    ({"learner": {"nodes": 0}}, "/learner/nodes"),
+    ({"learner": {"nccl": {"env": {"CUDA_VISIBLE_DEVICES": "0"}}}}, "invalid propertyName 'CUDA_VISIBLE_DEVICES'"),
+    ({"generatorPools": []}, "/generatorPools"),
+    ({"generatorPools": [{"name": "H100_pool"}]}, "/generatorPools/0/name"),
+    ({"generatorPools": [{"name": "h100", "gpu": 2}]}, "additional properties 'gpu'"),
+    ({"generatorPools": [{"name": "h100", "gpuResourceName": "gpu"}]}, "/generatorPools/0/gpuResourceName"),
+    ({"model": {"sizeGiB": 0}}, "/model/sizeGiB"),
     ({"replicaCount": 3}, "additional properties 'replicaCount'"),
     # gRPC TLS: the chart owns each service's grpc_tls; TLS needs its Secret, and its details need TLS.
     ({"learner": {"config": {"grpc_tls": {"ca_file": "/etc/ca.crt"}}}}, "additional properties 'grpc_tls'"),

@@ -236,9 +236,16 @@ def test_scale_generators_uses_the_scale_subresource(
     api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli(["kube", "scale", "generators", "5", "--release", RELEASE, "--kubeconfig", str(kubeconfig)]) == 0
-    assert capsys.readouterr().out.strip() == f"{FULL}-generator: replicas 2 -> 5"
+    out = capsys.readouterr()
+    assert out.out.strip() == f"{FULL}-generator: replicas 2 -> 5"
+    assert "next helm upgrade sets it back" in out.err and "generatorPools[].replicas" in out.err
     patches = [q for m, p, q in api.requests if m == "PATCH"]
     assert patches == [{"body": {"spec": {"replicas": 5}}, "content-type": "application/strategic-merge-patch+json"}]
+    assert api.replicas == 5
+    # A pool the release does not have is named back with the pools it has.
+    args = ["kube", "scale", "a100", "3", "--release", RELEASE, "--kubeconfig", str(kubeconfig)]
+    assert cli(args) == 1
+    assert "for 'a100', found 0" in capsys.readouterr().err
     assert api.replicas == 5
 
 

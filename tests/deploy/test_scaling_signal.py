@@ -7,12 +7,16 @@ object and its exported registry.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
+import services.broker.pipeline as pipeline_module
+from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
 from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig
@@ -67,3 +71,26 @@ def test_the_gauge_exports_the_formula() -> None:
         line.split(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
     )
     assert float(samples["asymptote_broker_desired_generators"]) == 6.0
+
+
+@pytest.mark.parametrize(("pending", "desired"), [(0, 0), (5, 6)])
+def test_a_finished_run_wants_no_generators(monkeypatch: pytest.MonkeyPatch, pending: int, desired: int) -> None:
+    """The learner's final version (max_steps) takes the gauge to 0 once its tasks are answered, so KEDA can idle the pools."""
+    p = with_ready(pipeline(4), 0, 10)
+    assert p.desired_generators() == 6
+
+    async def final_policy(*_: Any) -> AsyncIterator[rollout_pb2.PolicyVersion]:
+        yield rollout_pb2.PolicyVersion(version=2000, step=2000, final=True)
+
+    async def no_eval_round(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(pipeline_module, "watch_policy", final_policy)
+    monkeypatch.setattr(p, "_issue_eval_round_retrying", no_eval_round)
+    asyncio.run(p.policy_loop(asyncio.Event()))
+    assert p.run_finished
+    p.pending_tasks = pending  # the final eval round, still out or answered
+    p._update_gauges()
+    text = generate_latest(p.metrics.registry).decode()
+    samples = dict(line.split(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(samples["asymptote_broker_desired_generators"]) == desired

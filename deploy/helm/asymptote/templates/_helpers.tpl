@@ -25,11 +25,17 @@ is particular to it; these helpers say what is common.
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Selector labels of one component: (dict "ctx" $ "component" "broker") */}}
+{{/*
+Selector labels of one component: (dict "ctx" $ "component" "broker"); with
+"pool" "h100", of one generator pool (the component's labels select every pool).
+*/}}
 {{- define "asymptote.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "asymptote.name" .ctx }}
 app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .pool }}
+asymptote.dev/generator-pool: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* Standard labels of one component: (dict "ctx" $ "component" "broker") */}}
@@ -41,8 +47,18 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 helm.sh/chart: {{ include "asymptote.chart" .ctx }}
 {{- end }}
 
+{{/* <fullname>-<component>, or <fullname>-generator-<pool> with "pool". */}}
 {{- define "asymptote.componentName" -}}
+{{- if .pool }}
+{{- printf "%s-%s-%s" (include "asymptote.fullname" .ctx) .component .pool }}
+{{- else }}
 {{- printf "%s-%s" (include "asymptote.fullname" .ctx) .component }}
+{{- end }}
+{{- end }}
+
+{{/* A workload's values: "values" when given (a generator pool's, resolved), else .Values.<component>. */}}
+{{- define "asymptote.values" -}}
+{{- toYaml (.values | default (index .ctx.Values .component)) }}
 {{- end }}
 
 {{- define "asymptote.serviceAccountName" -}}
@@ -164,7 +180,7 @@ A service's ConfigMap: its typed values merged with what the chart owns.
 (dict "ctx" $ "component" "broker" "owned" (dict ...))
 */}}
 {{- define "asymptote.configMap" -}}
-{{- $values := index .ctx.Values .component -}}
+{{- $values := fromYaml (include "asymptote.values" .) -}}
 {{- $config := mustMergeOverwrite (deepCopy $values.config) (fromYaml (include "asymptote.ownedConfig" .)) .owned -}}
 apiVersion: v1
 kind: ConfigMap
@@ -198,19 +214,22 @@ data:
       name: {{ include "asymptote.natsSecretName" $ctx }}
       key: {{ $ctx.Values.nats.auth.passwordKey }}
 {{- end }}
-{{- with (index $ctx.Values .component).extraEnv }}
+{{- with (fromYaml (include "asymptote.values" .)).extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
 
-{{/* Volumes every service mounts: config, /tmp, NATS creds and CA, the gRPC certificate. */}}
+{{/*
+Volumes every service mounts: config, /tmp ("tmpGiB", default 1), NATS creds
+and CA, the gRPC certificate, the user's extraVolumes.
+*/}}
 {{- define "asymptote.volumes" -}}
 - name: config
   configMap:
     name: {{ include "asymptote.componentName" . }}
 - name: tmp
   emptyDir:
-    sizeLimit: {{ (index .ctx.Values .component).tmpSizeLimit | default "1Gi" }}
+    sizeLimit: {{ printf "%vGi" (.tmpGiB | default 1) }}
 {{- if .ctx.Values.nats.auth.credsSecret }}
 - name: nats-creds
   secret:
@@ -229,6 +248,9 @@ data:
 {{- end }}
 {{- if .ctx.Values.grpcTls.enabled }}
 {{ include "asymptote.grpcTlsVolume" .ctx }}
+{{- end }}
+{{- with (fromYaml (include "asymptote.values" .)).extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -250,6 +272,9 @@ data:
 {{- end }}
 {{- if .ctx.Values.grpcTls.enabled }}
 {{ include "asymptote.grpcTlsVolumeMount" .ctx }}
+{{- end }}
+{{- with (fromYaml (include "asymptote.values" .)).extraVolumeMounts }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -279,12 +304,24 @@ data:
 {{- end }}
 {{- end }}
 
-{{/* Ports, probes and security of a service's main container. */}}
+{{/*
+Ports, probes and security of a service's main container. With "command"
+(a list) the container runs it with "args" instead of the image's
+`asymptote <component>`; "extraPorts" adds named ports. With "probeRank0Only",
+the probes ask /readyz and /healthz only on the pod whose NODE_RANK is 0 (the
+learner's other nodes run ranks that serve nothing).
+*/}}
 {{- define "asymptote.containerCommon" -}}
-{{- $values := index .ctx.Values .component -}}
+{{- $values := fromYaml (include "asymptote.values" .) -}}
 image: {{ include "asymptote.image" . }}
 imagePullPolicy: {{ .ctx.Values.images.pullPolicy }}
+{{- if .command }}
+command: {{ toJson .command }}
+args:
+  {{- toYaml .args | nindent 2 }}
+{{- else }}
 args: [{{ .component | quote }}, "--config", "/etc/asymptote/config/config.yaml"]
+{{- end }}
 ports:
   - name: grpc
     containerPort: {{ $values.ports.grpc }}
@@ -292,19 +329,22 @@ ports:
   - name: http
     containerPort: {{ $values.ports.http }}
     protocol: TCP
+  {{- range .extraPorts }}
+  - {{- toYaml . | nindent 4 }}
+  {{- end }}
 livenessProbe:
-  httpGet: {path: /healthz, port: http}
+  {{- include "asymptote.probeAction" (dict "path" "/healthz" "rank0" .probeRank0Only "port" $values.ports.http) | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
 readinessProbe:
-  httpGet: {path: /readyz, port: http}
+  {{- include "asymptote.probeAction" (dict "path" "/readyz" "rank0" .probeRank0Only "port" $values.ports.http) | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 3
 {{- with $values.startupProbe }}
 startupProbe:
-  httpGet: {path: /readyz, port: http}
+  {{- include "asymptote.probeAction" (dict "path" "/readyz" "rank0" $.probeRank0Only "port" $values.ports.http) | nindent 2 }}
   periodSeconds: {{ .periodSeconds }}
   failureThreshold: {{ .failureThreshold }}
   timeoutSeconds: 5
@@ -313,9 +353,21 @@ securityContext:
   {{- toYaml .ctx.Values.containerSecurityContext | nindent 2 }}
 {{- end }}
 
+{{- define "asymptote.probeAction" -}}
+{{- if .rank0 }}
+exec:
+  command:
+    - python
+    - -c
+    - {{ printf "import os, urllib.request; os.environ['NODE_RANK'] == '0' and urllib.request.urlopen('http://127.0.0.1:%v%s', timeout=4)" .port .path | quote }}
+{{- else }}
+httpGet: {path: {{ .path }}, port: http}
+{{- end }}
+{{- end }}
+
 {{/* Pod-level settings every service shares. */}}
 {{- define "asymptote.podCommon" -}}
-{{- $values := index .ctx.Values .component -}}
+{{- $values := fromYaml (include "asymptote.values" .) -}}
 serviceAccountName: {{ include "asymptote.serviceAccountName" .ctx }}
 automountServiceAccountToken: false
 enableServiceLinks: false
@@ -341,13 +393,26 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $values.schedulerName }}
+schedulerName: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* Pod template metadata: labels and a checksum of the config, so a change rolls the pods. */}}
 {{- define "asymptote.podMetadata" -}}
-{{- $values := index .ctx.Values .component -}}
+{{- $values := fromYaml (include "asymptote.values" .) -}}
 labels:
   {{- include "asymptote.labels" . | nindent 2 }}
+  {{- with $values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 annotations:
   checksum/config: {{ include "asymptote.configMap" . | sha256sum }}
   {{- with $values.podAnnotations }}
@@ -357,7 +422,7 @@ annotations:
 
 {{/* A component's Service (headless with "headless" true): gRPC and HTTP (/metrics, /healthz, /readyz). */}}
 {{- define "asymptote.service" -}}
-{{- $values := index .ctx.Values .component -}}
+{{- $values := fromYaml (include "asymptote.values" .) -}}
 apiVersion: v1
 kind: Service
 metadata:
@@ -403,5 +468,43 @@ annotations:
   {{- range $i, $skip := $skips }}
   checkov.io/skip{{ add1 $i }}: {{ $skip | quote }}
   {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Host memory, /dev/shm and /tmp of the GPU pods, from model.sizeGiB: the one
+place the chart sizes them. (dict "ctx" $ "component" "generator"|"learner")
+A weight swap's measured peak extra memory is 1.10x the model's bytes (396.5 MB
+model: tmpfs 396.6 MB + ~40 MB of pull buffers in the generator) and a swap
+stages one version at most, so:
+  swapPeakGiB = ceil(1.10 x sizeGiB)
+  shmGiB      = swapPeakGiB + 2     generator (weightsOn: memory): the staged
+                                    version, and vLLM's worker IPC
+              = swapPeakGiB + 8     learner: the weights it serves, NCCL's buffers
+  memoryGiB   = base + shmGiB       shm's pages count against the memory limit;
+                                    base = 16 (generator), 32 (learner): the
+                                    process without the model's host copies
+  tmpGiB      = 8 + swapPeakGiB     torch.compile's, Triton's and vLLM's caches,
+                                    and a staged version under weightsOn: disk
+Returns YAML with these keys.
+*/}}
+{{- define "asymptote.sizing" -}}
+{{- $size := float64 .ctx.Values.model.sizeGiB }}
+{{- $peak := int (ceil (mulf $size 1.10)) }}
+{{- $shm := add $peak (ternary 8 2 (eq .component "learner")) }}
+{{- $base := ternary 32 16 (eq .component "learner") }}
+swapPeakGiB: {{ $peak }}
+shmGiB: {{ $shm }}
+memoryGiB: {{ add $base $shm }}
+tmpGiB: {{ add 8 $peak }}
+{{- end }}
+
+{{/* requests and limits of a GPU container: cpu as given, memory as given or sized, the GPUs. (dict "values" ... "sizing" ... "gpus" N) */}}
+{{- define "asymptote.gpuResources" -}}
+{{- $memory := printf "%vGi" .sizing.memoryGiB }}
+{{- range $kind := list "requests" "limits" }}
+{{ $kind }}:
+  {{- toYaml (mustMergeOverwrite (dict "memory" $memory) (index $.values.resources $kind)) | nindent 2 }}
+  {{ $.values.gpuResourceName }}: {{ $.gpus }}
 {{- end }}
 {{- end }}
