@@ -20,7 +20,7 @@ the other ranks what rank 0 is about to do.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
 import torch
@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
@@ -111,9 +112,40 @@ def shard(policy: torch.nn.Module, model: torch.nn.Module, precision: Precision)
         param_dtype=None if precision.compute_dtype == torch.float32 else precision.compute_dtype,
         reduce_dtype=torch.float32,
     )
-    for layer in decoder_layers(model):
+    groups = decoder_layers(model)
+    for layer in groups:
         fully_shard(layer, mesh=mesh, mp_policy=body)
     fully_shard(policy, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
+    if dist.get_backend() == "gloo":
+        for module in [*groups, policy]:
+            module.set_custom_reduce_scatter(_AllReduceInPlace())  # type: ignore[operator]
+
+
+class _AllReduceInPlace(ReduceScatter):
+    """gloo's reduce-scatter as an in-place all-reduce of FSDP2's own buffer, then this rank's chunk.
+
+    gloo has no reduce-scatter of its own: torch's fallback all-reduces a
+    clone of the whole input, and on the CPU those layer-sized clones
+    outlived their step often enough to add several layers to a rank's
+    peak (docs/benchmarks.md). The buffer here is FSDP2's scratch, free to
+    overwrite; the bytes on the wire are the same.
+    """
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        assert not async_op, "FSDP2 reduce-scatters synchronously on the CPU"
+        dist.all_reduce(input_tensor, op=op, group=group)
+        output_tensor.copy_(input_tensor.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
+        return None
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -146,6 +146,13 @@ class _Scored:
         )
 
 
+def _materialize(model: PreTrainedModel, device: torch.device) -> None:
+    """Allocate a model built on the meta device and initialise it as its constructor would have."""
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device)
+        model.init_weights()
+
+
 def _no_sync(policy: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
     """DDP: keep a micro-batch's gradients local until the last one (FSDP2 reduce-scatters each into its shards)."""
     if isinstance(policy, torch.nn.parallel.DistributedDataParallel):
@@ -196,10 +203,14 @@ class Trainer:
             checkpoint_activations(model)
         self.sharded = self.dp.distributed and resolve_parallelism(parallelism, precision.device) == "fsdp"
         policy = PolicyForward(model, precision)
+        # A model built on the meta device (random initialisation, as benchmarks do) is allocated
+        # after sharding, so each rank only ever holds its own shards.
         if self.sharded:
             shard(policy, model, precision)
+            _materialize(model, precision.device)
             self.policy: torch.nn.Module = policy
         else:
+            _materialize(model, precision.device)
             self.policy = self.dp.wrap(policy)
         self._released = False
         self.loss_settings = loss

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from services.learner import checkpoint
+from services.local import torchrun as launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -45,28 +45,16 @@ SCORED = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(ranks: int, out: Path, *args: str) -> None:
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={ranks}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(WORKER),
-        "--out",
-        str(out),
-        *args,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        launcher.command(ranks, str(WORKER), "--out", str(out), *args),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"torchrun with {ranks} ranks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
