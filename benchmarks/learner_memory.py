@@ -31,7 +31,7 @@ Targets: two-rank per-rank tensor bytes <= 0.65 of one rank's (with and
 without activation checkpointing; peak RSS is held to the same bound and
 reported whether or not it meets it); FSDP2 / DDP step time >= 1 on the CPU,
 the measurement behind ``auto`` choosing DDP there. ``--quick`` runs a
-model of a few million parameters and leaves out the meta-device and
+model of 0.9M parameters and leaves out the meta-device and
 allocator runs (its RSS figure compares the plain runs).
 """
 
@@ -374,7 +374,7 @@ def table(figures: list[Figure]) -> Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learner_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, help=f"directory for {BENCH_FILE_NAME} and the per-rank records")
-    parser.add_argument("--quick", action="store_true", help="a model of a few million parameters")
+    parser.add_argument("--quick", action="store_true", help="a 0.9M-parameter model, without the allocator runs")
     parser.add_argument("--worker", choices=[v.name for v in VARIANTS], help=argparse.SUPPRESS)
     parser.add_argument("--step-time", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)

@@ -191,9 +191,12 @@ def full_state(
     names = aliases(model)
     weights = {k: v for k, v in get_model_state_dict(model, options=_FULL_ON_RANK0).items() if k not in names}
     assert all(isinstance(v, torch.Tensor) for v in weights.values()), "a model's state dict holds tensors"
-    return cast(dict[str, torch.Tensor], weights), dict(
-        get_optimizer_state_dict(model, optimizer, options=_FULL_ON_RANK0)
-    )
+    if not optimizer.state:
+        # Before the first optimizer step: get_optimizer_state_dict would take a zero step to create
+        # the state (AdamW's step count would then start at 1); keep it empty, as a fresh optimizer's.
+        return cast(dict[str, torch.Tensor], weights), {}
+    optimizer_state = dict(get_optimizer_state_dict(model, optimizer, options=_FULL_ON_RANK0))
+    return cast(dict[str, torch.Tensor], weights), optimizer_state
 
 
 def load_full_state(
@@ -202,9 +205,12 @@ def load_full_state(
     weights: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any],
     from_rank0: bool,
+    with_optimizer_state: bool = True,
 ) -> None:
     """Load ``full_state``'s dicts. ``from_rank0``: a collective; rank 0 passes them and the others
-    pass empty dicts, and each rank keeps its own shards. ValueError when the names do not fit."""
+    pass empty dicts, and each rank keeps its own shards. ``with_optimizer_state`` False (saved before
+    any optimizer step) leaves the optimizer fresh; every rank passes the same. ValueError when the
+    names do not fit."""
     if not from_rank0 or not dist.is_initialized() or dist.get_rank() == 0:
         weights = dict(weights)
         for alias, name in aliases(model).items():
@@ -218,4 +224,5 @@ def load_full_state(
             )
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
     set_model_state_dict(model, cast(dict[str, Any], weights), options=options)
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    if with_optimizer_state:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)

@@ -237,10 +237,12 @@ class Trainer:
         if not self.dp.distributed:
             return
         if self.sharded:
-            scheduler = self.dp.broadcast(state.scheduler if state is not None else None)
-            if scheduler is not None:
-                empty = TrainingState({}, {}, scheduler)
-                self._load(state if state is not None else empty, from_rank0=True)
+            # The scheduler's state, and whether there is optimizer state (none before the first step).
+            mine = None if state is None else (state.scheduler, bool(state.optimizer.get("state")))
+            shared = self.dp.broadcast(mine)
+            if shared is not None:
+                scheduler, stepped = shared
+                self._load(state if state is not None else TrainingState({}, {}, scheduler), True, stepped)
             return
         synced = self.dp.broadcast(
             (self.model.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict())
@@ -253,7 +255,7 @@ class Trainer:
             self.optimizer.load_state_dict(opt_state)
             self.scheduler.load_state_dict(sched_state)
 
-    def _load(self, state: TrainingState, from_rank0: bool) -> None:
+    def _load(self, state: TrainingState, from_rank0: bool, stepped: bool | None = None) -> None:
         if state.optimizer.get("state") and all(isinstance(k, int) for k in state.optimizer["state"]):
             # A checkpoint from before optimizer state was keyed by name: one rank's own layout.
             if from_rank0:
@@ -261,7 +263,8 @@ class Trainer:
             self.model.load_state_dict({**self.model.state_dict(), **state.weights})
             self.optimizer.load_state_dict(state.optimizer)
         else:
-            load_full_state(self.model, self.optimizer, state.weights, state.optimizer, from_rank0)
+            stepped = bool(state.optimizer.get("state")) if stepped is None else stepped
+            load_full_state(self.model, self.optimizer, state.weights, state.optimizer, from_rank0, stepped)
         self.scheduler.load_state_dict(state.scheduler)
 
     def follow(self) -> int:
