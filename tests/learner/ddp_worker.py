@@ -7,7 +7,8 @@ rank 0 writes the final whole parameters, its step metrics and the weights
 it would serve (against an unsharded copy's) to ``--out``, and the other
 ranks of a DDP run their own replica's parameters. ``--checkpoint-after K``
 writes a learner checkpoint after step K; ``--resume DIR`` starts from the
-checkpoints of such a run and takes only the steps after it.
+checkpoints of such a run and takes only the steps after it. ``--dtype
+bfloat16`` computes the body in bf16 (FSDP2's mixed precision when sharded).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from asymptote.contracts.v1 import rollout_pb2
 from services.learner import checkpoint
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
+from services.learner.model import TORCH_DTYPES, Precision
 from services.learner.sharding import aliases
 from services.learner.trainer import Trainer, collate
 from services.learner.weights import WeightStore
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--checkpoint-after", type=int, default=None)
     parser.add_argument("--resume", type=Path, default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dp = DataParallel.from_env("gloo")
@@ -120,11 +123,13 @@ def main() -> None:
             loss,
             OptimizerSettings(lr=1e-2, warmup_steps=1),
             dp,
+            Precision(torch.device("cpu"), TORCH_DTYPES[args.dtype]),
             parallelism=args.parallelism,
             micro_batch_tokens=args.micro_batch_tokens,
             activation_checkpointing=args.activation_checkpointing,
         )
         report["sharded"] = trainer.sharded
+        report["master_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
         start, state = 0, None
         if args.resume is not None and dp.is_main:
             found = checkpoint.latest(args.resume / "checkpoints" / name)

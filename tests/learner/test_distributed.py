@@ -8,7 +8,9 @@ metrics that depend on every rank's scores. Measured (torch 2.13, CPU):
 DDP and FSDP2 both within 1.2e-6 of one rank. A checkpoint written by two
 FSDP2 ranks resumes on one rank and takes the next step as the two ranks
 did (measured within 1e-8), and FSDP2's rank 0 serves the same names and
-bytes as an unsharded model holding its weights.
+bytes as an unsharded model holding its weights. FSDP2 with bf16 layers
+keeps float32 master weights and scores the first step as float32 does,
+within bf16's rounding.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "fsdp": (2, ("--parallelism", "fsdp", "--checkpoint-after", "2")),
     # Uneven micro-batch counts per rank (about 2 completions per micro-batch), layers recomputed.
     "fsdp-micro": (2, ("--parallelism", "fsdp", "--micro-batch-tokens", "30", "--activation-checkpointing")),
+    "fsdp-bf16": (2, ("--parallelism", "fsdp", "--dtype", "bfloat16")),
 }
 """Each run: its ranks and the worker's arguments."""
 
@@ -151,6 +154,18 @@ def test_a_two_rank_fsdp_checkpoint_resumes_on_one_rank(runs: Runs, config: str)
     assert len(resumed_metrics) == 1
     for key in SCORED:
         assert resumed_metrics[0][key] == pytest.approx(two[-1][key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.slow  # torchrun
+def test_fsdp_in_bf16_keeps_float32_masters_and_scores_as_float32_does(runs: Runs) -> None:
+    """The GPU layout's mixed precision (bf16 layers, float32 root and reductions), run on gloo."""
+    one = json.loads((runs["one"] / "report.rank0.json").read_text())
+    bf16 = json.loads((runs["fsdp-bf16"] / "report.rank0.json").read_text())
+    assert bf16["sharded"] and bf16["master_dtypes"] == ["torch.float32"]
+    for config in CONFIGS:
+        # The first step scores the same weights: bf16 rounding apart, the same loss and log-probs.
+        for key in ("loss", "policy/entropy", "optim/grad_norm"):
+            assert bf16[config][0][key] == pytest.approx(one[config][0][key], rel=2e-2, abs=2e-3), (config, key)
 
 
 @pytest.mark.slow  # torchrun
