@@ -13,6 +13,9 @@ on the same machine:
   weight transfer     gRPC pull vs reading the bytes from local disk       >= 0.5
   broker              groups/s through the broker vs raw nats-py           >= 0.5 and >= 5,000/s
   learner             service step vs a bare PyTorch step                  <= 1.15
+  learner memory      per-rank tensor bytes, two FSDP2 ranks vs one rank   <= 0.65
+                      (with and without activation checkpointing; peak
+                      RSS beside it), FSDP2 vs DDP step time on the CPU    >= 1
   fitter              1,000-point fit with bootstrap intervals             < 2 s
   learning speed      wall time to +0.3 held-out pass rate, on-policy
                       single process vs the local stack                    >= 1.3
@@ -249,6 +252,12 @@ def learner_figure(quick: bool) -> Figure:
 
     torch.set_num_threads(1)
     return bench_learner_step(repeats=8 if quick else 30)
+
+
+def learner_memory_figures(quick: bool, out: Path) -> list[Figure]:
+    from benchmarks.learner_memory import bench_learner_memory
+
+    return bench_learner_memory(quick=quick, workdir=out / "learner_memory")
 
 
 def fitter_figure(quick: bool) -> Figure:
@@ -535,6 +544,7 @@ def run_all(out: Path, quick: bool) -> tuple[dict[str, Any], list[Figure]]:
         console.print(f"  ({time.monotonic() - t0:.0f} s)")
 
     section("learner step", lambda: [learner_figure(quick)])
+    section("learner memory (FSDP2)", lambda: learner_memory_figures(quick, out))
     section("fitter", lambda: [fitter_figure(quick)])
     section("weight transfer", lambda: [transfer_figure(quick, out)])
     section("broker", lambda: [broker_figure(quick, out)])

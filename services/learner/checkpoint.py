@@ -2,7 +2,9 @@
 
 Owns writing and finding checkpoints: model weights (safetensors), the
 optimizer and scheduler state, RNG state, the policy version, counters and
-the ids of the groups trained into the weights.
+the ids of the groups trained into the weights. A checkpoint holds the
+whole (consolidated) state, the optimizer's keyed by parameter name, so it
+resumes on any number of ranks in either layout (``sharding``).
 A checkpoint is written into a temporary folder, fsynced, then renamed, so
 a crash mid-write never leaves a checkpoint that looks complete. Only
 ``ckpt-*`` folders with a ``DONE`` marker count.
@@ -17,6 +19,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,6 +38,18 @@ class Restored:
     """Optimizer steps taken (the version can run ahead of it after a restart)."""
 
 
+@dataclass(frozen=True)
+class TrainingState:
+    """The whole state a step needs, as ``sharding.full_state`` gathers it onto rank 0."""
+
+    weights: dict[str, torch.Tensor]
+    """Parameters and buffers by state-dict name, a tied weight under its first name only."""
+    optimizer: dict[str, Any]
+    """The optimizer's state dict, keyed by parameter name."""
+    scheduler: dict[str, Any]
+    """The learning-rate scheduler's state dict."""
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -46,9 +61,7 @@ def _fsync_dir(path: Path) -> None:
 def save(
     root: Path,
     version: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: TrainingState,
     samples_trained: int,
     keep: int,
     trained_group_ids: Sequence[str] = (),
@@ -59,21 +72,11 @@ def save(
     tmp = root / f".ckpt-{version:08d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    # Tied parameters share storage; safetensors refuses shared tensors.
-    seen: dict[int, str] = {}
-    unique = {}
-    for k, v in state.items():
-        ptr = v.data_ptr()
-        if ptr in seen:
-            continue
-        seen[ptr] = k
-        unique[k] = v
-    save_file(unique, str(tmp / "model.safetensors"))
+    save_file({k: v.detach().contiguous() for k, v in state.weights.items()}, str(tmp / "model.safetensors"))
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
+            "optimizer": state.optimizer,
+            "scheduler": state.scheduler,
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         },
@@ -106,28 +109,19 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def restore(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> Restored:
-    weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    # Tied weights appear under one name only; anything else missing is fatal.
-    tied = {k for k in missing if k.endswith("lm_head.weight")}
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+def load(path: Path) -> tuple[Restored, TrainingState]:
+    """The checkpoint in ``path``: its counters and its training state (and this process's RNG state from it)."""
     trainer = torch.load(path / "trainer.pt", weights_only=False)  # our own file, written above
-    optimizer.load_state_dict(trainer["optimizer"])
-    scheduler.load_state_dict(trainer["scheduler"])
     torch.set_rng_state(trainer["torch_rng"])
     random.setstate(trainer["python_rng"])
     meta = json.loads((path / "meta.json").read_text())
-    return Restored(
+    restored = Restored(
         int(meta["version"]),
         int(meta["samples_trained"]),
         path,
         tuple(meta.get("trained_group_ids", ())),
         int(meta.get("step", meta["version"])),
+    )
+    return restored, TrainingState(
+        load_file(str(path / "model.safetensors")), trainer["optimizer"], trainer["scheduler"]
     )

@@ -141,6 +141,19 @@ class LearnerConfig(MeteredServiceSettings):
     """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL on GPUs, else gloo)."""
     dist_timeout_s: float = Field(default=86_400.0, gt=0.0)
     """How long a rank waits in a collective: ranks > 0 wait there while rank 0 waits for data."""
+    parallelism: Literal["auto", "fsdp", "ddp"] = "auto"
+    """How several torchrun ranks share the model: ddp keeps a whole replica (weights, gradients, AdamW
+    state) on every rank; fsdp (FSDP2) shards them over the ranks, one group per decoder layer plus the
+    root, and gathers one layer at a time. auto: FSDP2 on GPUs, DDP on the CPU (faster there for models
+    that fit; see docs/benchmarks.md). One rank runs unwrapped either way."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Padded tokens (completions x their padded prompt-plus-completion width) one forward and backward
+    may take; a rank's share of the batch is split into micro-batches of this size with gradient
+    accumulation, and the step equals the whole-batch step (the loss's denominators come from the whole
+    batch). At least one completion per micro-batch. None: the whole share at once."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (less
+    memory, about one more forward pass of compute)."""
 
     def warnings(self, num_parameters: int | None = None) -> list[str]:
         """Valid settings that are likely not what was meant; ``num_parameters``: the model's, when known."""

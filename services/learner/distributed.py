@@ -13,8 +13,8 @@ advantages, the zero-variance mask and the aggregation's denominators are
 computed on the whole batch on every rank (they are cheap and need every
 prompt), each rank sums its rows' weighted token losses, and the loss is
 scaled by N because DDP averages gradients where the batch's loss adds its
-shards. gloo on CPU, NCCL on GPUs; FSDP2 slots in at ``DataParallel.wrap``
-for models that do not fit one device.
+shards. gloo on CPU, NCCL on GPUs. DDP is one of two layouts: ``sharding``
+puts a model under FSDP2 instead when ``parallelism`` asks for it.
 """
 
 from __future__ import annotations

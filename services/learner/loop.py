@@ -145,7 +145,19 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         precision.device,
         str(precision.compute_dtype).removeprefix("torch."),
     )
-    return model, Trainer(model, config.loss, config.optimizer, dp, precision)
+    trainer = Trainer(
+        model,
+        config.loss,
+        config.optimizer,
+        dp,
+        precision,
+        parallelism=config.parallelism,
+        micro_batch_tokens=config.micro_batch_tokens,
+        activation_checkpointing=config.activation_checkpointing,
+    )
+    if dp.distributed:
+        log.info("rank %d: %s over %d ranks", dp.rank, "FSDP2" if trainer.sharded else "DDP", dp.world_size)
+    return model, trainer
 
 
 class Learner:
@@ -175,13 +187,15 @@ class Learner:
         self.meter = ComputeMeter("learner", rt.instance_id, config.device_kind, config.num_devices)
         self.metrics_path = config.run_dir / "metrics.jsonl"
         self.done = asyncio.Event()
+        self.restored_state: checkpoint.TrainingState | None = None
+        """The checkpoint's state until ``Trainer.sync_from_main`` has loaded it."""
 
     def resume(self) -> None:
         path = checkpoint.latest(self.ckpt_root)
         if path is None:
             log.info("no checkpoint in %s: starting from %s at version 0", self.ckpt_root, self.config.model_dir)
             return
-        restored = checkpoint.restore(path, self.model, self.trainer.optimizer, self.trainer.scheduler)
+        restored, self.restored_state = checkpoint.load(path)
         self.version = restored.version
         self.step = restored.step
         self.samples_trained = restored.samples_trained
@@ -195,6 +209,10 @@ class Learner:
             "unacked_batches": float(len(self.unacked)),
             "done": 1.0 if self.done.is_set() else 0.0,
         }
+
+    def snapshot(self) -> Version:
+        """The current weights as the served version ``self.version`` (FSDP2 ranks join the gathers)."""
+        return self.store.snapshot_tensors(self.version, self.trainer.served_tensors(self.store.names))
 
     async def announce(self, v: Version) -> None:
         policy = rollout_pb2.PolicyVersion(
@@ -214,13 +232,12 @@ class Learner:
 
     async def checkpoint_and_ack(self, broker: BrokerClient) -> None:
         started = time.perf_counter()
+        state = await asyncio.to_thread(self.trainer.full_state)
         await asyncio.to_thread(
             checkpoint.save,
             self.ckpt_root,
             self.version,
-            self.model,
-            self.trainer.optimizer,
-            self.trainer.scheduler,
+            state,
             self.samples_trained,
             self.config.keep_checkpoints,
             list(self.trained_ids),
@@ -283,7 +300,7 @@ class Learner:
             self.version += 1
             self.step += 1
             self.samples_trained += int(inputs.rewards.numel())
-            v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
+            v = await asyncio.to_thread(self.snapshot)
             await self.announce(v)
             self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
             record = {
@@ -317,7 +334,8 @@ class Learner:
         c = self.config
         c.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
-        await asyncio.to_thread(self.trainer.sync_from_main)
+        await asyncio.to_thread(self.trainer.sync_from_main, self.restored_state)
+        self.restored_state = None
         self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
         announced = await current_policy(self.kv, self.rt.names)
         if announced is not None and announced.version > self.version:
@@ -330,7 +348,7 @@ class Learner:
                 announced.version + 1,
             )
             self.version = int(announced.version) + 1
-        v = await asyncio.to_thread(self.store.snapshot, self.version, self.model)
+        v = await asyncio.to_thread(self.snapshot)
         servicer = LearnerServicer(self.store, self.rt.health, self.rt.instance_id, self.gauges)
         server, self.grpc_port = await start_server(
             c.grpc,

@@ -252,7 +252,10 @@ class PolicyForward(torch.nn.Module):
         batch = batch.to(self.precision.device)
         with self.precision.autocast():
             out = self.model.base_model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
             )
         # Logits at position L-1+t predict completion token t.
         hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]

@@ -9,11 +9,12 @@ gRPC or NATS.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +22,21 @@ from transformers import PreTrainedModel
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
+from services.learner.checkpoint import TrainingState
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.losses import aggregation_weights, batch_counts, group_advantages, log_ratio, policy_loss
 from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, pack
+from services.learner.sharding import (
+    Parallelism,
+    checkpoint_activations,
+    clip_grad_norm,
+    full_state,
+    full_tensor,
+    load_full_state,
+    resolve_parallelism,
+    shard,
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,60 @@ def _rows(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype) -> to
     return out
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """One micro-batch's scores and loss, as the step metrics read them."""
+
+    loss: torch.Tensor
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    logp_gen: torch.Tensor
+    score_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    stats: dict[str, float]
+
+    @classmethod
+    def merge(cls, parts: Sequence[_Scored]) -> _Scored:
+        """One rank's micro-batches as one: losses summed, rows stacked, IS-ratio stats over all loss tokens."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max(p.logp.shape[1] for p in parts)
+        assert all(p.logp.shape[1] == width for p in parts), "micro-batches keep the batch's padding"
+        counts = [float(p.loss_mask.sum()) for p in parts]
+        with_tokens = [p.stats for p, n in zip(parts, counts, strict=True) if n > 0]
+        total = sum(counts)
+        stats = {
+            "is/capped_frac": sum(p.stats["is/capped_frac"] * n for p, n in zip(parts, counts, strict=True)) / total
+            if total
+            else 0.0,
+            "is/rho_max": max((st["is/rho_max"] for st in with_tokens), default=1.0),
+            "is/rho_min": min((st["is/rho_min"] for st in with_tokens), default=1.0),
+        }
+        return cls(
+            loss=torch.stack([p.loss for p in parts]).sum(),
+            logp=torch.cat([p.logp for p in parts]),
+            entropy=torch.cat([p.entropy for p in parts]),
+            logp_gen=torch.cat([p.logp_gen for p in parts]),
+            score_mask=torch.cat([p.score_mask for p in parts]),
+            loss_mask=torch.cat([p.loss_mask for p in parts]),
+            stats=stats,
+        )
+
+
+def _materialize(model: PreTrainedModel, device: torch.device) -> None:
+    """Allocate a model built on the meta device and initialise it as its constructor would have."""
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device)
+        model.init_weights()
+
+
+def _no_sync(policy: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
+    """DDP: keep a micro-batch's gradients local until the last one (FSDP2 reduce-scatters each into its shards)."""
+    if isinstance(policy, torch.nn.parallel.DistributedDataParallel):
+        return policy.no_sync()
+    return contextlib.nullcontext()
+
+
 def select_rows(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
     """The completions ``rows`` of a packed batch, padding unchanged."""
     return PackedBatch(
@@ -121,7 +187,10 @@ class Trainer:
 
     Every rank holds the whole batch; advantages, the keep mask and the
     aggregation weights come from all of it, and each rank differentiates
-    only its share of the prompts (``DataParallel.prompt_range``).
+    only its share of the prompts (``DataParallel.prompt_range``), in
+    micro-batches of at most ``micro_batch_tokens`` padded tokens whose
+    gradients add up to the share's. Several ranks keep a DDP replica each
+    or FSDP2 shards (``parallelism``, see ``sharding.resolve_parallelism``).
     """
 
     def __init__(
@@ -131,14 +200,33 @@ class Trainer:
         opt: OptimizerSettings,
         dp: DataParallel | None = None,
         precision: Precision = CPU_FP32,
+        parallelism: Parallelism = "auto",
+        micro_batch_tokens: int | None = None,
+        activation_checkpointing: bool = False,
     ) -> None:
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be at least 1 (or None: whole batch), got {micro_batch_tokens}")
         self.model = model
         self.precision = precision
         self.dp = dp or DataParallel()
-        self.policy = self.dp.wrap(PolicyForward(model, precision))
+        self.micro_batch_tokens = micro_batch_tokens
+        if activation_checkpointing:
+            checkpoint_activations(model)
+        self.sharded = self.dp.distributed and resolve_parallelism(parallelism, precision.device) == "fsdp"
+        policy = PolicyForward(model, precision)
+        # A model built on the meta device (random initialisation, as benchmarks do) is allocated
+        # after sharding, so each rank only ever holds its own shards.
+        if self.sharded:
+            shard(policy, model, precision)
+            _materialize(model, precision.device)
+            self.policy: torch.nn.Module = policy
+        else:
+            _materialize(model, precision.device)
+            self.policy = self.dp.wrap(policy)
         self._released = False
         self.loss_settings = loss
         self.opt_settings = opt
+        # After sharding: the optimizer holds (and keeps float32 state for) this rank's shards.
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
@@ -148,29 +236,64 @@ class Trainer:
         )
 
     # -- data parallelism: rank 0 leads, the other ranks follow ---------------
+    #
+    # Rank 0 broadcasts what it is about to do before every collective piece
+    # of work: a step; under FSDP2 also gathering the weights or the state.
 
-    def sync_from_main(self) -> None:
-        """Every rank takes rank 0's weights, optimizer and scheduler state (after rank 0 resumed)."""
+    def sync_from_main(self, state: TrainingState | None = None) -> None:
+        """Every rank takes rank 0's weights, optimizer and scheduler state; rank 0 first loads ``state``
+        (a checkpoint's, written by any number of ranks) when given. Ranks > 0 pass nothing."""
+        if state is not None and not (self.sharded and self.dp.is_main):
+            self._load(state, from_rank0=False)
         if not self.dp.distributed:
             return
-        state = self.dp.broadcast(
+        if self.sharded:
+            # The scheduler's state, and whether there is optimizer state (none before the first step).
+            mine = None if state is None else (state.scheduler, bool(state.optimizer.get("state")))
+            shared = self.dp.broadcast(mine)
+            if shared is not None:
+                scheduler, stepped = shared
+                self._load(state if state is not None else TrainingState({}, {}, scheduler), True, stepped)
+            return
+        synced = self.dp.broadcast(
             (self.model.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict())
             if self.dp.is_main
             else None
         )
         if not self.dp.is_main:
-            model_state, opt_state, sched_state = state
+            model_state, opt_state, sched_state = synced
             self.model.load_state_dict(model_state)
             self.optimizer.load_state_dict(opt_state)
             self.scheduler.load_state_dict(sched_state)
 
+    def _load(self, state: TrainingState, from_rank0: bool, stepped: bool | None = None) -> None:
+        if state.optimizer.get("state") and all(isinstance(k, int) for k in state.optimizer["state"]):
+            # A checkpoint from before optimizer state was keyed by name: one rank's own layout.
+            if from_rank0:
+                raise ValueError("this checkpoint's optimizer state is keyed by index; resume it unsharded")
+            self.model.load_state_dict({**self.model.state_dict(), **state.weights})
+            self.optimizer.load_state_dict(state.optimizer)
+        else:
+            stepped = bool(state.optimizer.get("state")) if stepped is None else stepped
+            load_full_state(self.model, self.optimizer, state.weights, state.optimizer, from_rank0, stepped)
+        self.scheduler.load_state_dict(state.scheduler)
+
     def follow(self) -> int:
-        """Ranks > 0: step on each batch rank 0 broadcasts until it releases them; returns steps taken."""
+        """Ranks > 0: do what rank 0 broadcasts (steps; under FSDP2 also gathers) until it releases them;
+        returns the steps taken."""
         steps = 0
         while (message := self.dp.broadcast(None)) is not None:
-            inputs, learner_version = message
-            self._step(inputs, learner_version)
-            steps += 1
+            kind, *args = message
+            if kind == "step":
+                self._step(*args)
+                steps += 1
+            elif kind == "weights":
+                for _ in self._gathered(*args):
+                    pass
+            elif kind == "state":
+                full_state(self.model, self.optimizer)
+            else:
+                raise AssertionError(f"rank 0 sent an unknown message {kind!r}")
         return steps
 
     def release_followers(self) -> None:
@@ -184,11 +307,62 @@ class Trainer:
         self.policy = PolicyForward(self.model, self.precision)
         gc.collect()
 
+    def full_state(self) -> TrainingState:
+        """Rank 0: the whole training state on the CPU, for a checkpoint (FSDP2 ranks join the gathers)."""
+        if self.sharded:
+            self.dp.broadcast(("state",))
+        weights, optimizer = full_state(self.model, self.optimizer)
+        return TrainingState(weights, optimizer, self.scheduler.state_dict())
+
+    def served_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: the whole tensors ``names``, one at a time, for ``WeightStore.snapshot_tensors``.
+
+        Under FSDP2 each is gathered as it is asked for (the other ranks join
+        every gather), so no rank holds more than one gathered tensor besides
+        what the caller keeps. KeyError before any gather for a name the model lacks.
+        """
+        state = self.model.state_dict()
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
+        if self.sharded:
+            self.dp.broadcast(("weights", list(names)))
+        return self._gathered(list(names), state)
+
+    def _gathered(
+        self, names: list[str], state: dict[str, torch.Tensor] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        state = self.model.state_dict() if state is None else state
+        for name in names:
+            yield name, full_tensor(state[name].detach())
+
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics."""
         if self.dp.distributed:
-            self.dp.broadcast((inputs, learner_version))
+            self.dp.broadcast(("step", inputs, learner_version))
         return self._step(inputs, learner_version)
+
+    def micro_batches(self, inputs: StepInputs) -> list[tuple[torch.Tensor, float]]:
+        """This rank's rows of the batch in micro-batches, each with 1.0, or 0.0 for a stand-in.
+
+        Every rank gets as many micro-batches as the rank with the most (each
+        forward and backward is a collective); a rank with fewer rows, or none,
+        scores row 0 with zero weight instead.
+        """
+        width = inputs.batch.input_ids.shape[1]
+        budget = self.micro_batch_tokens
+        rows_each = inputs.prompt_index.numel() if budget is None else max(1, budget // width)
+        shares = []
+        for rank in range(self.dp.world_size):
+            first, last = DataParallel(rank, self.dp.world_size).prompt_range(inputs.num_prompts)
+            shares.append(((inputs.prompt_index >= first) & (inputs.prompt_index < last)).nonzero().squeeze(1))
+        count = max(1, *(math.ceil(r.numel() / max(rows_each, 1)) for r in shares))
+        mine = shares[self.dp.rank]
+        chunks = []
+        for i in range(count):
+            rows = mine[i * rows_each : (i + 1) * rows_each]
+            chunks.append((rows, 1.0) if rows.numel() else (mine.new_zeros(1), 0.0))
+        return chunks
 
     def _step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         started = time.perf_counter()
@@ -201,48 +375,52 @@ class Trainer:
         # Prompts not kept (flat ones, unless the batch keeps them) are out of
         # the loss (RECIPE 1): masking their tokens keeps them out of the
         # aggregation's denominators too.
-        loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
-        weights = aggregation_weights(mask=loss_mask, prompt_index=inputs.prompt_index, aggregation=s.aggregation)
-        counts = batch_counts(rewards=inputs.rewards, keep=keep, loss_mask=loss_mask, num_taken=inputs.num_taken)
-        score_mask = inputs.loss_mask
-        batch, temperature, logp_gen = inputs.batch, inputs.temperature, inputs.logp_gen
-        if self.dp.distributed:
-            first, last = self.dp.prompt_range(inputs.num_prompts)
-            rows = ((inputs.prompt_index >= first) & (inputs.prompt_index < last)).nonzero().squeeze(1)
-            live = 1.0
-            if rows.numel() == 0:
-                # More ranks than prompts: score one row with zero weight so that
-                # this rank still joins the gradient all-reduce.
-                rows, live = rows.new_zeros(1), 0.0
-            batch, temperature, logp_gen = select_rows(batch, rows), temperature[rows], logp_gen[rows]
-            per_completion_adv, weights = per_completion_adv[rows], weights[rows] * live
-            loss_mask, score_mask = loss_mask[rows] * live, score_mask[rows] * live
-            prompt_index = inputs.prompt_index[rows]
-        else:
-            prompt_index = inputs.prompt_index
-        logp, entropy = self.policy(batch, temperature)
-        # Everything the loss and the scores read lives where the model does.
-        device = logp.device
-        logp_gen, per_completion_adv, weights = logp_gen.to(device), per_completion_adv.to(device), weights.to(device)
-        loss_mask, score_mask, prompt_index = loss_mask.to(device), score_mask.to(device), prompt_index.to(device)
-        loss, stats = policy_loss(
-            name=s.name,
-            logp=logp,
-            logp_gen=logp_gen,
-            advantages=per_completion_adv,
-            mask=loss_mask,
-            prompt_index=prompt_index,
-            aggregation=s.aggregation,
-            eps_max=s.eps_max,
-            clip=s.clip,
-            tis_cap=s.tis_cap,
-            weights=weights,
+        all_loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
+        counts = batch_counts(rewards=inputs.rewards, keep=keep, loss_mask=all_loss_mask, num_taken=inputs.num_taken)
+        # The whole batch's weights: each micro-batch of each rank sums its rows' share of one loss.
+        all_weights = aggregation_weights(
+            mask=all_loss_mask, prompt_index=inputs.prompt_index, aggregation=s.aggregation
         )
+        train = bool(keep.any())
+        chunks = self.micro_batches(inputs)
         self.optimizer.zero_grad(set_to_none=True)
-        if keep.any():
-            # DDP averages gradients over ranks; the batch's loss is the sum of the shards'.
-            (loss * self.dp.world_size).backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_settings.max_grad_norm))
+        parts: list[_Scored] = []
+        for i, (rows, live) in enumerate(chunks):
+            sync = contextlib.nullcontext() if i == len(chunks) - 1 else _no_sync(self.policy)
+            with sync, torch.set_grad_enabled(train):
+                logp, entropy = self.policy(select_rows(inputs.batch, rows), inputs.temperature[rows])
+                # Everything the loss and the scores read lives where the model does.
+                device = logp.device
+                loss_mask = (all_loss_mask[rows] * live).to(device)
+                loss, stats = policy_loss(
+                    name=s.name,
+                    logp=logp,
+                    logp_gen=inputs.logp_gen[rows].to(device),
+                    advantages=per_completion_adv[rows].to(device),
+                    mask=loss_mask,
+                    prompt_index=inputs.prompt_index[rows].to(device),
+                    aggregation=s.aggregation,
+                    eps_max=s.eps_max,
+                    clip=s.clip,
+                    tis_cap=s.tis_cap,
+                    weights=(all_weights[rows] * live).to(device),
+                )
+                if train:
+                    # DDP and FSDP2 average gradients over ranks; the batch's loss is the sum of the shards'.
+                    (loss * self.dp.world_size).backward()
+            parts.append(
+                _Scored(
+                    loss=loss.detach(),
+                    logp=logp.detach(),
+                    entropy=entropy,
+                    logp_gen=inputs.logp_gen[rows].to(device),
+                    score_mask=(inputs.loss_mask[rows] * live).to(device),
+                    loss_mask=loss_mask,
+                    stats=stats,
+                )
+            )
+        if train:
+            grad_norm = clip_grad_norm(self.model.parameters(), self.opt_settings.max_grad_norm)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             self.scheduler.step()
@@ -250,7 +428,7 @@ class Trainer:
             grad_norm = 0.0
         compute_s = time.perf_counter() - started
 
-        scored = self._scored_stats(loss, logp, logp_gen, entropy, score_mask, loss_mask, stats)
+        scored = self._scored_stats(_Scored.merge(parts))
         mask = inputs.loss_mask.bool()
         num_tokens = int(inputs.batch.completion_mask.sum())
         staleness = (learner_version - inputs.token_versions)[mask]
@@ -278,17 +456,10 @@ class Trainer:
         }
         return metrics
 
-    def _scored_stats(
-        self,
-        loss: torch.Tensor,
-        logp: torch.Tensor,
-        logp_gen: torch.Tensor,
-        entropy: torch.Tensor,
-        score_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        stats: dict[str, float],
-    ) -> dict[str, float]:
+    def _scored_stats(self, part: _Scored) -> dict[str, float]:
         """Metrics of the learner's own scores, summed over ranks (one process: as they are)."""
+        loss, logp, logp_gen, entropy = part.loss, part.logp, part.logp_gen, part.entropy
+        score_mask, loss_mask, stats = part.score_mask, part.loss_mask, part.stats
         mask = score_mask.bool()
         with torch.no_grad():
             diff = log_ratio(logp=logp.detach(), logp_gen=logp_gen)[mask]

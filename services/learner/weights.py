@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -53,12 +54,27 @@ class WeightStore:
         self._lock = threading.Lock()
 
     def snapshot(self, version: int, model: torch.nn.Module) -> Version:
+        """``model``'s weights (whole, in one process) as ``version``."""
         state = model.state_dict()
         missing = [n for n in self.names if n not in state]
         if missing:
             raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
-        tensors = {name: to_wire(state[name], self.signature[name][0]) for name in self.names}
-        return self.put(Version(version, tensors, digest(tensors)))
+        return self.snapshot_tensors(version, ((name, state[name]) for name in self.names))
+
+    def snapshot_tensors(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Version:
+        """``version`` from (name, whole tensor) pairs, converted as they come (one held at a time).
+
+        The pairs must be exactly the model directory's tensors (KeyError naming the difference).
+        """
+        wire: dict[str, WireTensor] = {}
+        for name, tensor in tensors:
+            if name not in self.signature:
+                raise KeyError(f"{name} is not one of the model directory's tensors")
+            wire[name] = to_wire(tensor, self.signature[name][0])
+        missing = [n for n in self.names if n not in wire]
+        if missing:
+            raise KeyError(f"no tensors given for {missing[:5]} (the model directory's tensors)")
+        return self.put(Version(version, wire, digest(wire)))
 
     def put(self, v: Version) -> Version:
         """Hold ``v`` as served; the oldest beyond ``keep`` are dropped."""

@@ -42,6 +42,7 @@ from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
 from services.generator.config import EngineSettings, GeneratorConfig
 from services.learner.config import LearnerConfig, OptimizerSettings
+from services.local import torchrun
 from services.local.config import StackConfig
 from services.local.progress import Progress
 
@@ -327,18 +328,14 @@ class LocalStack:
     def start_services(self, paths: dict[str, Path]) -> None:
         for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):
             role = name.split("-")[0]
-            launcher = [sys.executable]
-            if role == "learner" and self.config.learner_ranks > 1:
-                launcher += [  # torchrun, its rendezvous store on loopback
-                    "-m",
-                    "services.local.torchrun",
-                    f"--nproc-per-node={self.config.learner_ranks}",
-                    "--master-addr=127.0.0.1",
-                    f"--master-port={free_port()}",
-                ]
+            target = ["-m", "services.cli", role, "--config", str(path)]
+            if role == "learner" and self.config.learner_ranks > 1:  # torchrun, its store on loopback
+                cmd = torchrun.command(self.config.learner_ranks, *target)
+            else:
+                cmd = [sys.executable, *target]
             self._spawn(
                 name,
-                [*launcher, "-m", "services.cli", role, "--config", str(path)],
+                cmd,
                 cpus=self.cores_for(role),
                 http_port=self.ports[name][1],
             )

@@ -16,6 +16,22 @@ from datetime import timedelta
 from typing import Any
 
 
+def command(ranks: int, *target: str) -> list[str]:
+    """The command line that runs ``target`` (a script path or ``-m module``, then its arguments) on
+    ``ranks`` local ranks through this launcher, its store on a free loopback port."""
+    from asymptote.nats_local import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "services.local.torchrun",
+        f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        *target,
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import TCPStore, run
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous

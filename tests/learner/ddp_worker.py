@@ -2,8 +2,13 @@
 
 Rank 0 builds the batches and calls ``Trainer.step`` as the service does;
 the other ranks ``follow``. For every loss configuration a fresh tiny model
-(same seed) takes the same steps; each rank writes its final parameters
-and rank 0 its step metrics to ``--out``.
+(same seed) takes the same steps in the layout ``--parallelism`` names;
+rank 0 writes the final whole parameters, its step metrics and the weights
+it would serve (against an unsharded copy's) to ``--out``, and the other
+ranks of a DDP run their own replica's parameters. ``--checkpoint-after K``
+writes a learner checkpoint after step K; ``--resume DIR`` starts from the
+checkpoints of such a run and takes only the steps after it. ``--dtype
+bfloat16`` computes the body in bf16 (FSDP2's mixed precision when sharded).
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asymptote.contracts.v1 import rollout_pb2
+from services.learner import checkpoint
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
+from services.learner.model import TORCH_DTYPES, Precision
+from services.learner.sharding import aliases
 from services.learner.trainer import Trainer, collate
+from services.learner.weights import WeightStore
 
 CONFIGS = {
     "cispo-prompt-batch": LossSettings(),
@@ -86,18 +95,48 @@ def batch(rng: random.Random, step: int, num_prompts: int, group_size: int = 4) 
     return groups
 
 
+def served_signature(model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A model directory's signature for ``model``: the MLP served in bf16, the rest in float32."""
+    return {
+        name: ("bfloat16" if ".mlp." in name else "float32", tuple(t.shape)) for name, t in model.state_dict().items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None)
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--checkpoint-after", type=int, default=None)
+    parser.add_argument("--resume", type=Path, default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dp = DataParallel.from_env("gloo")
     report: dict[str, object] = {"world_size": dp.world_size}
     for name, loss in CONFIGS.items():
         model = tiny_model()
-        trainer = Trainer(model, loss, OptimizerSettings(lr=1e-2, warmup_steps=1), dp)
-        trainer.sync_from_main()
+        trainer = Trainer(
+            model,
+            loss,
+            OptimizerSettings(lr=1e-2, warmup_steps=1),
+            dp,
+            Precision(torch.device("cpu"), TORCH_DTYPES[args.dtype]),
+            parallelism=args.parallelism,
+            micro_batch_tokens=args.micro_batch_tokens,
+            activation_checkpointing=args.activation_checkpointing,
+        )
+        report["sharded"] = trainer.sharded
+        report["master_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+        start, state = 0, None
+        if args.resume is not None and dp.is_main:
+            found = checkpoint.latest(args.resume / "checkpoints" / name)
+            assert found is not None, f"no checkpoint for {name} in {args.resume}"
+            restored, state = checkpoint.load(found)
+            start = restored.step
+        trainer.sync_from_main(state)
         if dp.is_main:
             rng = random.Random(7)
             metrics = []
@@ -107,14 +146,43 @@ def main() -> None:
                     groups = batch(rng, step, 2)[:1]
                 else:
                     groups = batch(rng, step, num_prompts)
+                if step < start:  # taken before the checkpoint (the batches are drawn all the same)
+                    continue
                 metrics.append(trainer.step(collate(groups, pad_id=0), learner_version=step))
+                if args.checkpoint_after == step + 1:
+                    checkpoint.save(
+                        args.out / "checkpoints" / name, step + 1, trainer.full_state(), 0, keep=1, step=step + 1
+                    )
+            signature = served_signature(tiny_model())
+            store = WeightStore(signature)
+            served = store.snapshot_tensors(1, trainer.served_tensors(store.names))
+            final = trainer.full_state().weights
             trainer.release_followers()
             report[name] = metrics
+            # The same weights in one unsharded model, served the plain way.
+            plain = tiny_model()
+            plain.load_state_dict(final, strict=False)
+            reference = WeightStore(signature).snapshot(1, plain)
+            report[f"{name}/served"] = {
+                "sha256": served.sha256,
+                "names": sorted(served.tensors),
+                "bytes": {k: len(t.data) for k, t in served.tensors.items()},
+                "dtypes": {k: t.dtype for k, t in served.tensors.items()},
+            }
+            report[f"{name}/served_unsharded"] = {
+                "sha256": reference.sha256,
+                "names": sorted(reference.tensors),
+                "bytes": {k: len(t.data) for k, t in reference.tensors.items()},
+                "dtypes": {k: t.dtype for k, t in reference.tensors.items()},
+            }
+            params = {k: v.clone().contiguous() for k, v in final.items()}
         else:
             report[f"{name}/followed"] = trainer.follow()
+            tied = aliases(model)
+            params = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in tied}
         trainer.close()
-        params = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-        save_file(params, str(args.out / f"{name}.rank{dp.rank}.safetensors"))
+        if dp.is_main or not trainer.sharded:  # a sharded rank > 0 holds only its shards
+            save_file(params, str(args.out / f"{name}.rank{dp.rank}.safetensors"))
     (args.out / f"report.rank{dp.rank}.json").write_text(json.dumps(report))
     dp.close()
 
