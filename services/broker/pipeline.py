@@ -33,6 +33,7 @@ from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
+from services.broker.shaping import shape_overlong
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +392,9 @@ class BrokerPipeline:
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
+            s = self.config.sampling
+            if s.overlong_cache_tokens is not None:  # after the pass rate: that is the verifier's
+                shape_overlong(group, s.max_tokens, s.overlong_cache_tokens)
         before = self.batcher.rollouts.copy()
         reason = await self.batcher.admit(group, msg, ended=ended)
         if reason is not None:
