@@ -210,8 +210,9 @@ class BrokerPipeline:
             mark = self.curriculum.mark()
             state = self.curriculum.state
             tasks: list[rollout_pb2.GenerationTask] = []
+            ahead = self.pending_tasks + len(self.batcher.ready)
             while len(tasks) < num:
-                tasks.append(self._train_task(*self.curriculum.next()))
+                tasks.append(self._train_task(*self.curriculum.next(), ahead=ahead + len(tasks)))
                 if state.cursor >= len(state.epoch_order):
                     break
             try:
@@ -233,7 +234,20 @@ class BrokerPipeline:
         self.metrics.tasks_issued.labels("train").inc(len(tasks))
         return len(tasks)
 
-    def _train_task(self, problem: Problem, epoch: int, position: int) -> rollout_pb2.GenerationTask:
+    def start_version(self, ahead: int) -> int:
+        """The policy version a generator must hold before it starts a train task with ``ahead`` groups before it.
+
+        PipelineRL-k: the group lands in the learner's batch ``ahead // B`` from now, trained at version
+        ``learner_version + ahead // B``; sampled from a version more than k behind that, it would arrive
+        stale. So a generator waits for the learner instead (the broker's drop stays as the safety net).
+        Synchronous mode: the learner's current version.
+        """
+        v = self.batcher.learner_version
+        if self.config.mode == "sync":
+            return v
+        return max(0, v + ahead // self.config.batch_prompts - self.config.staleness_bound)
+
+    def _train_task(self, problem: Problem, epoch: int, position: int, ahead: int = 0) -> rollout_pb2.GenerationTask:
         s = self.config.sampling
         return rollout_pb2.GenerationTask(
             task_id=f"{TRAIN_TASK_PREFIX}e{epoch}-p{position}-{problem.prompt_id}",
@@ -248,7 +262,7 @@ class BrokerPipeline:
             issued_at_version=self.batcher.learner_version,
             issued_unix_s=time.time(),
             epoch=epoch,
-            require_version=self.batcher.learner_version if self.config.mode == "sync" else 0,
+            require_version=self.start_version(ahead),
         )
 
     async def issue_eval_round(self, version: int) -> None:
