@@ -24,6 +24,19 @@ class SamplingSettings(Frozen):
     """Nucleus truncation; 1.0 is none."""
     max_tokens: int = Field(default=16, ge=1)
     """Completion length cap in tokens."""
+    overlong_cache_tokens: int | None = Field(default=None, ge=1)
+    """DAPO's soft overlong punishment, the length-penalty alternative to interruptions: L_cache, the
+    tokens before max_tokens (L_max) over which a penalty falling linearly from 0 to -1 is added to a
+    completion's reward (-1 beyond L_max). The curriculum's pass rates use the verifier's rewards.
+    None: off (ScaleRL)."""
+
+    @model_validator(mode="after")
+    def _check_overlong(self) -> SamplingSettings:
+        if self.overlong_cache_tokens is not None and self.overlong_cache_tokens > self.max_tokens:
+            raise ValueError(
+                f"overlong_cache_tokens ({self.overlong_cache_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        return self
 
 
 class EvalSettings(Frozen):

@@ -33,6 +33,7 @@ from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
 from services.broker.metrics import BrokerMetrics
+from services.broker.shaping import shape_overlong
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,9 @@ class BrokerPipeline:
             mark = self.curriculum.mark()
             state = self.curriculum.state
             tasks: list[rollout_pb2.GenerationTask] = []
+            ahead = self.pending_tasks + len(self.batcher.ready)
             while len(tasks) < num:
-                tasks.append(self._train_task(*self.curriculum.next()))
+                tasks.append(self._train_task(*self.curriculum.next(), ahead=ahead + len(tasks)))
                 if state.cursor >= len(state.epoch_order):
                     break
             try:
@@ -234,7 +236,20 @@ class BrokerPipeline:
         self.metrics.tasks_issued.labels("train").inc(len(tasks))
         return len(tasks)
 
-    def _train_task(self, problem: Problem, epoch: int, position: int) -> rollout_pb2.GenerationTask:
+    def start_version(self, ahead: int) -> int:
+        """The policy version a generator must hold before it starts a train task with ``ahead`` groups before it.
+
+        PipelineRL-k: the group lands in the learner's batch ``ahead // B`` from now, trained at version
+        ``learner_version + ahead // B``; sampled from a version more than k behind that, it would arrive
+        stale. So a generator waits for the learner instead (the broker's drop stays as the safety net).
+        Synchronous mode: the learner's current version.
+        """
+        v = self.batcher.learner_version
+        if self.config.mode == "sync":
+            return v
+        return max(0, v + ahead // self.config.batch_prompts - self.config.staleness_bound)
+
+    def _train_task(self, problem: Problem, epoch: int, position: int, ahead: int = 0) -> rollout_pb2.GenerationTask:
         s = self.config.sampling
         return rollout_pb2.GenerationTask(
             task_id=f"{TRAIN_TASK_PREFIX}e{epoch}-p{position}-{problem.prompt_id}",
@@ -249,7 +264,7 @@ class BrokerPipeline:
             issued_at_version=self.batcher.learner_version,
             issued_unix_s=time.time(),
             epoch=epoch,
-            require_version=self.batcher.learner_version if self.config.mode == "sync" else 0,
+            require_version=self.start_version(ahead),
         )
 
     async def issue_eval_round(self, version: int) -> None:
@@ -394,6 +409,9 @@ class BrokerPipeline:
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
+            s = self.config.sampling
+            if s.overlong_cache_tokens is not None:  # after the pass rate: that is the verifier's
+                shape_overlong(group, s.max_tokens, s.overlong_cache_tokens)
         before = self.batcher.rollouts.copy()
         reason = await self.batcher.admit(group, msg, ended=ended)
         if reason is not None:

@@ -39,9 +39,10 @@ from services.learner import checkpoint
 from services.learner.config import LearnerConfig
 from services.learner.distributed import DataParallel
 from services.learner.metrics import LearnerMetrics
+from services.learner.minibatch import collate_mini_batches
 from services.learner.model import Precision, load_model, load_tokenizer
 from services.learner.server import LearnerServicer, add_learner_to_server
-from services.learner.trainer import Trainer, collate
+from services.learner.trainer import StepInputs, Trainer, collate
 from services.learner.weights import Version, WeightStore
 
 log = logging.getLogger(__name__)
@@ -293,35 +294,15 @@ class Learner:
                 self.trained_ids[g.group_id] = None
             while len(self.trained_ids) > MAX_TRAINED_IDS:
                 self.trained_ids.popitem(last=False)
-            inputs = collate(groups, self.pad_id, header)
-            step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
-            # Mid-step: the weights moved in memory, nothing announced or checkpointed yet.
-            failpoint("learner.step.trained", self.step + 1)
-            self.version += 1
-            self.step += 1
-            self.samples_trained += int(inputs.rewards.numel())
-            v = await asyncio.to_thread(self.snapshot)
-            await self.announce(v)
-            self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
-            record = {
-                "step": self.step,
-                "policy_version": self.version,
-                "unix_s": time.time(),
-                "samples_trained": self.samples_trained,
-                "time/wait_s": waited,
-                "batch/zero_variance_dropped": float(header.num_zero_variance),
-                "batch/stale_dropped": float(header.num_stale_dropped),
-                **rollout_rates(header),
-                **step,
-            }
-            self.metrics.steps.inc()
-            self.metrics.samples.inc(int(inputs.rewards.numel()))
-            self.metrics.wait_s.inc(waited)
-            self.metrics.compute_s.inc(step["time/compute_s"])
-            self.metrics.record_step(record)
-            with self.metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            waited = 0.0
+            k = c.updates_per_batch
+            minis = (
+                [collate(groups, self.pad_id, header)]
+                if k == 1
+                else collate_mini_batches(groups, self.pad_id, header, k)
+            )
+            for i, inputs in enumerate(minis):
+                await self._train_step(inputs, header, waited, first=i == 0, announce=i == len(minis) - 1)
+                waited = 0.0
             if self.step % c.checkpoint_every_steps == 0 or self.step >= c.max_steps:
                 await self.checkpoint_and_ack(broker)
         if self.step >= c.max_steps:
@@ -329,6 +310,42 @@ class Learner:
             await asyncio.to_thread(self.trainer.release_followers)
             self.done.set()
             await stop.wait()
+
+    async def _train_step(
+        self, inputs: StepInputs, header: services_pb2.BatchHeader, waited: float, first: bool, announce: bool
+    ) -> None:
+        """One optimizer step; ``announce``: publish the new weights (PPO-off-policy-k: after the last mini-batch).
+
+        ``first``: the batch's first step, which records the header's counts (drops, rollouts), once per batch.
+        """
+        step = await asyncio.to_thread(self.trainer.step, inputs, self.version)
+        # Mid-step: the weights moved in memory, nothing announced or checkpointed yet.
+        failpoint("learner.step.trained", self.step + 1)
+        self.version += 1
+        self.step += 1
+        self.samples_trained += int(inputs.rewards.numel())
+        if announce:
+            v = await asyncio.to_thread(self.snapshot)
+            await self.announce(v)
+        self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
+        record = {
+            "step": self.step,
+            "policy_version": self.version,
+            "unix_s": time.time(),
+            "samples_trained": self.samples_trained,
+            "time/wait_s": waited,
+            "batch/zero_variance_dropped": float(header.num_zero_variance) if first else 0.0,
+            "batch/stale_dropped": float(header.num_stale_dropped) if first else 0.0,
+            **rollout_rates(header if first else services_pb2.BatchHeader()),
+            **step,
+        }
+        self.metrics.steps.inc()
+        self.metrics.samples.inc(int(inputs.rewards.numel()))
+        self.metrics.wait_s.inc(waited)
+        self.metrics.compute_s.inc(step["time/compute_s"])
+        self.metrics.record_step(record)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
     async def run(self, stop: asyncio.Event) -> None:
         c = self.config

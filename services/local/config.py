@@ -51,6 +51,12 @@ class StackConfig(Frozen):
     """async: PipelineRL-k with in-flight weight swaps. sync: conventional on-policy RL for
     comparison (generators drain before every swap, the learner trains only on data of its
     current version)."""
+    updates_per_batch: int = Field(default=1, ge=1)
+    """k of the PPO-off-policy-k baseline (with mode sync): k optimizer steps per generated batch, one per
+    mini-batch; 1: one step per batch."""
+    overlong_cache_tokens: int | None = Field(default=None, ge=1)
+    """DAPO's soft overlong punishment over the last this many tokens before max_tokens (a length penalty
+    added to rewards); None: off."""
     lr: float = Field(default=1e-4, gt=0.0)
     """Learner peak learning rate."""
     warmup_steps: int = Field(default=10, ge=0)
@@ -98,6 +104,17 @@ class StackConfig(Frozen):
         if self.model_dir is not None and (self.model or self.warmstart):
             given = " and ".join(k for k in ("model", "warmstart") if getattr(self, k))
             raise ValueError(f"{given} settings shape the built tiny model; they do not apply with model_dir")
+        return self
+
+    @model_validator(mode="after")
+    def _ppo_off_policy(self) -> StackConfig:
+        k = self.updates_per_batch
+        if k > 1 and self.mode != "sync":
+            raise ValueError("updates_per_batch > 1 (PPO-off-policy-k) needs mode sync: generators must not run ahead")
+        if self.eval_every_versions % k:
+            raise ValueError(
+                f"eval_every_versions ({self.eval_every_versions}) must be a multiple of updates_per_batch ({k})"
+            )
         return self
 
     @model_validator(mode="after")

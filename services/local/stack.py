@@ -275,7 +275,9 @@ class LocalStack:
             grpc=ListenSettings(port=self.ports["broker"][0]),
             http=ListenSettings(port=self.ports["broker"][1]),
             task=c.task,
-            sampling=SamplingSettings(group_size=c.group_size, max_tokens=c.max_tokens),
+            sampling=SamplingSettings(
+                group_size=c.group_size, max_tokens=c.max_tokens, overlong_cache_tokens=c.overlong_cache_tokens
+            ),
             eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
             batch_prompts=c.batch_prompts,
             mode=c.mode,
@@ -292,6 +294,7 @@ class LocalStack:
             run_dir=self.run_dir,
             optimizer=OptimizerSettings(lr=c.lr, warmup_steps=c.warmup_steps),
             batch_prompts=c.batch_prompts,
+            updates_per_batch=c.updates_per_batch,
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
         )

@@ -595,3 +595,26 @@ def test_outstanding_limit_follows_the_learners_pace_not_what_it_got() -> None:
     assert p.outstanding_limit() == 50 + 16 and p.consume_rate == 40.0
     p.batcher.learner_pace = 1000.0  # a learner far faster than generation: k + 1 batches, no more
     assert p.outstanding_limit() == 16 * 9
+
+
+def test_train_tasks_wait_for_the_version_that_keeps_them_within_k() -> None:
+    """PipelineRL-k: a task whose group would be trained more than k versions after a generator's
+    version names the version to wait for; the learner's advance lowers it."""
+    from asymptote.jetstream.names import Names
+    from services.broker.metrics import BrokerMetrics
+    from services.broker.pipeline import BrokerPipeline
+
+    config = BrokerConfig(
+        task=ArithmeticSettings(num_train=40, num_heldout=3, max_digits=2), batch_prompts=4, max_staleness_versions=2
+    )
+    p = BrokerPipeline(config, None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
+    p.batcher.learner_version = 10
+    # Batches 0..2 ahead are trained at versions 10..12: any version from 8..10 on keeps them within k = 2.
+    assert [p.start_version(ahead) for ahead in (0, 3, 4, 8, 11, 12, 15)] == [8, 8, 9, 10, 10, 11, 11]
+    p.batcher.learner_version = 11  # the learner took a batch: the same position needs one version more
+    assert p.start_version(12) == 12
+    p.batcher.learner_version = 0
+    assert p.start_version(5) == 0  # never below version 0
+    sync = BrokerPipeline(config.model_copy(update={"mode": "sync"}), None, Names(), None, None, BrokerMetrics())  # type: ignore[arg-type]
+    sync.batcher.learner_version = 10
+    assert sync.start_version(40) == 10  # synchronous mode: the learner's current version
