@@ -453,6 +453,28 @@ def values_schema() -> dict[str, Any]:
                         },
                         required=("mountPath",),
                     ),
+                    "download": obj(
+                        {
+                            "enabled": BOOL,
+                            "repo": {"type": "string", "pattern": "^$|^[^/]+/[^/]+$"},
+                            "revision": {"type": "string", "minLength": 1},
+                            "allowPatterns": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                            "tokenSecret": obj({"name": STR, "key": {"type": "string", "minLength": 1}}),
+                            "datasets": {
+                                "type": "array",
+                                "items": obj(
+                                    {
+                                        "repo": {"type": "string", "pattern": "^[^/]+/[^/]+$"},
+                                        "path": {"type": "string", "pattern": "^[^/]"},
+                                        "files": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                                        "revision": {"type": "string", "minLength": 1},
+                                    },
+                                    required=("repo", "path"),
+                                ),
+                            },
+                        },
+                        required=("enabled",),
+                    ),
                 },
                 required=("path", "sizeGiB", "cache"),
             ),
@@ -485,6 +507,7 @@ def values_schema() -> dict[str, Any]:
                     "generatorClientsFrom": PEERS,
                     "fitterClientsFrom": PEERS,
                     "extraEgress": {"type": "array", "items": {"type": "object"}},
+                    "downloadTo": PEERS,
                 },
                 required=("enabled",),
             ),

@@ -120,6 +120,20 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "generator": {"autoscaling": {"hpa": {"enabled": True}}},
         "nats": {"auth": {"existingSecret": "nats-users", "userKey": "username", "passwordKey": "password"}},
     },
+    # The model and a dataset fetched from the hub by init containers, with a token Secret.
+    "model-download": {
+        "model": {
+            "path": "/models/qwen3-8b",
+            "download": {
+                "enabled": True,
+                "repo": "Qwen/Qwen3-8B",
+                "revision": "main",
+                "tokenSecret": {"name": "hf-token", "key": "token"},
+                "datasets": [{"repo": "openai/gsm8k", "path": "data/gsm8k", "files": ["main/*.parquet"]}],
+            },
+        },
+        "networkPolicy": {"downloadTo": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]},
+    },
     "grpc-tls-secret": {
         "grpcTls": {"enabled": True, "secretName": "asymptote-grpc-tls", "serverName": "asymptote.internal"},
     },

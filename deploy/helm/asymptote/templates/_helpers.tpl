@@ -299,6 +299,38 @@ and CA, the gRPC certificate, the user's extraVolumes.
 
 {{/* The model cache's init containers, with the chart's security context. */}}
 {{- define "asymptote.modelInitContainers" -}}
+{{- with .Values.model.download }}
+{{- if .enabled }}
+{{- $fetches := list (dict "name" "fetch-model" "kind" "model" "repo" .repo "dest" $.Values.model.path "revision" .revision "allow" .allowPatterns) }}
+{{- range $i, $d := .datasets }}
+{{- $fetches = append $fetches (dict "name" (printf "fetch-dataset-%d" $i) "kind" "dataset" "repo" $d.repo "dest" (printf "%s/%s" $.Values.model.cache.mountPath $d.path) "revision" (default "main" $d.revision) "allow" (default (list "*") $d.files)) }}
+{{- end }}
+{{- range $fetches }}
+- name: {{ .name }}
+  image: {{ include "asymptote.image" (dict "ctx" $ "component" "learner") }}
+  imagePullPolicy: {{ $.Values.images.pullPolicy }}
+  command: ["python", "-m", "asymptote.fetch", {{ .kind | quote }}, {{ required "model.download: every fetch needs a repo (OWNER/NAME)" .repo | quote }}, {{ .dest | quote }}, "--revision", {{ .revision | quote }}{{ range .allow }}, "--allow", {{ . | quote }}{{ end }}]
+  env:
+    - {name: HF_HOME, value: {{ printf "%s/.hf-home" $.Values.model.cache.mountPath | quote }}}
+    - {name: HF_HUB_DISABLE_TELEMETRY, value: "1"}
+    {{- with $.Values.model.download.tokenSecret }}
+    {{- if .name }}
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}
+    {{- end }}
+    {{- end }}
+  securityContext:
+    {{- toYaml $.Values.containerSecurityContext | nindent 4 }}
+  resources:
+    requests: {cpu: 500m, memory: 1Gi}
+    limits: {cpu: "1", memory: 2Gi}
+  volumeMounts:
+    - name: model-cache
+      mountPath: {{ $.Values.model.cache.mountPath }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range .Values.model.cache.initContainers }}
 - {{- toYaml (mustMergeOverwrite (dict "securityContext" $.Values.containerSecurityContext "volumeMounts" (fromYamlArray (include "asymptote.modelVolumeMount" $))) .) | nindent 2 }}
 {{- end }}
