@@ -202,7 +202,8 @@ def up_config(argv: list[str]) -> StackConfig:
     if task is not None:
         config = config.model_copy(update={"task": task})
     if config.task.name == "dataset" and config.model_dir is None:
-        raise ConfigError("--config task: a dataset task needs model_dir (or --model DIR)")
+        # The tiny model is built for it: a BPE tokenizer and a warm start on its rows' worked solutions.
+        print("--config task: no model_dir: building the tiny model for this dataset (its rows need a 'solution')")
     if config.run_dir is not None:
         writable_dir(config.run_dir, "--run-dir" if args.run_dir is not None else "--config run_dir")
     if config.model_dir is not None and not (config.model_dir / "config.json").is_file():
