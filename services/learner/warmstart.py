@@ -7,7 +7,7 @@ every setting that shaped them. What the model sees and is taught is a
 ``Format``: on the arithmetic task, the bare prompt and the reference + EOS
 (character tokenizer); on a dataset task whose rows carry a worked
 ``solution`` (the embedded word problems, asymptote/tasks/words.py), the
-prompt through the chat template and ``<think>\nsolution\n</think>\n\n\boxed{answer}``
+prompt through the chat template and ``<think>`` steps ``</think>`` then ``\\boxed{answer}``
 + EOS, with a byte-level BPE tokenizer trained here on the train rows.
 
 The pass is deliberately short: RL needs a policy that solves some problems
@@ -119,9 +119,32 @@ ARITHMETIC_FORMAT = Format(prompt=lambda p: p.prompt, target=lambda p: p.referen
 """The bare prompt, and the reference answer."""
 
 
-def thinking_completion(solution: str, reference: str) -> str:
-    """``<think>`` with the worked steps, then the answer in ``\boxed{}``."""
-    return f"<think>\n{solution}\n</think>\n\n\\boxed{{{reference}}}"
+INTERRUPTED_SHARE = 0.25
+"""Share of a dataset warm start's targets cut off by the interruption phrase: length control appends
+it to completions that think past their budget, and the model must answer after it."""
+DATASET_FORMAT_VERSION = 2
+"""Bump when the dataset format's targets change, so cached dataset models are rebuilt."""
+
+
+def thinking_completion(solution: str, reference: str, interruption: str | None = None, seed: str = "") -> str:
+    """``<think>`` with the worked steps, then the answer in ``\\boxed{}``.
+
+    With ``interruption`` (length control's phrase, which closes the
+    thinking), the steps stop after a number of them fixed by ``seed`` and
+    the phrase stands in for ``</think>``.
+    """
+    if interruption is None:
+        return f"<think>\n{solution}\n</think>\n\n\\boxed{{{reference}}}"
+    steps = [step for step in solution.removesuffix(".").split(". ") if step]
+    kept = random.Random(seed).randint(0, max(0, len(steps) - 1))
+    thinking = "".join(f"{step}. " for step in steps[:kept])
+    return f"<think>\n{thinking}{interruption}\n\n\\boxed{{{reference}}}"
+
+
+def interrupted(prompt_id: str, share: float = INTERRUPTED_SHARE) -> bool:
+    """Whether this problem's warm-start target is an interrupted one (by a hash of its id)."""
+    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
 
 
 def worked_solutions(settings: DatasetSettings) -> dict[str, str]:
@@ -145,11 +168,18 @@ def worked_solutions(settings: DatasetSettings) -> dict[str, str]:
 
 
 def dataset_format(settings: DatasetSettings, tokenizer: PreTrainedTokenizerBase) -> Format:
-    """The chat-rendered prompt, and the worked solution in ``<think>`` before the ``\boxed{}`` answer."""
+    """The chat-rendered prompt, and the worked solution in ``<think>`` before the ``\\boxed{}`` answer;
+    with length control on, a share of the problems (``interrupted``) is cut off by its phrase."""
     solutions = worked_solutions(settings)
+    phrase = settings.length_control.interruption_phrase if settings.length_control.enabled else None
+
+    def target(p: Problem) -> str:
+        cut = phrase if phrase is not None and interrupted(p.prompt_id) else None
+        return thinking_completion(solutions[p.prompt_id], p.reference, cut, seed=p.prompt_id)
+
     return Format(
         prompt=lambda p: render_prompt(p.prompt, settings, tokenizer),
-        target=lambda p: thinking_completion(solutions[p.prompt_id], p.reference),
+        target=target,
         add_special_tokens=False,
     )
 
@@ -355,6 +385,7 @@ def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartS
         fields["task"] = task_settings.model_dump(mode="json", exclude={"path", "eval_path"})
         fields["data"] = [_file_digest(p) for p in (task_settings.path, task_settings.eval_path) if p is not None]
         fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
+        fields["dataset_format"] = DATASET_FORMAT_VERSION
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
