@@ -16,6 +16,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+SOLUTION_FIELD = "solution"
+"""The field with a row's worked steps: what a warm start on a dataset imitates inside ``<think>``."""
 SEED = 0
 NUM_TRAIN = 3000
 NUM_HELDOUT = 200

@@ -41,6 +41,7 @@ from asymptote.tasks import ArithmeticSettings, DatasetSettings, Problem, Task, 
 from asymptote.tasks.dataset import prompt_id_of
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.readers import DatasetError, read_rows
+from asymptote.tasks.words import SOLUTION_FIELD
 from services.learner.build import (
     TEST_VOCAB_SIZE,
     ModelSpec,
@@ -99,8 +100,6 @@ class EvalResult:
     """Fraction of samples that hit max_new_tokens without EOS."""
 
 
-SOLUTION_FIELD = "solution"
-"""The field of a dataset row with the worked steps a warm start puts inside ``<think>``."""
 BPE_VOCAB_SIZE = TEST_VOCAB_SIZE
 """Vocabulary of the BPE tokenizer trained for a dataset task's tiny model."""
 
