@@ -164,6 +164,8 @@ def _up(argv: list[str]) -> int:
 def up_config(argv: list[str]) -> StackConfig:
     """The stack config ``asymptote up argv`` runs: ``--config`` with the flags over it, checked."""
     from asymptote.config import load_config
+    from asymptote.tasks import DatasetSettings
+    from asymptote.tasks.words import SOLUTION_FIELD
     from services.local.config import StackConfig
 
     parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
@@ -201,8 +203,15 @@ def up_config(argv: list[str]) -> StackConfig:
             raise ConfigError(validation_problems(exc, name)) from exc
     if task is not None:
         config = config.model_copy(update={"task": task})
-    if config.task.name == "dataset" and config.model_dir is None:
-        raise ConfigError("--config task: a dataset task needs model_dir (or --model DIR)")
+    if isinstance(config.task, DatasetSettings) and config.model_dir is None:
+        # The tiny model is built for it: a BPE tokenizer and a warm start on its rows' worked solutions.
+        first = _first_row(config.task.path, "--config task.path", config.task.model_dump())
+        if SOLUTION_FIELD not in first:
+            raise ConfigError(
+                f"--config task: a dataset task needs model_dir (or --model DIR), or rows with a worked "
+                f"'{SOLUTION_FIELD}' to warm-start the built tiny model on (the rows of {config.task.path} have "
+                f"{', '.join(map(str, first))})"
+            )
     if config.run_dir is not None:
         writable_dir(config.run_dir, "--run-dir" if args.run_dir is not None else "--config run_dir")
     if config.model_dir is not None and not (config.model_dir / "config.json").is_file():

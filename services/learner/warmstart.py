@@ -1,9 +1,14 @@
 """Warm start: the short supervised pass that makes the tiny model RL-ready.
 
 Owns supervised fine-tuning of a freshly built model on the task's train
-split (target = reference answer + EOS, loss on completion tokens only), the
-held-out sampled pass rate used to judge it, and the on-disk cache of
-finished model directories keyed by every setting that shaped them.
+split (loss on completion tokens only), the held-out sampled pass rate used
+to judge it, and the on-disk cache of finished model directories keyed by
+every setting that shaped them. What the model sees and is taught is a
+``Format``: on the arithmetic task, the bare prompt and the reference + EOS
+(character tokenizer); on a dataset task whose rows carry a worked
+``solution`` (the embedded word problems, asymptote/tasks/words.py), the
+prompt through the chat template and ``<think>`` steps ``</think>`` then ``\\boxed{answer}``
++ EOS, with a byte-level BPE tokenizer trained here on the train rows.
 
 The pass is deliberately short: RL needs a policy that solves some problems
 sometimes (a pass rate well above 0 and well below 1 when sampled at
@@ -22,18 +27,29 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from pydantic import Field
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
-from asymptote.tasks import ArithmeticSettings, Problem, Task, TaskSettings, get_task
-from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, Problem, Task, TaskSettings, get_task
+from asymptote.tasks.dataset import prompt_id_of
+from asymptote.tasks.prompts import render_prompt
+from asymptote.tasks.readers import DatasetError, read_rows
+from asymptote.tasks.words import SOLUTION_FIELD
+from services.learner.build import (
+    TEST_VOCAB_SIZE,
+    ModelSpec,
+    build_model,
+    build_tokenizer,
+    save_model_dir,
+    train_bpe_tokenizer,
+)
 from services.learner.model import completion_logprobs, count_parameters, pack, sample
 
 log = logging.getLogger(__name__)
@@ -84,18 +100,113 @@ class EvalResult:
     """Fraction of samples that hit max_new_tokens without EOS."""
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, problems: list[Problem]) -> list[list[int]]:
-    return [tokenizer(p.prompt)["input_ids"] for p in problems]
+BPE_VOCAB_SIZE = TEST_VOCAB_SIZE
+"""Vocabulary of the BPE tokenizer trained for a dataset task's tiny model."""
 
 
-def encode_targets(tokenizer: PreTrainedTokenizerBase, problems: list[Problem]) -> list[list[int]]:
+@dataclass(frozen=True)
+class Format:
+    """What the model is shown for a problem and the completion it is taught (EOS is added after it)."""
+
+    prompt: Callable[[Problem], str]
+    target: Callable[[Problem], str]
+    add_special_tokens: bool = True
+    """Let the tokenizer add its specials (BOS) to the prompt; off for chat-rendered text."""
+
+
+ARITHMETIC_FORMAT = Format(prompt=lambda p: p.prompt, target=lambda p: p.reference)
+"""The bare prompt, and the reference answer."""
+
+
+INTERRUPTED_SHARE = 0.25
+"""Share of a dataset warm start's targets cut off by the interruption phrase: length control appends
+it to completions that think past their budget, and the model must answer after it."""
+DATASET_FORMAT_VERSION = 2
+"""Bump when the dataset format's targets change, so cached dataset models are rebuilt."""
+
+
+def thinking_completion(solution: str, reference: str, interruption: str | None = None, seed: str = "") -> str:
+    """``<think>`` with the worked steps, then the answer in ``\\boxed{}``.
+
+    With ``interruption`` (length control's phrase, which closes the
+    thinking), the steps stop after a number of them fixed by ``seed`` and
+    the phrase stands in for ``</think>``.
+    """
+    if interruption is None:
+        return f"<think>\n{solution}\n</think>\n\n\\boxed{{{reference}}}"
+    steps = [step for step in solution.removesuffix(".").split(". ") if step]
+    kept = random.Random(seed).randint(0, max(0, len(steps) - 1))
+    thinking = "".join(f"{step}. " for step in steps[:kept])
+    return f"<think>\n{thinking}{interruption}\n\n\\boxed{{{reference}}}"
+
+
+def interrupted(prompt_id: str, share: float = INTERRUPTED_SHARE) -> bool:
+    """Whether this problem's warm-start target is an interrupted one (by a hash of its id)."""
+    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
+
+
+def worked_solutions(settings: DatasetSettings) -> dict[str, str]:
+    """Each row's ``solution`` by problem id, over the train and held-out files; DatasetError when a row has none."""
+    out: dict[str, str] = {}
+    names = settings.field_names
+    for path in (settings.path, settings.eval_path):
+        if path is None:
+            continue
+        for number, row in read_rows(path, settings.format, settings.split):
+            if not isinstance(row, dict) or names.prompt not in row:
+                continue
+            solution = row.get(SOLUTION_FIELD)
+            if not isinstance(solution, str) or not solution.strip():
+                raise DatasetError(
+                    f"{path} row {number}: a warm start on a dataset needs a worked '{SOLUTION_FIELD}' in every row"
+                )
+            file_id = row.get(names.id) if names.id is not None else None
+            out[prompt_id_of(file_id, str(row[names.prompt]))] = solution.strip()
+    return out
+
+
+def dataset_format(settings: DatasetSettings, tokenizer: PreTrainedTokenizerBase) -> Format:
+    """The chat-rendered prompt, and the worked solution in ``<think>`` before the ``\\boxed{}`` answer;
+    with length control on, a share of the problems (``interrupted``) is cut off by its phrase."""
+    solutions = worked_solutions(settings)
+    phrase = settings.length_control.interruption_phrase if settings.length_control.enabled else None
+
+    def target(p: Problem) -> str:
+        cut = phrase if phrase is not None and interrupted(p.prompt_id) else None
+        return thinking_completion(solutions[p.prompt_id], p.reference, cut, seed=p.prompt_id)
+
+    return Format(
+        prompt=lambda p: render_prompt(p.prompt, settings, tokenizer),
+        target=target,
+        add_special_tokens=False,
+    )
+
+
+def format_for(task: Task, tokenizer: PreTrainedTokenizerBase) -> Format:
+    """The warm start's format for ``task``: dataset tasks think then box, the arithmetic task answers bare."""
+    settings = getattr(task, "settings", None)
+    return dataset_format(settings, tokenizer) if isinstance(settings, DatasetSettings) else ARITHMETIC_FORMAT
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, problems: list[Problem], fmt: Format = ARITHMETIC_FORMAT
+) -> list[list[int]]:
+    return [tokenizer(fmt.prompt(p), add_special_tokens=fmt.add_special_tokens)["input_ids"] for p in problems]
+
+
+def encode_targets(
+    tokenizer: PreTrainedTokenizerBase, problems: list[Problem], fmt: Format = ARITHMETIC_FORMAT
+) -> list[list[int]]:
     eos = tokenizer.eos_token_id
-    return [tokenizer(p.reference, add_special_tokens=False)["input_ids"] + [eos] for p in problems]
+    return [tokenizer(fmt.target(p), add_special_tokens=False)["input_ids"] + [eos] for p in problems]
 
 
-def max_new_tokens_for(tokenizer: PreTrainedTokenizerBase, problems: list[Problem], slack: int = 2) -> int:
-    """Longest reference + EOS + slack: room to be wrong without running long."""
-    return max(len(t) for t in encode_targets(tokenizer, problems)) + slack
+def max_new_tokens_for(
+    tokenizer: PreTrainedTokenizerBase, problems: list[Problem], slack: int = 2, fmt: Format = ARITHMETIC_FORMAT
+) -> int:
+    """Longest target + EOS + slack: room to be wrong without running long."""
+    return max(len(t) for t in encode_targets(tokenizer, problems, fmt)) + slack
 
 
 @torch.no_grad()
@@ -109,12 +220,13 @@ def sampled_pass_rate(
     max_new_tokens: int | None = None,
     seed: int = 0,
     batch_rows: int = 1024,
+    fmt: Format = ARITHMETIC_FORMAT,
 ) -> EvalResult:
     """Mean reward over ``num_samples_per_prompt`` samples of every problem."""
     problems = list(problems)
-    max_new = max_new_tokens or max_new_tokens_for(tokenizer, problems)
+    max_new = max_new_tokens or max_new_tokens_for(tokenizer, problems, fmt=fmt)
     rows = [p for p in problems for _ in range(num_samples_per_prompt)]
-    prompt_ids = encode_prompts(tokenizer, rows)
+    prompt_ids = encode_prompts(tokenizer, rows, fmt)
     gen = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
@@ -151,7 +263,14 @@ def evaluate_pass_rate(
 ) -> EvalResult:
     """Held-out pass rate: mean reward over k samples of every held-out prompt."""
     return sampled_pass_rate(
-        model, tokenizer, task, task.problems("heldout"), num_samples_per_prompt, temperature=temperature, seed=seed
+        model,
+        tokenizer,
+        task,
+        task.problems("heldout"),
+        num_samples_per_prompt,
+        temperature=temperature,
+        seed=seed,
+        fmt=format_for(task, tokenizer),
     )
 
 
@@ -176,11 +295,12 @@ def supervised_pass(
 ) -> WarmstartReport:
     """Train ``model`` in place on the train split until the probe reaches the target.
 
-    Loss: mean negative log-likelihood of completion tokens (answer + EOS).
+    Loss: mean negative log-likelihood of completion tokens (the format's target + EOS).
     """
+    fmt = format_for(task, tokenizer)
     problems = list(task.problems("train"))
-    prompts = encode_prompts(tokenizer, problems)
-    targets = encode_targets(tokenizer, problems)
+    prompts = encode_prompts(tokenizer, problems, fmt)
+    targets = encode_targets(tokenizer, problems, fmt)
     probe = problems[: settings.num_probe_problems]
     rng = random.Random(settings.seed)
     order: list[int] = []
@@ -207,7 +327,9 @@ def supervised_pass(
         optimizer.step()
         losses.append(loss.item())
         if (step + 1) % settings.check_every_steps == 0:
-            probe_rate = sampled_pass_rate(model, tokenizer, task, probe, 2, seed=settings.seed + step).pass_rate
+            probe_rate = sampled_pass_rate(
+                model, tokenizer, task, probe, 2, seed=settings.seed + step, fmt=fmt
+            ).pass_rate
             reached = probe_rate >= settings.target_pass_rate
         if log_every and ((step + 1) % log_every == 0 or reached):
             log.info(
@@ -237,18 +359,47 @@ def supervised_pass(
     )
 
 
+def _file_digest(path: Path) -> str:
+    """Hash of a file's bytes, or of every file under a folder (names and bytes)."""
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        if f.is_file():
+            h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> str:
-    """Hash of everything that shapes the finished model (and the code's format version)."""
-    payload = json.dumps(
-        {
-            "format": CACHE_FORMAT,
-            "model": spec.model_dump(mode="json"),
-            "task": task_settings.model_dump(mode="json"),
-            "warmstart": settings.model_dump(mode="json", exclude={"eval_samples_per_prompt"}),
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    """Hash of everything that shapes the finished model (and the code's format version).
+
+    A dataset task's files are hashed by content: editing them makes a new model, moving them does not.
+    """
+    fields: dict[str, object] = {
+        "format": CACHE_FORMAT,
+        "model": spec.model_dump(mode="json"),
+        "task": task_settings.model_dump(mode="json"),
+        "warmstart": settings.model_dump(mode="json", exclude={"eval_samples_per_prompt"}),
+    }
+    if isinstance(task_settings, DatasetSettings):
+        fields["task"] = task_settings.model_dump(mode="json", exclude={"path", "eval_path"})
+        fields["data"] = [_file_digest(p) for p in (task_settings.path, task_settings.eval_path) if p is not None]
+        fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
+        fields["dataset_format"] = DATASET_FORMAT_VERSION
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tokenizer_for(task: Task, spec: ModelSpec) -> PreTrainedTokenizerFast:
+    """The character tokenizer of a task with an alphabet; otherwise BPE trained on the warm start's train texts."""
+    if task.alphabet:
+        return build_tokenizer(task.alphabet, spec.vocab_multiple)
+    settings = getattr(task, "settings", None)
+    if not isinstance(settings, DatasetSettings):
+        raise ValueError(f"task {task.name!r} has no alphabet and is not a dataset task: no tokenizer to build")
+    solutions = worked_solutions(settings)
+    texts = [f"{p.prompt}\n{thinking_completion(solutions[p.prompt_id], p.reference)}" for p in task.problems("train")]
+    # The interruption phrase, often enough to be merged: length control appends it.
+    texts += [settings.length_control.interruption_phrase] * 16
+    return train_bpe_tokenizer(texts, BPE_VOCAB_SIZE)
 
 
 def prepare_model(
@@ -275,7 +426,7 @@ def prepare_model(
     tmp = Path(tempfile.mkdtemp(prefix=".warmstart-", dir=cache_dir))
     try:
         task = get_task(task_settings.name, task_settings)
-        tokenizer = build_tokenizer(task.alphabet, spec.vocab_multiple)
+        tokenizer = tokenizer_for(task, spec)
         model = build_model(spec, tokenizer)
         log.info(
             "warm start: %s parameters, up to %d steps of %d problems",

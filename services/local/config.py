@@ -28,8 +28,9 @@ class StackConfig(Frozen):
     """Where the warm-started model is cached between runs."""
     model_dir: Path | None = None
     """A Hugging Face model directory to train (safetensors weights, config and tokenizer: Llama,
-    Qwen2/Qwen2.5, Qwen3, ...); None builds and warm-starts the tiny model. Either way the services
-    read it the same way."""
+    Qwen2/Qwen2.5, Qwen3, ...); None builds and warm-starts the tiny model (on a dataset task: a BPE
+    tokenizer and a warm start on the rows' worked ``solution``). Either way the services read it the
+    same way."""
     num_generators: int = Field(default=1, ge=1, le=16)
     """Generator processes (each one vLLM engine)."""
     learner_ranks: int = Field(default=1, ge=1, le=8)

@@ -22,8 +22,14 @@ RELEASE = "lab"
 NAMESPACE = "rl"
 DIGEST = "sha256:" + "ab" * 32
 
-# The value sets the chart is proven with; every test that renders uses these.
+EXAMPLES = REPO / "examples" / "helm"
+
+# The value sets the chart is proven with; every test that renders uses these
+# (the example values files for users among them).
 VALUE_SETS: dict[str, dict[str, Any]] = {
+    **{
+        f"example-{p.name.removesuffix('-values.yaml')}": yaml.safe_load(p.read_text()) for p in EXAMPLES.glob("*.yaml")
+    },
     "defaults": {},
     "many-generators-keda": {
         "generator": {

@@ -91,6 +91,15 @@ def load_service_config(rendered: Rendered, component: str, tmp_path: Path) -> A
     return load_config(MODELS[component], path, f"ASY_{component.upper()}", env)
 
 
+def assert_given(actual: Any, given: Any, where: str) -> None:
+    """Every key of the user's ``given`` value, recursively, is as given in ``actual`` (a config's JSON dump)."""
+    if isinstance(given, dict):
+        for key, value in given.items():
+            assert_given(actual[key], value, f"{where}.{key}")
+    else:
+        assert actual == given, where
+
+
 @pytest.mark.parametrize("component", sorted(MODELS))
 def test_service_configs_load_with_the_services_models(
     rendered: Rendered, value_set: str, component: str, tmp_path: Path
@@ -123,16 +132,11 @@ def test_service_configs_load_with_the_services_models(
     if values["nats"]["tls"].get("caSecret"):
         assert config.nats.tls_ca_file is not None and config.nats.tls_ca_file.parent.as_posix() in mounts
     assert config.grpc_tls == expected_grpc_tls(rendered, container(rendered, component), spec, values)
-    # The user's typed values arrive unchanged.
+    # The user's typed values arrive unchanged, however deep.
+    dumped = config.model_dump(mode="json")
     typed = pool_values(values)["config"] if component == "generator" else values[component]["config"]
     for key, value in typed.items():
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                assert getattr(getattr(config, key), sub) == v, f"{key}.{sub}"
-        elif isinstance(value, list):
-            assert list(getattr(config, key)) == value
-        else:
-            assert getattr(config, key) == value, key
+        assert_given(dumped[key], value, key)
     if component == "learner":
         broker_service = rendered.component("Service", "broker")
         host, port = config.broker_endpoint.rsplit(":", 1)
@@ -728,3 +732,21 @@ def test_the_chart_defaults_are_the_papers_8b_preset(tmp_path: Path) -> None:
     assert learner.warnings(num_parameters=8_000_000_000) == []
     tiny_lr = learner.model_copy(update={"optimizer": OptimizerSettings()})
     assert len(tiny_lr.warnings(num_parameters=8_000_000_000)) == 1
+
+
+def test_the_broker_reads_a_dataset_task_from_the_model_cache(rendered: Rendered, value_set: str) -> None:
+    """The broker loads a dataset task's files: with one, it mounts the model cache claim read-only, else nothing."""
+    values = render_values(value_set)
+    task = values["broker"]["config"].get("task") or {}
+    spec = pod_spec(rendered, "broker")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container(rendered, "broker")["volumeMounts"]}
+    claim = values["model"]["cache"]["existingClaim"]
+    if task.get("name") == "dataset" and claim:
+        assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
+        mount = mounts["model-cache"]
+        assert mount["readOnly"] is True
+        for key in ("path", "eval_path"):
+            assert task[key].startswith(mount["mountPath"] + "/")
+    else:
+        assert "model-cache" not in volumes and "model-cache" not in mounts

@@ -1,0 +1,31 @@
+"""Write the embedded word-problem dataset (data/words/*.jsonl) from its seed.
+
+The files are generated, never edited by hand: asymptote/tasks/words.py
+owns the templates, and a test fails when the shipped files differ from
+what this script writes. Run ``python scripts/gen_word_problems.py`` after
+changing the templates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asymptote.tasks.words import DATA_DIR, SEED, write
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DATA_DIR, help=f"folder to write (default {DATA_DIR})")
+    parser.add_argument("--seed", type=int, default=SEED, help="generation seed (the shipped files use the default)")
+    args = parser.parse_args(argv)
+    for split, path in write(args.out, args.seed).items():
+        print(f"{split}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
