@@ -614,6 +614,10 @@ def test_dashboard_ships_in_a_configmap(rendered: Rendered) -> None:
         "asymptote_learner_is_kl_gen_learner",
         "asymptote_learner_batch_truncation_rate",
         "asymptote_learner_policy_entropy",
+        "asymptote_generator_swaps_refused_total",
+        "asymptote_broker_deadlettered_total",
+        "asymptote_generator_task_errors_total",
+        "asymptote_generator_inflight_groups",
     ):
         assert needed in exprs, needed
     ids = [p["id"] for p in shipped["panels"]]
