@@ -60,6 +60,9 @@ class NatsSettings(Frozen):
     """Name expected in the server's certificate when it differs from the URL's host."""
     connect_timeout_s: float = 5.0
     """Time allowed for one connection attempt."""
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    """JetStream replicas of every stream and KV bucket the services declare (3 on a
+    3-server cluster: a stream survives one server's loss; 1 on a single server)."""
     max_reconnect_attempts: int = Field(default=60, ge=-1)
     """Reconnect attempts before the service gives up and exits (-1: forever; nats-py also
     treats 0 as forever)."""

@@ -69,7 +69,7 @@ async def service_runtime(
     try:
         nc = await wait_for_nats(nats_settings, service, nats_wait_s, on_disconnect=nats_down, on_reconnect=nats_up)
         js = nc.jetstream(timeout=10.0)
-        names = Names(prefix)
+        names = Names(prefix, nats_settings.stream_replicas)
         await ensure_streams(js, names)
         rt = Runtime(service, instance_id(service), names, nc, js, health, registry, http_port)
         try:

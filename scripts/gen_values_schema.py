@@ -390,6 +390,12 @@ def values_schema() -> dict[str, Any]:
                 "pattern": r"^(((nats|tls|ws|wss)://[^,\s]+)(,(nats|tls|ws|wss)://[^,\s]+)*|.*\{\{.*\}\}.*)$",
                 "description": "NATS URL(s), comma separated; templates allowed",
             },
+            "streamReplicas": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 5,
+                "description": "JetStream replicas of every stream and KV bucket (3 on a 3-server cluster)",
+            },
             "auth": obj(
                 {
                     "user": STR,

@@ -32,6 +32,8 @@ class Names:
     """Every stream, subject, durable consumer and KV bucket of one run."""
 
     prefix: str = "asy"
+    replicas: int = 1
+    """JetStream replicas of every stream and KV bucket declared here (3 on a 3-node cluster)."""
 
     # Streams
     @property
@@ -121,7 +123,7 @@ class Names:
 def stream_configs(names: Names) -> list[StreamConfig]:
     """The configuration of every stream of the run under ``names``."""
     dedup = DEDUP_WINDOW_S
-    return [
+    configs = [
         # Work queue: each task is leased by exactly one generator and
         # removed once acked (after its group is stored).
         StreamConfig(
@@ -175,6 +177,9 @@ def stream_configs(names: Names) -> list[StreamConfig]:
             discard=DiscardPolicy.OLD,
         ),
     ]
+    for config in configs:
+        config.num_replicas = names.replicas
+    return configs
 
 
 async def ensure_streams(js: JetStreamContext, names: Names) -> None:
@@ -186,12 +191,15 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             await js.update_stream(config)
 
 
-async def ensure_bucket(js: JetStreamContext, bucket: str, history: int = 1) -> KeyValue:
-    """The KV bucket, created (file-backed, keeping ``history`` values a key) if it does not exist."""
+async def ensure_bucket(js: JetStreamContext, bucket: str, history: int = 1, replicas: int = 1) -> KeyValue:
+    """The KV bucket, created (file-backed, keeping ``history`` values a key, on ``replicas``
+    servers) if it does not exist."""
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:  # create it; a racing creator's bucket is as good
         try:
-            return await js.create_key_value(KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE))
+            return await js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas)
+            )
         except BadRequestError:
             return await js.key_value(bucket)

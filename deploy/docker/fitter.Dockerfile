@@ -1,10 +1,13 @@
 # Fitter: the compute-performance curve fit and its projections; no torch, no vLLM.
 # A slim image: the torch-free core only. Also runs the `helm test` health check.
-# Build from the repository root:
-#   docker build -f deploy/docker/fitter.Dockerfile -t asymptote-fitter .
+# Build all four from the repository root with `docker buildx bake` (docker-bake.hcl),
+# which passes the base image's digest; alone:
+#   docker build -f deploy/docker/fitter.Dockerfile --build-arg PYTHON_DIGEST=sha256:... -t asymptote-fitter .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The base image is pinned by digest: without one the reference is invalid and the build fails.
+ARG PYTHON_DIGEST
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${PYTHON_IMAGE}@${PYTHON_DIGEST} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
@@ -13,9 +16,11 @@ COPY asymptote ./asymptote
 COPY services ./services
 # ops/ holds `asymptote kube`, whose `health` is the chart's `helm test`; benchmarks/ stays out.
 COPY ops ./ops
+# The project itself, from the build context (its dependencies' bounds are in pyproject.toml).
+# hadolint ignore=DL3013
 RUN /opt/venv/bin/pip install .
 
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE}@${PYTHON_DIGEST}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \

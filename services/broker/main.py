@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     metrics = BrokerMetrics()
     async with service_runtime("broker", config.nats, config.prefix, config.http, metrics.registry) as rt:
-        policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
-        curriculum_kv = await ensure_bucket(rt.js, rt.names.curriculum_bucket)
+        policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
+        curriculum_kv = await ensure_bucket(rt.js, rt.names.curriculum_bucket, replicas=rt.names.replicas)
         pipeline = BrokerPipeline(config, rt.js, rt.names, curriculum_kv, policy_kv, metrics)
         await pipeline.load_state()
         servicer = BrokerServicer(pipeline, rt.health, rt.instance_id)

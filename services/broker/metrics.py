@@ -23,6 +23,7 @@ class BrokerMetrics:
         self.groups_trained = Counter("asymptote_broker_groups_trained", "Groups acked by the learner", registry=r)
         self.tasks_issued = Counter("asymptote_broker_tasks_issued", "Generation tasks issued", ["kind"], registry=r)
         self.deadlettered = Counter("asymptote_broker_deadlettered", "Messages dead-lettered", ["source"], registry=r)
+        self.deadlettered.labels("rollouts")  # at 0 from the start, so the first one shows in a rate
         self.ready_groups = Gauge("asymptote_broker_ready_groups", "Groups waiting for the learner", registry=r)
         self.handed_out_groups = Gauge(
             "asymptote_broker_handed_out_groups", "Groups handed out, not yet acked", registry=r

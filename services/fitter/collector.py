@@ -27,6 +27,7 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFit, CurveFitSettings, FitError, Intervals, bootstrap_intervals, fit_curve
 from services.fitter.decision import recommend
+from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, plot_curves
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ class Snapshot:
     """Compute of the latest point (accelerator-seconds); 0 without points."""
     last_pass_rate: float
     """Pass rate of the latest point; 0 without points."""
+    half_run_projected: float | None = None
+    """The pass rate at the latest point's compute projected by a fit of the points
+    at most half that compute (``holdout.project_from_half``); None until it can be made."""
+    half_run_measured: float | None = None
+    """The latest point's pass rate, as the half-run check compares it."""
 
 
 @dataclass
@@ -226,6 +232,7 @@ class Collector:
                 compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute
             )
         last = self.points[-1] if self.points else None
+        half = project_from_half(compute, pass_rate, r0, self.settings) if r0 is not None and len(pts) >= 2 else {}
         with self._lock:
             self._snapshot = Snapshot(
                 projection=proj,
@@ -233,6 +240,8 @@ class Collector:
                 num_points=len(self.points),
                 last_compute=last.compute if last else 0.0,
                 last_pass_rate=last.pass_rate if last else 0.0,
+                half_run_projected=half.get("projected"),
+                half_run_measured=half.get("measured") if half.get("projected") is not None else None,
             )
         self._write(proj)
         if self.plot and len(pts):

@@ -100,7 +100,7 @@ async def _collect_evals(
 
 
 async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> None:
-    kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
+    kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
     async for policy in watch_policy(kv, rt.names, stop):
         axis.mark_version(int(policy.version), policy.published_unix_s)
 

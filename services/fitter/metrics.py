@@ -54,6 +54,17 @@ class ProjectionCollector(Collector):
         yield gauge("last_compute", "Compute (accelerator-seconds) of the latest point", snap.last_compute)
         for service, seconds in sorted(self.compute().items()):
             yield gauge("compute_seconds", "Cumulative accelerator-seconds by service", seconds, {"service": service})
+        if snap.half_run_projected is not None and snap.half_run_measured is not None:
+            yield gauge(
+                "half_run_projected_pass_rate",
+                "Pass rate at the latest point's compute projected from the points at most half that compute",
+                snap.half_run_projected,
+            )
+            yield gauge(
+                "half_run_measured_pass_rate",
+                "Pass rate measured at the latest point (what the half-run projection is compared with)",
+                snap.half_run_measured,
+            )
         p = snap.last_ok
         if p is None:
             return

@@ -39,7 +39,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             weights_dir = config.weights_dir / rt.instance_id
             source = GrpcWeightSource(tls=config.grpc_tls)
             swapper = Swapper(engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics)
-            policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket)
+            policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             loop = RolloutLoop(
                 engine,

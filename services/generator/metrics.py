@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+SWAP_REFUSALS = ("invalid", "staging", "unreachable")
+"""Why a weight version was refused (``swapper.Swapper.update``): exported at 0 from the start."""
+
 
 class GeneratorMetrics:
     def __init__(self) -> None:
@@ -40,6 +43,10 @@ class GeneratorMetrics:
         self.swaps_refused = Counter(
             "asymptote_generator_swaps_refused", "Weight versions refused", ["reason"], registry=r
         )
+        # Known labels start at 0, so rates and alerts see the first refusal or poison task.
+        for reason in SWAP_REFUSALS:
+            self.swaps_refused.labels(reason)
+        self.task_errors.labels("poison")
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
             "Generation stalled per swap (scheduler paused to resumed)",

@@ -353,7 +353,7 @@ class Learner:
         self.resume()
         await asyncio.to_thread(self.trainer.sync_from_main, self.restored_state)
         self.restored_state = None
-        self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket)
+        self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket, replicas=self.rt.names.replicas)
         announced = await current_policy(self.kv, self.rt.names)
         if announced is not None and announced.version > self.version:
             # Versions after the checkpoint were announced and are lost with the

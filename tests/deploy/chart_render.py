@@ -45,7 +45,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             role: {"repository": f"registry.example/asymptote-{role}", "digest": DIGEST}
             for role in ("generator", "learner", "broker", "fitter")
         },
-        "monitoring": {"serviceMonitors": {"enabled": True}},
+        "monitoring": {
+            "serviceMonitors": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        },
     },
     # A learner across two 8-GPU nodes over InfiniBand, on its own node pool.
     "two-node-learner": {

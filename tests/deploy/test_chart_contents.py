@@ -32,6 +32,7 @@ from chart_render import (
 from pki import health_server, service_tls, tls_secret
 
 from asymptote.config import TlsSettings, load_config
+from asymptote.jetstream.names import Names, stream_configs
 from services.broker.config import BrokerConfig
 from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
@@ -618,6 +619,10 @@ def test_dashboard_ships_in_a_configmap(rendered: Rendered) -> None:
         "asymptote_learner_is_kl_gen_learner",
         "asymptote_learner_batch_truncation_rate",
         "asymptote_learner_policy_entropy",
+        "asymptote_generator_swaps_refused_total",
+        "asymptote_broker_deadlettered_total",
+        "asymptote_generator_task_errors_total",
+        "asymptote_generator_inflight_groups",
     ):
         assert needed in exprs, needed
     ids = [p["id"] for p in shipped["panels"]]
@@ -671,6 +676,25 @@ def test_umbrella_chart_installs_nats_for_the_services(stack_rendered: Rendered)
     assert nats["config"]["jetstream"]["enabled"] is True
     secret_names = {v["valueFrom"]["secretKeyRef"]["name"] for v in nats["container"]["env"].values()}
     assert secret_names == {"asymptote-nats-auth"}
+
+
+def test_umbrella_nats_carries_the_largest_message_on_replicated_file_storage(stack_rendered: Rendered) -> None:
+    """NATS's max_payload covers the largest stream message; streams are replicated across its servers."""
+    values = yaml.safe_load((STACK_CHART / "values.yaml").read_text())
+    nats = values["nats"]["config"]
+    largest = max(c.max_msg_size or 0 for c in stream_configs(Names()))
+    assert largest == 8 * 1024 * 1024  # a rollout group
+    assert nats["merge"]["max_payload"] >= largest + 64 * 1024  # room for the message's headers
+    assert nats["jetstream"]["fileStore"]["enabled"] and nats["jetstream"]["fileStore"]["pvc"]["enabled"]
+    assert nats["cluster"] == {"enabled": True, "replicas": 3}
+    replicas = values["asymptote"]["nats"]["streamReplicas"]
+    assert replicas == nats["cluster"]["replicas"]
+    for component in MODELS:
+        config_map = stack_rendered.component("ConfigMap", named(stack_rendered, component))
+        config = MODELS[component].model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+        assert config.nats.stream_replicas == replicas
+    defaults = render("defaults").component("ConfigMap", "broker")
+    assert yaml.safe_load(defaults["data"]["config.yaml"])["nats"]["stream_replicas"] == 1
 
 
 def test_umbrella_chart_lints_but_for_the_nats_chart_it_fetches(tmp_path: Path) -> None:

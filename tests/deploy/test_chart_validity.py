@@ -22,12 +22,13 @@ import yaml
 from chart_render import CHART, NAMESPACE, RELEASE, REPO, VALUE_SETS, Rendered, render
 from cloudcoil.models.cert_manager.v1 import Certificate
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
-from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 
 KUBE_VERSION = kubernetes_validate.latest_version()
 CUSTOM_RESOURCES = {
     ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PrometheusRule,
     ("cert-manager.io/v1", "Certificate"): Certificate,
 }
 

@@ -228,3 +228,10 @@ def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, 
     assert value("Entropy", "policy_entropy") == pytest.approx(steps[-1]["policy/entropy"], rel=1e-6)
     assert value("Samples/s trained", "rate(asymptote_learner_samples_trained_total") > 0
     assert value("Tokens/s per generator", "asymptote_generator_tokens_total") >= 0
+    # A healthy run: every refusal reason and dead-letter source is there, at zero.
+    (refused,) = [series for name, series in results.items() if name.startswith("Refused weight swaps by reason")]
+    assert {s["metric"]["reason"]: float(s["value"][1]) for s in refused} == dict.fromkeys(
+        ("invalid", "staging", "unreachable"), 0.0
+    )
+    assert value("Dead letters by source", "asymptote_broker_deadlettered_total") == 0
+    assert value("Generator task errors by reason", "asymptote_generator_task_errors_total") == 0

@@ -34,6 +34,7 @@ from asymptote.rpc import start_server
 from services.fitter.collector import Collector, Point
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
+from services.fitter.holdout import project_from_half
 from services.fitter.metrics import ProjectionCollector, registry_with
 from services.fitter.server import FitterServicer
 
@@ -558,3 +559,24 @@ def test_a_planned_budget_is_projected_and_recommended_against(tmp_path: Path) -
     assert projection.recommendation == "continue"
     # Noiseless points: the bootstrap collapses onto the fit, so the gain's upper end is the gain.
     assert projection.recommendation_reason == f"up to {gain:.3f} left to gain by the budget {budget:.4g}"
+
+
+def test_the_half_run_check_is_exported_and_matches_the_offline_check(tmp_path: Path) -> None:
+    """The live gauges carry ``holdout.project_from_half`` on the same points; on a clean curve it is exact."""
+    collector = Collector(
+        tmp_path, "live", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), ComputeAxis(30.0), plot=False
+    )
+    registry = registry_with(ProjectionCollector("live", collector.snapshot, dict))
+    collector.points = _run_points(20, 0.61, 1.9)[:2]  # R0 and one point: no first half to fit
+    collector.refit()
+    assert "asymptote_fitter_half_run_projected_pass_rate" not in _scrape(registry)
+    run = _run_points(20, 0.61, 1.9)
+    collector.points = run
+    collector.refit()
+    scraped = _scrape(registry)
+    curve = run[1:]
+    expected = project_from_half([p.compute for p in curve], [p.pass_rate for p in curve], R0, collector.settings)
+    assert scraped["asymptote_fitter_half_run_measured_pass_rate"] == run[-1].pass_rate
+    assert scraped["asymptote_fitter_half_run_projected_pass_rate"] == expected["projected"]
+    # Points on the curve itself: the first half projects the end to within the fit's tolerance.
+    assert expected["projected"] == pytest.approx(run[-1].pass_rate, abs=1e-3)

@@ -22,7 +22,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.jetstream.names import Names, ensure_streams
+from asymptote.jetstream.names import Names, ensure_bucket, ensure_streams, stream_configs
 from asymptote.jetstream.publish import Outgoing, Publisher
 from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import Ledger, read_entries
@@ -228,3 +228,23 @@ async def test_an_outcome_is_never_reopened_and_memory_is_bounded(nc: NatsClient
     assert [small.known_ended(f"train-s{i}") for i in range(3)] == [None, False, False]
     # Forgotten is only slower: the lookup still answers.
     assert not await small.has_ended("train-s0") and small.num_lookups == 1
+
+
+def test_every_stream_takes_the_runs_replica_count() -> None:
+    assert {c.num_replicas for c in stream_configs(Names("r"))} == {1}
+    assert {c.num_replicas for c in stream_configs(Names("r", replicas=3))} == {3}
+
+
+async def test_a_single_server_gets_one_replica_and_refuses_three(nc: NatsClient) -> None:
+    """The replica count reaches the server: one is what a lone server holds, three it refuses."""
+    js = nc.jetstream()
+    single = Names(f"jspreplicas{next(_ids)}")
+    await ensure_streams(js, single)
+    infos = [await js.stream_info(c.name) for c in stream_configs(single)]
+    assert len(infos) == 6 and {i.config.num_replicas for i in infos} == {1}
+    kv = await ensure_bucket(js, single.policy_bucket, replicas=single.replicas)
+    assert (await kv.status()).stream_info.config.num_replicas == 1
+    with pytest.raises(APIError, match=r"(?i)replicas"):
+        await ensure_streams(js, Names(f"jspreplicas{next(_ids)}", replicas=3))
+    with pytest.raises(APIError, match=r"(?i)replicas"):
+        await ensure_bucket(js, f"jspreplicas{next(_ids)}-policy", replicas=3)

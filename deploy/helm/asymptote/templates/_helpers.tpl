@@ -145,7 +145,7 @@ listeners on the pod's interfaces, gRPC TLS, JSON logs. (dict "ctx" $ "component
 {{- define "asymptote.ownedConfig" -}}
 {{- $ctx := .ctx -}}
 {{- $values := index $ctx.Values .component }}
-{{- $nats := dict "url" (tpl $ctx.Values.nats.url $ctx) }}
+{{- $nats := dict "url" (tpl $ctx.Values.nats.url $ctx) "stream_replicas" (int $ctx.Values.nats.streamReplicas) }}
 {{- if $ctx.Values.nats.auth.credsSecret }}
 {{- $_ := set $nats "creds_file" "/etc/asymptote/nats/creds/nats.creds" }}
 {{- end }}
