@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from benchmarks.transfer import VERSION, bench_transfer
+from benchmarks.transfer import bench_transfer
+from services.generator.weights import SPARE_FILE
 
 
 @pytest.mark.slow  # a weight server and its clients, ~10 s
@@ -39,7 +40,9 @@ def test_quick_transfer_bench_pulls_the_served_weights(tmp_path: Path) -> None:
 
     # What was pulled and staged is exactly what the model directory holds.
     served = load_file(str(tmp_path / "model" / "model.safetensors"))
-    staged = load_file(str(tmp_path / "staged" / f"v{VERSION}" / "model.safetensors"))
+    # The swapper keeps the loaded version's file as the next pull's buffer: the spare.
+    assert sorted(p.name for p in (tmp_path / "staged").iterdir()) == [SPARE_FILE]
+    staged = load_file(str(tmp_path / "staged" / SPARE_FILE))
     assert served.keys() == staged.keys()
     for name, array in served.items():
         assert (staged[name] == array).all(), name

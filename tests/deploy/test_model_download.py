@@ -31,6 +31,12 @@ def test_generators_and_the_learner_fetch_the_model_and_datasets_first(
     rendered: Rendered, kind: str, component: str
 ) -> None:
     spec = pod_spec(rendered, kind, component)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["hf-token"]["secret"] == {
+        "secretName": "hf-token",
+        "defaultMode": 0o440,
+        "items": [{"key": "token", "path": "token"}],
+    }
     init = {c["name"]: c for c in spec["initContainers"]}
     model, dataset = init["fetch-model"], init["fetch-dataset-0"]
     allow = [a for pair in zip(["--allow"] * len(MODEL_PATTERNS), MODEL_PATTERNS) for a in pair]
@@ -43,9 +49,13 @@ def test_generators_and_the_learner_fetch_the_model_and_datasets_first(
     ]  # fmt: skip
     for c in (model, dataset):
         env = {e["name"]: e for e in c["env"]}
-        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+        # The token is a file from the Secret, never in the environment.
+        assert "HF_TOKEN" not in env and env["HF_TOKEN_PATH"]["value"] == "/var/run/secrets/huggingface/token"
         assert env["HF_HOME"]["value"] == "/models/.hf-home"
-        assert c["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models"}]
+        assert c["volumeMounts"] == [
+            {"name": "model-cache", "mountPath": "/models"},
+            {"name": "hf-token", "mountPath": "/var/run/secrets/huggingface", "readOnly": True},
+        ]
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
         learner = pod_spec(rendered, "StatefulSet", "learner")["containers"]
         assert c["image"] == next(x["image"] for x in learner if x["name"] == "learner")  # it has huggingface_hub

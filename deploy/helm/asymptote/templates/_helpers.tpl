@@ -298,6 +298,20 @@ and CA, the gRPC certificate, the user's extraVolumes.
 {{- end }}
 
 {{/* The model cache's init containers, with the chart's security context. */}}
+{{/* The hub token of model.download, as a file (never in the environment), for its init containers. */}}
+{{- define "asymptote.downloadVolumes" -}}
+{{- with .Values.model.download }}
+{{- if and .enabled .tokenSecret.name }}
+- name: hf-token
+  secret:
+    secretName: {{ .tokenSecret.name | quote }}
+    defaultMode: 0440
+    items:
+      - {key: {{ .tokenSecret.key | quote }}, path: token}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "asymptote.modelInitContainers" -}}
 {{- with .Values.model.download }}
 {{- if .enabled }}
@@ -313,12 +327,8 @@ and CA, the gRPC certificate, the user's extraVolumes.
   env:
     - {name: HF_HOME, value: {{ printf "%s/.hf-home" $.Values.model.cache.mountPath | quote }}}
     - {name: HF_HUB_DISABLE_TELEMETRY, value: "1"}
-    {{- with $.Values.model.download.tokenSecret }}
-    {{- if .name }}
-    - name: HF_TOKEN
-      valueFrom:
-        secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}
-    {{- end }}
+    {{- if $.Values.model.download.tokenSecret.name }}
+    - {name: HF_TOKEN_PATH, value: /var/run/secrets/huggingface/token}
     {{- end }}
   securityContext:
     {{- toYaml $.Values.containerSecurityContext | nindent 4 }}
@@ -328,6 +338,9 @@ and CA, the gRPC certificate, the user's extraVolumes.
   volumeMounts:
     - name: model-cache
       mountPath: {{ $.Values.model.cache.mountPath }}
+    {{- if $.Values.model.download.tokenSecret.name }}
+    - {name: hf-token, mountPath: /var/run/secrets/huggingface, readOnly: true}
+    {{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
