@@ -161,7 +161,7 @@ class StagingArea:
         return StagedVersion(self, version, signature)
 
     def recycle(self, folder: Path) -> None:
-        """Keep ``folder``'s file (its version now loaded) as the buffer of the next pull."""
+        """Keep ``folder``'s file (its version loaded, or dropped) as the buffer of the next pull."""
         try:
             (folder / STAGED_FILE).rename(self.root / SPARE_FILE)
         except OSError:
@@ -222,11 +222,7 @@ class StagedVersion:
 
     def discard(self) -> None:
         """Drop a version that will not be loaded; its file stays as the spare."""
-        try:
-            (self.tmp / STAGED_FILE).rename(self.area.root / SPARE_FILE)
-        except OSError:
-            pass
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.area.recycle(self.tmp)
 
 
 def _free_space(root: Path) -> str:
