@@ -541,6 +541,8 @@ def values_schema() -> dict[str, Any]:
                             "maxVersionLag": {"type": "integer", "minimum": 1},
                             "learnerIdleMinutes": {"type": "integer", "minimum": 1},
                             "projectionErrorRatio": {"type": "number", "exclusiveMinimum": 0},
+                            "maxTruncationRate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                            "truncationWindowMinutes": {"type": "integer", "minimum": 1},
                         }
                     ),
                 }

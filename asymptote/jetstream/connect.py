@@ -62,6 +62,11 @@ async def connect(
         log.warning("nats error: %s", exc)
 
     async def disconnected_cb() -> None:
+        client = attempt.result() if attempt.done() and not attempt.cancelled() and not attempt.exception() else None
+        if client is not None and client.is_closed:
+            # nats-py calls this on a deliberate close() too: nothing was lost.
+            log.debug("closed the connection to nats at %s", settings.url)
+            return
         log.warning("disconnected from nats at %s", settings.url)
         if on_disconnect is not None:
             await on_disconnect()

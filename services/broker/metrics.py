@@ -19,6 +19,8 @@ class BrokerMetrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in ("all", "interrupted", "truncated"):  # at 0 from the start, so the shares always exist
+            self.completions_received.labels(outcome)
         self.groups_served = Counter("asymptote_broker_groups_served", "Groups handed to the learner", registry=r)
         self.groups_trained = Counter("asymptote_broker_groups_trained", "Groups acked by the learner", registry=r)
         self.tasks_issued = Counter("asymptote_broker_tasks_issued", "Generation tasks issued", ["kind"], registry=r)

@@ -126,13 +126,33 @@ class Progress:
             "fit": fit,
         }
 
-    def render(self, snap: dict[str, Any], ready: Mapping[str, bool]) -> Table:
-        """The live panel for ``snap``, with each service's readiness (``ready``, by name)."""
+    @staticmethod
+    def waiting(snap: dict[str, Any], ready: Mapping[str, bool], details: Mapping[str, str]) -> str | None:
+        """What the run waits for before its first step, or None once steps are coming.
+
+        ``ready`` is each service's readiness by name and ``details`` what a
+        service that is not ready says it waits for (its /readyz detail).
+        """
+        if snap["step"] > 0:
+            return None
+        starting = [f"{name} ({details[name]})" if details.get(name) else name for name, ok in ready.items() if not ok]
+        if starting:
+            return "starting " + ", ".join(starting)
+        return "waiting for the first batch of rollouts"
+
+    def render(
+        self, snap: dict[str, Any], ready: Mapping[str, bool], details: Mapping[str, str] | None = None
+    ) -> Table:
+        """The live panel for ``snap``, with each service's readiness (``ready``, by name) and,
+        for those not ready, what they wait for (``details``)."""
         t = Table(title=f"asymptote up — {self.run_dir.name}", show_header=False)
         t.add_column(style="bold")
         t.add_column()
         t.add_row("elapsed", f"{time.monotonic() - self.started:.0f}s")
         t.add_row("learner step", f"{snap['step']} / {self.max_steps}")
+        waiting = self.waiting(snap, ready, details or {})
+        if waiting is not None:
+            t.add_row("waiting", waiting)
         if snap["batch_pass_rate"] is not None:
             t.add_row("batch pass rate", f"{snap['batch_pass_rate']:.3f}")
         if snap["samples_per_s"]:
@@ -156,8 +176,13 @@ class Progress:
         t.add_row("services", services)
         return t
 
-    def line(self, snap: dict[str, Any]) -> str:
+    def line(
+        self, snap: dict[str, Any], ready: Mapping[str, bool] | None = None, details: Mapping[str, str] | None = None
+    ) -> str:
         parts = [f"[{time.monotonic() - self.started:5.0f}s] step {snap['step']}/{self.max_steps}"]
+        waiting = self.waiting(snap, ready or {}, details or {})
+        if waiting is not None:
+            parts.append(waiting)
         if snap["batch_pass_rate"] is not None:
             parts.append(f"batch pass {snap['batch_pass_rate']:.3f}")
         if snap["evals"]:

@@ -499,6 +499,7 @@ class LocalStack:
                     return 1
                 snap = progress.snapshot()
                 ready = {p.name: p.ready for p in self.procs}
+                details = {p.name: str(p.extra.get("detail", "")) for p in self.procs}
                 if progress.rl_started is None and snap["step"] > 0:
                     progress.rl_started = time.monotonic()
                 if snap["step"] == 0 and time.monotonic() > deadline_ready and not all(ready.values()):
@@ -512,16 +513,16 @@ class LocalStack:
                     progress.rl_finished = time.monotonic()
                     progress.outcome = "completed" if progress.finished(snap) else "stopped: target reached"
                     if live:
-                        live.update(progress.render(snap, ready))
+                        live.update(progress.render(snap, ready, details))
                     return 0
                 if final_deadline is not None and time.monotonic() > final_deadline:
                     console.print("[red]the final eval round did not complete in time[/red]")
                     progress.outcome = "failed: final eval timeout"
                     return 1
                 if live:
-                    live.update(progress.render(snap, ready))
+                    live.update(progress.render(snap, ready, details))
                 elif time.monotonic() - last_print > 10.0:
-                    print(progress.line(snap), flush=True)
+                    print(progress.line(snap, ready, details), flush=True)
                     last_print = time.monotonic()
                 time.sleep(0.5)
         finally:

@@ -618,6 +618,7 @@ def test_dashboard_ships_in_a_configmap(rendered: Rendered) -> None:
         "asymptote_learner_is_capped_frac",
         "asymptote_learner_is_kl_gen_learner",
         "asymptote_learner_batch_truncation_rate",
+        "asymptote_broker_completions_received_total",
         "asymptote_learner_policy_entropy",
         "asymptote_generator_swaps_refused_total",
         "asymptote_broker_deadlettered_total",

@@ -26,6 +26,7 @@ ALERTS = {
     "AsymptoteLearnerStalled",
     "AsymptoteDeadLettersGrowing",
     "AsymptoteHalfRunProjectionOff",
+    "AsymptoteTruncationRateHigh",
 }
 
 
@@ -68,6 +69,7 @@ GEN = "asymptote_generator_policy_version"
 LEARNER = "asymptote_learner_policy_version"
 STEPS = "asymptote_learner_steps_total"
 READY = "asymptote_broker_ready_groups"
+COMPLETIONS = "asymptote_broker_completions_received_total"
 ns = {"namespace": NAMESPACE}
 
 
@@ -156,6 +158,20 @@ def rule_tests() -> list[dict[str, Any]]:
                 alert("AsymptoteHalfRunProjectionOff", "10m", {**ns, "pod": "fitter-0", "run": "a"}, value="25%"),
             ],
         },
+        {  # 100 completions a minute, 5 truncated, then 20 from minute 30 on; another namespace at 50%.
+            "interval": "1m",
+            "input_series": [
+                series(COMPLETIONS, "0+100x60", pod="broker-0", outcome="all"),
+                series(COMPLETIONS, "0+5x30 150+20x30", pod="broker-0", outcome="truncated"),
+                series(COMPLETIONS, "0+100x60", namespace="other", pod="broker-0", outcome="all"),
+                series(COMPLETIONS, "0+50x60", namespace="other", pod="broker-0", outcome="truncated"),
+            ],
+            "alert_rule_test": [
+                alert("AsymptoteTruncationRateHigh", "29m"),  # 5%: healthy
+                alert("AsymptoteTruncationRateHigh", "40m"),  # 20% for 10m, not yet past the 15m window's mix
+                alert("AsymptoteTruncationRateHigh", "58m", ns, value="20%"),
+            ],
+        },
     ]
 
 
@@ -211,4 +227,4 @@ def test_the_rule_is_opt_in() -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
     # Every selector is the release's namespace: another release's series never fire these rules.
-    assert all(e.count("{") == e.count(f'{{namespace="{NAMESPACE}"}}') for e in exprs), exprs
+    assert all(e.count("{") == e.count(f'{{namespace="{NAMESPACE}"') for e in exprs), exprs
