@@ -103,6 +103,12 @@ def swap_figure(run_dir: Path, model_dir: Path) -> Figure:
     )
 
 
+THROUGHPUT_WORKLOAD = "arithmetic"
+"""The stack runs that measure rates (pipeline, generator, swaps, scaling) use the arithmetic workload:
+equal four-token completions, so rates compare across settings and with earlier figures; the
+learning-speed figure runs the embedded default."""
+
+
 def run_mode(out: Path, mode: str, steps: int, base: dict[str, Any]) -> tuple[Path, Path]:
     config = StackConfig.model_validate(
         {**base, "run_dir": out / mode, "mode": mode, "max_steps": steps, "eval_every_versions": steps}
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    base = {"batch_prompts": args.batch_prompts, "pin_cores": True}
+    base = {"batch_prompts": args.batch_prompts, "pin_cores": True, "workload": THROUGHPUT_WORKLOAD}
     runs = {mode: run_mode(out, mode, args.steps, base) for mode in ("async", "sync")}
     figures = [pipeline_figure(runs["async"][0], runs["sync"][0]), swap_figure(*runs["async"])]
     result = {

@@ -17,8 +17,8 @@ on the same machine:
                       (with and without activation checkpointing; peak
                       RSS beside it), FSDP2 vs DDP step time on the CPU    >= 1
   fitter              1,000-point fit with bootstrap intervals             < 2 s
-  learning speed      wall time to +0.3 held-out pass rate, on-policy
-                      single process vs the local stack                    >= 1.3
+  learning speed      wall time to +0.1 held-out pass rate (word problems) >= 1.3
+                      on-policy single process vs the local stack
 
 plus a sweep of generator and broker throughput over 1, 2 and 4 generator
 processes and over group sizes. ``--quick`` (CI smoke run, under 3 minutes)
@@ -56,14 +56,23 @@ from rich.markup import escape
 from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
 from benchmarks.figure import Figure, Target, not_run, quantity
-from benchmarks.pipeline import PIPELINE_TARGETS, model_dir_of, pipeline_figure, swap_figure, trained_samples_per_s
+from benchmarks.pipeline import (
+    PIPELINE_TARGETS,
+    THROUGHPUT_WORKLOAD,
+    model_dir_of,
+    pipeline_figure,
+    swap_figure,
+    trained_samples_per_s,
+)
 from services.local.config import StackConfig
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
 
 GENERATOR_TARGETS = (Target(of="ratio", direction="at least", bound=0.9),)
 LEARNING_SPEED_TARGETS = (Target(of="ratio", direction="at least", bound=1.3, rule="on-policy time / stack time"),)
-LEARNING_GAIN = 0.3
+LEARNING_GAIN = 0.1
+"""Held-out pass-rate gain the learning-speed figure times, on the embedded word problems (a gain both the
+stack and the single-process loop reach within their budgets from the warm start)."""
 LEARNING_SPEED_NAME = f"learning_speed_plus_{LEARNING_GAIN}_onpolicy_vs_stack"
 SCALING_GENERATORS = (1, 2, 4)
 SCALING_GROUP_SIZES = (4, 8, 16)
@@ -185,7 +194,9 @@ Until = Callable[[dict[str, Any], Scraper], bool]
 
 def run_stack(out: Path, name: str, until: Until | None = None, **overrides: Any) -> StackRun:
     """One local-stack run in ``out/name`` (generators pinned apart from the learner)."""
-    config = StackConfig.model_validate({"run_dir": out / name, "pin_cores": True, **overrides})
+    config = StackConfig.model_validate(
+        {"run_dir": out / name, "pin_cores": True, "workload": THROUGHPUT_WORKLOAD, **overrides}
+    )
     stack = LocalStack(config)
     scraper = Scraper(stack)
     scraper.start()
@@ -521,15 +532,22 @@ def _num(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:,.0f}"
 
 
-def run_all(out: Path, quick: bool) -> tuple[dict[str, Any], list[Figure]]:
-    """Every benchmark into ``out``; the report (machine, mode, scaling, errors) and the figures."""
+SECTIONS = ("learner", "memory", "fitter", "transfer", "broker", "stack", "learning", "scaling")
+"""The benchmark's sections, in the order they run (``--only`` picks one)."""
+
+
+def run_all(out: Path, quick: bool, only: str | None = None) -> tuple[dict[str, Any], list[Figure]]:
+    """Every benchmark (or the section ``only``) into ``out``; the report (machine, mode, scaling, errors)
+    and the figures."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(), "scaling": [], "errors": []}
     figures: list[Figure] = []
     steps = 8 if quick else 60
 
-    def section(title: str, body: Callable[[], list[Figure]]) -> None:
+    def section(key: str, title: str, body: Callable[[], list[Figure]]) -> None:
+        if only is not None and key != only:
+            return
         t0 = time.monotonic()
         console.print(f"[bold cyan]== {title}[/bold cyan]")
         try:
@@ -543,11 +561,11 @@ def run_all(out: Path, quick: bool) -> tuple[dict[str, Any], list[Figure]]:
             console.print(escape(f"  {f.name}: {quantity(f.value, f.unit)}  target {f.target}  -> {f.verdict}"))
         console.print(f"  ({time.monotonic() - t0:.0f} s)")
 
-    section("learner step", lambda: [learner_figure(quick)])
-    section("learner memory (FSDP2)", lambda: learner_memory_figures(quick, out))
-    section("fitter", lambda: [fitter_figure(quick)])
-    section("weight transfer", lambda: [transfer_figure(quick, out)])
-    section("broker", lambda: [broker_figure(quick, out)])
+    section("learner", "learner step", lambda: [learner_figure(quick)])
+    section("memory", "learner memory (FSDP2)", lambda: learner_memory_figures(quick, out))
+    section("fitter", "fitter", lambda: [fitter_figure(quick)])
+    section("transfer", "weight transfer", lambda: [transfer_figure(quick, out)])
+    section("broker", "broker", lambda: [broker_figure(quick, out)])
     runs: dict[str, StackRun] = {}
 
     def stack_figures() -> list[Figure]:
@@ -563,18 +581,22 @@ def run_all(out: Path, quick: bool) -> tuple[dict[str, Any], list[Figure]]:
         runs["sync"] = run_stack(out, "pipeline-sync", mode="sync", max_steps=steps, eval_every_versions=steps)
         return [pipeline_figure(runs["inflight"].run_dir, runs["sync"].run_dir), *made]
 
-    section("pipeline, generator efficiency and weight swaps (local stack)", stack_figures)
+    section("stack", "pipeline, generator efficiency and weight swaps (local stack)", stack_figures)
     if quick:
         figures.append(not_run(LEARNING_SPEED_NAME, "s", LEARNING_SPEED_TARGETS, "full mode only"))
     else:
-        section("learning speed (local stack vs single-process on-policy)", lambda: [learning_speed_figure(out)])
+        section(
+            "learning",
+            "learning speed (local stack vs single-process on-policy)",
+            lambda: [learning_speed_figure(out)],
+        )
 
         def sweep() -> list[Figure]:
             report["scaling"] = scaling_sweep(out, 20, runs.get("inflight"))
             plot_scaling(report["scaling"], out / "scaling.png")
             return []
 
-        section("scaling sweep", sweep)
+        section("scaling", "scaling sweep", sweep)
     report["wall_s"] = time.monotonic() - started
     write_report(out, report, figures)
     return report, figures
@@ -596,9 +618,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="asymptote bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
     parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
+    parser.add_argument("--only", choices=SECTIONS, help="run this section alone")
     args = parser.parse_args(argv)
     out = writable_dir(args.output)
-    report, figures = run_all(out, args.quick)
+    report, figures = run_all(out, args.quick, args.only)
     print((out / "bench.md").read_text())
     if report["errors"]:
         console.print(f"[red]{len(report['errors'])} benchmark(s) failed to run[/red]")

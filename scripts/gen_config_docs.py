@@ -161,6 +161,13 @@ def constraints(field: FieldInfo) -> list[str]:
     return out
 
 
+def in_checkout(value: object) -> object:
+    """A path into this checkout as the path from its root (a default that points at shipped files)."""
+    if isinstance(value, str) and value.startswith(f"{REPO}/"):
+        return value[len(str(REPO)) + 1 :]
+    return value
+
+
 def default_text(field: FieldInfo) -> str:
     """The default as a YAML file would spell it; "required" when there is none."""
     if field.is_required():
@@ -170,7 +177,7 @@ def default_text(field: FieldInfo) -> str:
         changed = value.model_dump(mode="json", exclude_defaults=True)
         if not changed:
             return "its defaults"
-        return ", ".join(f"`{key}: {json.dumps(v)}`" for key, v in changed.items())
+        return ", ".join(f"`{key}: {json.dumps(in_checkout(v))}`" for key, v in changed.items())
     assert field.annotation is not None, "config fields are annotated"
     return f"`{json.dumps(TypeAdapter(field.annotation).dump_python(value, mode='json'))}`"
 

@@ -102,7 +102,7 @@ def _first_row(path: Path, flag: str, settings: Mapping[str, Any]) -> dict[str, 
     raise ConfigError(f"{flag} {path}: no readable row")
 
 
-def dataset_task(task: ArithmeticSettings | DatasetSettings, args: argparse.Namespace) -> DatasetSettings | None:
+def dataset_task(task: ArithmeticSettings | DatasetSettings | None, args: argparse.Namespace) -> DatasetSettings | None:
     """The dataset task the ``up`` flags describe (over a dataset task of ``--config``), or None without them.
 
     Without ``--preset`` (and no field mapping in the config) a file whose
@@ -173,7 +173,13 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
     parser.add_argument("--model", type=Path, help="Hugging Face model directory to train (default: the tiny model)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
-    parser.add_argument("--max-tokens", type=int, help="completion length cap (the tiny model's task needs 7)")
+    parser.add_argument(
+        "--workload",
+        choices=["words", "arithmetic"],
+        help="the embedded task: words (default: word problems, thinking, math-verify, length control) or "
+        "arithmetic (four-token answers, for the quickest smoke runs)",
+    )
+    parser.add_argument("--max-tokens", type=int, help="completion length cap")
     parser.add_argument("--generators", type=int, help="generator processes")
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
     parser.add_argument(
@@ -186,11 +192,19 @@ def up_config(argv: list[str]) -> StackConfig:
     )
     args = parser.parse_args(argv)
     config = load_config(StackConfig, args.config, "ASY_UP")
+    if args.workload is not None:
+        # Over the fields the config gives, not its defaults: the workload fills the ones it does not.
+        config = StackConfig.model_validate(
+            {**config.model_dump(include=config.model_fields_set), "workload": args.workload}
+        )
     given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in UP_FLAGS.items()}
     overrides = {field: value for field, value in given.items() if value is not None}
-    task = dataset_task(config.task, args)
+    # A dataset task the config names is the base the flags edit; the default word problems are not.
+    task = dataset_task(config.task if "task" in config.model_fields_set else None, args)
     if task is not None and config.model_dir is None and args.model is None:
-        raise ConfigError("--dataset: needs --model DIR (the built-in tiny model knows only the arithmetic task)")
+        raise ConfigError(
+            "--dataset: needs --model DIR (the built tiny model is warm-started only on the embedded word problems)"
+        )
     if overrides:
 
         def name(loc: tuple[int | str, ...]) -> str:
@@ -278,13 +292,11 @@ def _prepare_model(argv: list[str]) -> int:
     import torch
 
     from asymptote.tasks import parse_task_settings
-    from services.learner.build import ModelSpec
-    from services.learner.warmstart import WarmstartSettings, prepare_model
+    from services.learner.warmstart import prepare_model, tiny_model_settings
 
     try:
-        model = ModelSpec.model_validate(req.get("model") or {})
         task = parse_task_settings(req.get("task") or {})
-        warmstart = WarmstartSettings.model_validate(req.get("warmstart") or {})
+        model, warmstart = tiny_model_settings(task, req.get("model"), req.get("warmstart"))
     except ValidationError as exc:
         section = {"ModelSpec": "model", "WarmstartSettings": "warmstart"}.get(exc.title, "task")
         raise ConfigError(

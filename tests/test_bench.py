@@ -28,9 +28,9 @@ FIGURES = {
     "pipeline_samples_per_s_inflight_vs_sync",
     "generator_tokens_per_s_in_loop_vs_standalone",
     "swap_pause_median_vs_memory_copy",
-    "learning_speed_plus_0.3_onpolicy_vs_stack",
+    "learning_speed_plus_0.1_onpolicy_vs_stack",
 }
-FULL_ONLY = {"pipeline_samples_per_s_inflight_vs_sync", "learning_speed_plus_0.3_onpolicy_vs_stack"}
+FULL_ONLY = {"pipeline_samples_per_s_inflight_vs_sync", "learning_speed_plus_0.1_onpolicy_vs_stack"}
 
 
 def test_a_measured_stack_run_waits_for_metric_samples_not_for_time(tmp_path: Path) -> None:

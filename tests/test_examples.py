@@ -14,6 +14,7 @@ import pytest
 from asymptote.config import load_config
 from asymptote.tasks import DatasetSettings
 from services.cli import up_config
+from services.learner.warmstart import tiny_model_settings
 from services.local.config import StackConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +23,7 @@ STACK_EXAMPLES = sorted(EXAMPLES.glob("*.yaml"))
 
 
 def test_there_are_examples_for_the_stack_and_the_chart() -> None:
-    assert {p.name for p in STACK_EXAMPLES} >= {"embedded-words.yaml", "qwen3-gsm8k.yaml"}
+    assert {p.name for p in STACK_EXAMPLES} >= {"qwen3-gsm8k.yaml"}
     assert [p.name for p in (EXAMPLES / "helm").glob("*.yaml")] == ["qwen3-gsm8k-values.yaml"]
 
 
@@ -37,13 +38,47 @@ def test_stack_examples_load_as_stack_configs(path: Path) -> None:
     assert high + config.task.length_control.answer_budget_tokens < config.max_tokens
 
 
-def test_the_words_workload_is_the_shipped_data_on_the_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)  # it names its files from the repository root, as scripts/up.sh runs
-    config = up_config(["--config", str(EXAMPLES / "embedded-words.yaml")])
-    assert config.model_dir is None and config.model["family"] == "qwen3"
+def test_the_default_is_the_shipped_word_problems_on_a_tiny_qwen3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # its files are found from anywhere, not only the repository root
+    config = up_config([])
+    assert config.workload == "words" and config.model_dir is None
+    assert isinstance(config.task, DatasetSettings) and config.task.template == "chat"
+    assert config.task.path == REPO / "data" / "words" / "train.jsonl" and config.task.path.is_file()
+    assert config.task.eval_path is not None and config.task.eval_path.is_file()
+    assert config.task.verifier.kind == "math" and config.task.length_control.enabled
+    high = (config.task.length_control.thinking_budget_tokens or (0, 0))[1]
+    assert high + config.task.length_control.answer_budget_tokens < config.max_tokens
+    spec, warmstart = tiny_model_settings(config.task, config.model, config.warmstart)
+    assert spec.family == "qwen3" and spec.max_position_embeddings >= config.max_tokens + 96  # prompts: ~60 tokens
+    assert warmstart.target_pass_rate < 0.5  # RL needs room above the warm start
+
+
+def test_the_arithmetic_workload_fills_only_what_the_config_leaves(tmp_path: Path) -> None:
+    quick = up_config(["--workload", "arithmetic"])
+    assert quick.task.name == "arithmetic" and (quick.max_tokens, quick.batch_prompts) == (7, 32)
+    assert up_config(["--workload", "arithmetic", "--max-tokens", "9"]).max_tokens == 9
+    config = tmp_path / "quick.yaml"
+    config.write_text("max_tokens: 12\nlr: 0.0003\n")
+    given = up_config(["--config", str(config), "--workload", "arithmetic"])
+    assert (given.task.name, given.max_tokens, given.lr, given.eval_num_samples) == ("arithmetic", 12, 3e-4, 4)
+    config.write_text("workload: arithmetic\nbatch_prompts: 8\n")
+    in_file = up_config(["--config", str(config)])
+    assert (in_file.task.name, in_file.batch_prompts, in_file.max_tokens) == ("arithmetic", 8, 7)
+    spec, _ = tiny_model_settings(quick.task, quick.model, quick.warmstart)
+    assert spec.family == "llama"  # the character-level model the arithmetic task has always had
+
+
+def test_a_users_dataset_does_not_inherit_the_word_problems_held_out_file(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(4)))
+    config = up_config(["--model", str(model), "--dataset", str(train), "--holdout-fraction", "0.25"])
     assert isinstance(config.task, DatasetSettings)
-    assert config.task.path.is_file() and config.task.eval_path is not None and config.task.eval_path.is_file()
-    assert config.model["max_position_embeddings"] >= config.max_tokens + 96  # prompts are about 60 tokens
+    assert config.task.path == train and config.task.eval_path is None and config.task.holdout_fraction == 0.25
 
 
 def test_the_gsm8k_example_runs_as_the_readme_says(tmp_path: Path) -> None:

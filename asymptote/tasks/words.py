@@ -32,7 +32,7 @@ Row = dict[str, object]
 
 
 def _give_then_buy(rng: random.Random) -> Row:
-    a, c, d = rng.randint(5, 30), rng.randint(2, 5), rng.randint(2, 9)
+    a, c, d = rng.randint(4, 15), rng.randint(2, 4), rng.randint(2, 5)
     b = rng.randint(1, a - 1)
     name, other, thing = rng.choice(_NAMES), rng.choice(_NAMES), rng.choice(_THINGS)
     left, bought = a - b, c * d
@@ -45,10 +45,10 @@ def _give_then_buy(rng: random.Random) -> Row:
 
 
 def _boxes_then_lose(rng: random.Random) -> Row:
-    c, d = rng.randint(2, 6), rng.randint(2, 9)
+    c, d = rng.randint(2, 5), rng.randint(2, 5)
     total = c * d
     lost = rng.randint(1, total - 1)
-    found = rng.randint(1, 20)
+    found = rng.randint(1, 9)
     name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
     kept = total - lost
     return {
@@ -60,8 +60,8 @@ def _boxes_then_lose(rng: random.Random) -> Row:
 
 
 def _share(rng: random.Random) -> Row:
-    k, each = rng.randint(2, 6), rng.randint(2, 9)
-    a = rng.randint(2, 30)
+    k, each = rng.randint(2, 5), rng.randint(2, 6)
+    a = rng.randint(2, 20)
     total = k * each
     bought = total - a if total > a else 0
     if bought == 0:
@@ -77,9 +77,9 @@ def _share(rng: random.Random) -> Row:
 
 
 def _two_friends(rng: random.Random) -> Row:
-    a, b = rng.randint(3, 40), rng.randint(2, 5)
+    a, b = rng.randint(2, 12), rng.randint(2, 3)
     more = a * b
-    c = rng.randint(1, min(20, more - 1))
+    c = rng.randint(1, min(9, more - 1))
     name, other, thing = rng.choice(_NAMES), rng.choice(_NAMES), rng.choice(_THINGS)
     return {
         "prompt": f"{name} has {a} {thing}. {other} has {b} times as many, and gives away {c}. "

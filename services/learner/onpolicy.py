@@ -36,7 +36,13 @@ from asymptote.logs import setup_logging
 from asymptote.tasks import ArithmeticSettings, Task, TaskSettings, get_task
 from services.learner.losses import cispo_loss, group_advantages
 from services.learner.model import Samples, completion_logprobs, load_model, load_tokenizer, pack, sample
-from services.learner.warmstart import encode_prompts, evaluate_pass_rate, max_new_tokens_for, prepare_model
+from services.learner.warmstart import (
+    encode_prompts,
+    evaluate_pass_rate,
+    format_for,
+    max_new_tokens_for,
+    prepare_model,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +181,9 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
     model = load_model(model_dir)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     problems = list(task.problems("train"))
-    prompt_ids = encode_prompts(tokenizer, problems)
-    max_new = s.max_new_tokens or max_new_tokens_for(tokenizer, problems)
+    fmt = format_for(task, tokenizer)
+    prompt_ids = encode_prompts(tokenizer, problems, fmt)
+    max_new = s.max_new_tokens or max_new_tokens_for(tokenizer, problems, fmt=fmt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, eps=s.adam_eps, weight_decay=s.weight_decay)
     rng = random.Random(s.seed)
     gen = torch.Generator().manual_seed(s.seed)

@@ -4,6 +4,12 @@ A few dials for the whole run; each service's own config is derived from
 them (ports, paths, the shared task and sampling settings), written into
 the run directory and handed to the service process, exactly as a Helm
 release renders ConfigMaps.
+
+The defaults are the embedded word-problem workload: the shipped dataset
+file (data/words/), the chat template, math-verify and interruption length
+control, the same path a GPU run on GSM8K takes. ``workload: arithmetic``
+swaps in the quick arithmetic task (four-token answers) for the shortest
+smoke runs.
 """
 
 from __future__ import annotations
@@ -15,13 +21,41 @@ from pydantic import Field, field_validator, model_validator
 
 from asymptote.config import Frozen
 from asymptote.faults import parse as parse_failpoints
-from asymptote.tasks import ArithmeticSettings, TaskSettings
+from asymptote.tasks import DatasetSettings, LengthControlSettings, TaskSettings, words
 from services.broker.config import ZeroVariance
+
+Workload = Literal["words", "arithmetic"]
+
+ARITHMETIC_WORKLOAD: dict[str, Any] = {
+    "task": {"name": "arithmetic"},
+    "max_steps": 600,
+    "lr": 1e-4,
+    "max_tokens": 7,
+    "batch_prompts": 32,
+    "eval_every_versions": 30,
+    "eval_num_samples": 4,
+}
+"""The fields ``workload: arithmetic`` sets where the config does not: three-digit sums answered in
+about four tokens by a character-level model (the stack's tuned settings for it)."""
+
+
+def words_task() -> DatasetSettings:
+    """The embedded default's task: the shipped word problems, read as a user's dataset file is."""
+    return DatasetSettings(
+        path=words.DATA_DIR / words.FILES["train"],
+        eval_path=words.DATA_DIR / words.FILES["heldout"],
+        template="chat",
+        length_control=LengthControlSettings(thinking_budget_tokens=(16, 64), answer_budget_tokens=16),
+    )
 
 
 class StackConfig(Frozen):
     """``asymptote up``: nats-server plus the four services on loopback."""
 
+    workload: Workload = "words"
+    """words: the defaults below, the shipped word problems with a Qwen3-shaped tiny model that thinks
+    in ``<think>`` and answers in ``\\boxed{}``; arithmetic: the quick arithmetic task's task, max_tokens,
+    batch_prompts and eval settings, for smoke runs (fields the config gives still win)."""
     run_dir: Path | None = None
     """Run directory; None makes runs/<timestamp>."""
     cache_dir: Path = Path(".cache/asymptote")
@@ -35,13 +69,13 @@ class StackConfig(Frozen):
     """Generator processes (each one vLLM engine)."""
     learner_ranks: int = Field(default=1, ge=1, le=8)
     """Data-parallel learner ranks (torchrun, gloo); rank 0 is the service, the others follow its steps."""
-    max_steps: int = Field(default=600, ge=1)
+    max_steps: int = Field(default=300, ge=1)
     """Learner steps (policy versions) of the RL run."""
-    batch_prompts: int = Field(default=32, ge=1)
+    batch_prompts: int = Field(default=16, ge=1)
     """B: prompt groups per learner step."""
     group_size: int = Field(default=8, ge=2)
     """G: completions per prompt."""
-    max_tokens: int = Field(default=7, ge=1)
+    max_tokens: int = Field(default=96, ge=1)
     """Completion length cap."""
     max_staleness_versions: int = Field(default=8, ge=0)
     """k of PipelineRL-k."""
@@ -58,22 +92,24 @@ class StackConfig(Frozen):
     overlong_cache_tokens: int | None = Field(default=None, ge=1)
     """DAPO's soft overlong punishment over the last this many tokens before max_tokens (a length penalty
     added to rewards); None: off."""
-    lr: float = Field(default=1e-4, gt=0.0)
+    lr: float = Field(default=2e-4, gt=0.0)
     """Learner peak learning rate."""
     warmup_steps: int = Field(default=10, ge=0)
     """Learner linear warm-up steps."""
-    eval_every_versions: int = Field(default=30, ge=1)
+    eval_every_versions: int = Field(default=20, ge=1)
     """Eval round interval in policy versions."""
-    eval_num_samples: int = Field(default=4, ge=1)
+    eval_num_samples: int = Field(default=2, ge=1)
     """k samples per held-out prompt in an eval round."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
-    task: TaskSettings = ArithmeticSettings()
-    """The task."""
+    task: TaskSettings = Field(default_factory=words_task)
+    """The task (default: the shipped word problems, data/words/)."""
     model: dict[str, Any] = Field(default_factory=dict)
-    """Overrides of the tiny model's ModelSpec."""
+    """Overrides of the tiny model's ModelSpec (whose defaults depend on the task: a Qwen3-shaped model
+    with a BPE tokenizer for a dataset task, services.learner.warmstart.DATASET_MODEL)."""
     warmstart: dict[str, Any] = Field(default_factory=dict)
-    """Overrides of the supervised warm start's settings."""
+    """Overrides of the supervised warm start's settings (for a dataset task, over
+    services.learner.warmstart.DATASET_WARMSTART)."""
     pin_cores: bool = True
     """Generators on every core but the last; the learner, broker, fitter and nats-server on the last (Linux, 2+ cores)."""
     nats_auth: bool = True
@@ -99,6 +135,13 @@ class StackConfig(Frozen):
     """Longest the stack waits for every service to become ready."""
     final_eval_timeout_s: float = Field(default=300.0, gt=0.0)
     """Longest the stack waits after the last step for the final eval round."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("workload") == "arithmetic":
+            return {**ARITHMETIC_WORKLOAD, **data}
+        return data
 
     @model_validator(mode="after")
     def _own_model(self) -> StackConfig:

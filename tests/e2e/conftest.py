@@ -39,6 +39,7 @@ def launch(tmp_path: Path) -> Launch:
                 "run_dir": tmp_path / "run",
                 "cache_dir": REPO / ".cache" / "asymptote",
                 "startup_timeout_s": 240,
+                "workload": "arithmetic",  # four-token answers: the quickest runs; words tests say so
                 **overrides,
             }
         )

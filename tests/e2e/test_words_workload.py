@@ -1,4 +1,4 @@
-"""The embedded word-problem workload (examples/embedded-words.yaml) runs on the local stack.
+"""The embedded default, the word-problem workload, runs on the local stack.
 
 The tiny BPE model, warm-started on the shipped word problems' worked
 solutions (cached like the arithmetic default's), thinks and answers in
@@ -21,19 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
+from asymptote.tasks import LengthControlSettings
+from services.local.config import words_task
 from services.local.progress import length_rates, read_jsonl
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "embedded-words.yaml"
 MAX_STEPS = 6
-
-
-def example_config() -> dict[str, Any]:
-    """The example's fields, its dataset paths made absolute (it names them from the repository root)."""
-    config = yaml.safe_load(EXAMPLE.read_text())
-    for key in ("path", "eval_path"):
-        config["task"][key] = str(REPO / config["task"][key])
-    return dict(config)
+SHORT_BUDGETS = LengthControlSettings(thinking_budget_tokens=(8, 40), answer_budget_tokens=16)
 
 
 def gauge(prom: str, name: str) -> float:
@@ -44,11 +37,12 @@ def gauge(prom: str, name: str) -> float:
 
 @pytest.mark.e2e
 def test_the_word_problem_workload_runs_with_length_control(launch: Callable[..., Any]) -> None:
-    config = example_config()
-    assert config["task"]["length_control"]["thinking_budget_tokens"][0] < config["max_tokens"]
     with launch(
         **{
-            **config,
+            "workload": "words",
+            # Budgets of 8-40 tokens against thinking of 16-23: the first steps interrupt for certain
+            # (the default's 16-64 interrupts about one group in eight).
+            "task": words_task().model_copy(update={"length_control": SHORT_BUDGETS}),
             "max_steps": MAX_STEPS,
             "eval_every_versions": MAX_STEPS,
             "eval_num_samples": 1,
@@ -71,7 +65,6 @@ def test_the_word_problem_workload_runs_with_length_control(launch: Callable[...
         assert max(s["batch/max_token_version"] for s in steps) >= 1
         generator = (run_dir / "metrics" / "generator-0.prom").read_text()
         assert gauge(generator, "asymptote_generator_policy_version") == MAX_STEPS
-    # Budgets of 8-40 tokens against worked solutions of about 20-30: the first steps already interrupt.
     early = steps[:3]
     assert sum(s["rollout/interrupted"] for s in early) > 0
     # Every trained completion was counted among those generated (the rates' denominator).
