@@ -28,6 +28,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -226,14 +227,15 @@ class DeltaDecoder:
 
     ``buffers.take`` must hand back the version ``header.base_version`` with
     digest ``header.base_sha256``, laid out as ``signature`` (name order, back
-    to back: a staged file's data section); the caller vouches for that. Feed
-    the delta's parts in order after the header, then ``finish`` (it hashes
-    the whole version: run it off the event loop). Raises WeightsError at the
-    first malformed window (unknown tensor, out of order, out of bounds, or
-    positions and values that disagree) and, in ``finish``, when the rebuilt
-    bytes do not hash to the header's sha256 or hold NaN/Inf. Once a window
-    is written the base is gone: a refused delta leaves the buffer to be
-    written over by a full pull.
+    to back: a staged file's data section); the caller vouches for that.
+    Feed the delta's parts in order after the header: each is checked as it
+    arrives and kept (a delta is small). ``finish`` then takes the base,
+    writes every window into it and hashes the whole version (run it off
+    the event loop), so a stream cut short leaves the base untouched.
+    Raises WeightsError at the first malformed window (unknown tensor, out
+    of order, out of bounds, or positions and values that disagree) and, in
+    ``finish``, when the rebuilt bytes do not hash to the header's sha256 or
+    hold NaN/Inf; the base is gone then, to be written over by a full pull.
     """
 
     def __init__(
@@ -252,34 +254,34 @@ class DeltaDecoder:
             )
         self.header = header
         self.signature = signature
-        self._buffer = buffers.take(num_bytes)
-        self._tensors = tensor_views(self._buffer, signature)
+        self._buffers = buffers
+        self._sizes = {
+            name: (math.prod(shape), wire_dtype(dtype).itemsize) for name, (dtype, shape) in signature.items()
+        }
+        self._windows: list[tuple[str, int, np.ndarray | None, bytes]] = []
         self._last: tuple[str, int] | None = None
 
     def feed(self, part: tensors_pb2.WeightsPart) -> None:
         kind = part.WhichOneof("part")
         if kind != "delta":
             raise WeightsError(f"a delta stream holds a {kind or 'empty part'} after its header")
-        self._apply(part.delta)
+        self._check(part.delta)
 
-    def _apply(self, d: tensors_pb2.TensorDelta) -> None:
-        if d.name not in self._tensors:
+    def _check(self, d: tensors_pb2.TensorDelta) -> None:
+        if d.name not in self._sizes:
             raise WeightsError(f"delta names tensor {d.name!r}, which the model does not have")
         key = (d.name, int(d.start))
         if self._last is not None and key <= self._last:
             raise WeightsError(f"delta window {key} arrived after {self._last}: windows come once each, in order")
         self._last = key
-        t = self._tensors[d.name]
-        target = words(t)
-        itemsize = target.dtype.itemsize
+        num_elements, itemsize = self._sizes[d.name]
         start, n = int(d.start), int(d.num_elements)
-        if n < 1 or n > window_elements(t.dtype) or start + n > len(target):
-            raise WeightsError(f"tensor {d.name!r}: delta window [{start}, {start + n}) of {len(target)} elements")
-        window = np.frombuffer(t.data, dtype=target.dtype)[start : start + n]
+        if n < 1 or n * itemsize > max(CHUNK_BYTES, itemsize) or start + n > num_elements:
+            raise WeightsError(f"tensor {d.name!r}: delta window [{start}, {start + n}) of {num_elements} elements")
         if d.encoding == DENSE:
             if len(d.values) != n * itemsize or d.positions:
                 raise WeightsError(f"tensor {d.name!r}: dense delta window of {n} elements holds {len(d.values)} bytes")
-            window[:] = np.frombuffer(d.values, dtype=target.dtype)
+            self._windows.append((d.name, start, None, d.values))
             return
         if d.encoding == GAPS:
             positions = decode_gaps(d.positions, n)
@@ -291,21 +293,30 @@ class DeltaDecoder:
             raise WeightsError(
                 f"tensor {d.name!r}: delta window names {len(positions)} changes and holds {len(d.values)} bytes"
             )
-        window[positions] = np.frombuffer(d.values, dtype=target.dtype)
+        self._windows.append((d.name, start, positions, d.values))
 
     def finish(self, frames: tuple[bytes, ...] = ()) -> DecodedWeights:
         """The rebuilt version, verified; ``frames``: the delta as received, kept to serve it on."""
-        actual = digest(self._tensors)
+        tensors = tensor_views(self._buffers.take(signature_num_bytes(self.signature)), self.signature)
+        for name, start, positions, values in self._windows:
+            target = words(tensors[name])
+            window = np.frombuffer(tensors[name].data, dtype=target.dtype)[start:]
+            new = np.frombuffer(values, dtype=target.dtype)
+            if positions is None:
+                window[: len(new)] = new
+            else:
+                window[positions] = new
+        actual = digest(tensors)
         if actual != self.header.sha256:
             raise WeightsError(
                 f"sha256 mismatch for version {self.header.version} rebuilt from delta on version "
                 f"{self.header.base_version}: header {self.header.sha256[:12]}…, data {actual[:12]}…"
             )
-        for name, t in self._tensors.items():
+        for name, t in tensors.items():
             if not is_finite(t):
                 raise WeightsError(f"tensor {name!r} holds NaN or Inf")
         received = ReceivedDelta(int(self.header.base_version), self.header.base_sha256, frames)
-        return DecodedWeights(int(self.header.version), actual, self._tensors, received)
+        return DecodedWeights(int(self.header.version), actual, tensors, received)
 
 
 def apply_delta(frames: list[bytes], signature: Signature, base: np.ndarray, base_sha256: str) -> DecodedWeights:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Literal, Protocol
 
 from nats.js.kv import KeyValue
 
@@ -20,12 +21,21 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import StagingError, WeightsError
 from asymptote.jetstream.names import Names
 from asymptote.policy import watch_policy
-from services.generator.engine import Engine
+from services.generator.engine import SwapReport
 from services.generator.fanout import WeightRelay
 from services.generator.metrics import GeneratorMetrics
 from services.generator.weights import StagingArea, WeightSource, check_signature
 
 log = logging.getLogger(__name__)
+
+
+class SwapTarget(Protocol):
+    """What the swapper loads versions into: the engine (``Engine``), or a stand-in that only counts."""
+
+    version: int
+
+    async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport: ...
+
 
 RETRY_S = 1.0
 """Wait before pulling again a version that could not be pulled or staged."""
@@ -34,7 +44,7 @@ RETRY_S = 1.0
 class Swapper:
     def __init__(
         self,
-        engine: Engine,
+        engine: SwapTarget,
         source: WeightSource,
         model_dir: Path,
         weights_dir: Path,

@@ -194,7 +194,7 @@ class GrpcWeightSource:
                     received += len(frame)
                     decoder.feed(self._parse(frame, version))
                     received_frames.append(frame)
-                # Hashing the whole rebuilt version takes a while: off the event loop (peers are served there).
+                # Writing and hashing the whole version takes a while: off the event loop (peers are served there).
                 weights = await asyncio.to_thread(decoder.finish, tuple(received_frames))
             else:
                 with WeightsDecoder(into or self._buffers) as full:
