@@ -67,12 +67,14 @@ def signature_num_bytes(signature: Signature) -> int:
     return sum(math.prod(shape) * _WIRE_DTYPES[dtype].itemsize for dtype, shape in signature.values())
 
 
-def safetensors_header(signature: Signature, metadata: Mapping[str, str]) -> bytes:
+def safetensors_header(signature: Signature, metadata: Mapping[str, str], min_bytes: int = 0) -> bytes:
     """The header of a safetensors file holding ``signature``'s tensors back to back in name order.
 
     Name order is the wire's order, so a decoded version's buffer is exactly
     this file's data section: the length prefix, then the JSON padded with
-    spaces to a multiple of 8 bytes (the format's alignment of the data).
+    spaces to a multiple of 8 bytes (the format's alignment of the data),
+    and to at least ``min_bytes`` in all (so headers whose metadata differ
+    in length can put the data at the same offset).
     """
     entries: dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
@@ -82,6 +84,7 @@ def safetensors_header(signature: Signature, metadata: Mapping[str, str]) -> byt
         entries[name] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
         offset = end
     body = json.dumps(entries, separators=(",", ":")).encode()
+    body += b" " * max(-(len(body) + 8) % 8, min_bytes - 8 - len(body))
     body += b" " * (-(len(body) + 8) % 8)
     return len(body).to_bytes(8, "little") + body
 
@@ -122,6 +125,23 @@ class WireTensor:
 def _digest_prefix(name: str, dtype: str, shape: tuple[int, ...]) -> bytes:
     """What the digest reads before a tensor's bytes."""
     return f"{name}\0{dtype}\0{','.join(map(str, shape))}\0".encode()
+
+
+def tensor_views(buffer: np.ndarray, signature: Signature) -> dict[str, WireTensor]:
+    """``signature``'s tensors laid out back to back in name order in ``buffer`` (a version's bytes), as views."""
+    tensors: dict[str, WireTensor] = {}
+    offset = 0
+    for name in sorted(signature):
+        dtype, shape = signature[name]
+        size = math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        tensors[name] = WireTensor(dtype, shape, buffer.data[offset : offset + size])
+        offset += size
+    return tensors
+
+
+def wire_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a wire dtype's raw elements (bfloat16: its 2-byte words)."""
+    return _WIRE_DTYPES[dtype]
 
 
 def digest(tensors: Mapping[str, WireTensor]) -> str:
@@ -214,10 +234,25 @@ def encode_frames(version: int, tensors: Mapping[str, WireTensor], sha256: str |
 
 
 @dataclass(frozen=True)
+class ReceivedDelta:
+    """How a version arrived as a delta: its base, and the frames as received (to serve them on)."""
+
+    base_version: int
+    base_sha256: str
+    frames: tuple[bytes, ...]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(map(len, self.frames))
+
+
+@dataclass(frozen=True)
 class DecodedWeights:
     version: int
     sha256: str
     tensors: dict[str, WireTensor]
+    delta: ReceivedDelta | None = None
+    """Set when the version was rebuilt from a delta onto a version held before."""
 
     @property
     def num_bytes(self) -> int:
@@ -425,7 +460,7 @@ class WeightsDecoder:
         dtype, shape, _ = t.meta
         tensor = WireTensor(dtype, shape, t.view)
         self._tensors[t.name] = tensor
-        self._finite.append((t.name, self._worker.submit(_is_finite, tensor)))
+        self._finite.append((t.name, self._worker.submit(is_finite, tensor)))
 
 
 def decode(parts: Iterable[tensors_pb2.WeightsPart]) -> DecodedWeights:
@@ -436,7 +471,8 @@ def decode(parts: Iterable[tensors_pb2.WeightsPart]) -> DecodedWeights:
         return decoder.finish()
 
 
-def _is_finite(t: WireTensor) -> bool:
+def is_finite(t: WireTensor) -> bool:
+    """Whether a float tensor holds no NaN or Inf (other dtypes: always)."""
     if t.dtype not in FLOAT_DTYPES:
         return True
     arr = t.to_numpy()

@@ -35,6 +35,17 @@ SERVER_OPTIONS = [
 ]
 
 
+def already_serialized(frame: bytes) -> bytes:
+    """The response serializer of a method whose handler yields messages already serialized."""
+    return frame
+
+
+def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Register hand-built method handlers as the service named ``service`` (its full name)."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
+
+
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     """TLS credentials of a server (``tls.server_enabled``); mTLS verifies clients against ca_file."""
     assert tls.cert_file is not None and tls.key_file is not None

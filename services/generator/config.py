@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
 from asymptote.tasks import ArithmeticSettings, TaskSettings
@@ -48,6 +48,35 @@ class EngineSettings(Frozen):
     """Engine sampling seed."""
 
 
+class FanoutSettings(Frozen):
+    """The weight fan-out tree: generators re-serve the version they hold to the generators below them."""
+
+    degree: int = Field(default=0, ge=0)
+    """Generators each node serves: generator i pulls from generator i // degree - 1 and the first `degree`
+    from the learner, so the learner sends each version `degree` times whatever the fleet's size.
+    0: every generator pulls from the learner."""
+    index: int | None = Field(default=None, ge=0)
+    """This generator's place in the tree (0-based); None: the number its host name ends with (a
+    StatefulSet pod's ordinal)."""
+    peer_endpoint: str = "asymptote-generator-{index}.asymptote-generator:50061"
+    """host:port of generator {index}'s gRPC server: a StatefulSet pod under its headless Service in
+    Kubernetes; on one host a loopback port per index, e.g. "127.0.0.1:5{index:04d}"."""
+    peer_timeout_s: float = Field(default=30.0, gt=0.0)
+    """How long a pull from one peer may take, waiting for the peer to get the version included, before
+    the next generator up the tree (and last the learner) is asked."""
+
+    @field_validator("peer_endpoint")
+    @classmethod
+    def _formats_an_index(cls, value: str) -> str:
+        try:
+            value.format(index=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"peer_endpoint must be a host:port template naming only {{index}}: {exc}") from exc
+        if "{index" not in value:
+            raise ValueError("peer_endpoint must contain {index} (each generator's is its own)")
+        return value
+
+
 class GeneratorConfig(MeteredServiceSettings):
     """Generator: vLLM rollouts, verifier scoring, in-flight weight swaps."""
 
@@ -67,3 +96,5 @@ class GeneratorConfig(MeteredServiceSettings):
     """The broker's task: a dataset task's prompt template and verifier apply here (its files are not read)."""
     weights_dir: Path = Path("/dev/shm/asymptote")
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""
+    fanout: FanoutSettings = FanoutSettings()
+    """Where weight versions come from: the learner, or peers in a fan-out tree."""

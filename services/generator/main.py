@@ -7,6 +7,8 @@ import logging
 import shutil
 from pathlib import Path
 
+import grpc
+
 from asymptote.cli_args import ArgumentParser
 from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
@@ -18,12 +20,12 @@ from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
 from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine, check_platform
+from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_server, weight_source
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
 from services.generator.server import GeneratorServicer
 from services.generator.swapper import Swapper
-from services.generator.weights import GrpcWeightSource
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,9 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
         try:
             await rt.health.unblock("engine")
             weights_dir = config.weights_dir / rt.instance_id
-            source = GrpcWeightSource(tls=config.grpc_tls)
-            swapper = Swapper(engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics)
+            source = weight_source(config.fanout, config.grpc_tls, metrics)
+            relay = WeightRelay(metrics)
+            swapper = Swapper(engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics, relay)
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             loop = RolloutLoop(
@@ -53,11 +56,16 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 TaskScorer(config.task, config.engine.model_dir, metrics),
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
+
+            def register(s: grpc.aio.Server) -> None:
+                services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s)
+                add_relay_to_server(relay, s)
+
             server, _ = await start_server(
                 config.grpc,
                 rt.health,
-                lambda s: services_pb2_grpc.add_GeneratorServicer_to_server(servicer, s),
-                ["asymptote.contracts.v1.Generator"],
+                register,
+                ["asymptote.contracts.v1.Generator", RELAY_SERVICE],
                 config.grpc_tls,
             )
             await rt.health.unblock("starting")

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 SWAP_REFUSALS = ("invalid", "staging", "unreachable")
 """Why a weight version was refused (``swapper.Swapper.update``): exported at 0 from the start."""
+PULL_KINDS = ("delta", "full", "fallback")
+"""How a version was pulled (``weights.GrpcWeightSource``): rebuilt from a delta, whole (no base held, or
+the source no longer holds it), or whole after a refused delta. Exported at 0 from the start."""
 
 
 class GeneratorMetrics:
@@ -63,6 +66,29 @@ class GeneratorMetrics:
             "asymptote_generator_swap_last_pause_seconds", "Generation stalled by the latest swap", registry=r
         )
         self.swap_bytes = Counter("asymptote_generator_swap_bytes", "Weight bytes pulled", registry=r)
+        self.weight_pulls = Counter(
+            "asymptote_generator_weight_pulls",
+            "Weight versions pulled, by kind (delta, full, fallback)",
+            ["kind"],
+            registry=r,
+        )
+        self.weight_pull_bytes = Counter(
+            "asymptote_generator_weight_pull_bytes", "Bytes received pulling weights, by kind", ["kind"], registry=r
+        )
+        for kind in PULL_KINDS:
+            self.weight_pulls.labels(kind)
+            self.weight_pull_bytes.labels(kind)
+        self.weight_peer_failures = Counter(
+            "asymptote_generator_weight_peer_failures",
+            "Pulls from a peer in the fan-out tree that failed (dead, slow or bad bytes) and moved up the tree",
+            registry=r,
+        )
+        self.weight_relay_bytes = Counter(
+            "asymptote_generator_weight_relay_bytes",
+            "Weight bytes sent to peers, by kind (delta, full)",
+            ["kind"],
+            registry=r,
+        )
         self.swap_carried = Counter(
             "asymptote_generator_swap_carried_sequences", "Sequences in flight across a swap", registry=r
         )

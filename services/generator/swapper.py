@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Literal, Protocol
 
 from nats.js.kv import KeyValue
 
@@ -20,11 +21,21 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import StagingError, WeightsError
 from asymptote.jetstream.names import Names
 from asymptote.policy import watch_policy
-from services.generator.engine import Engine
+from services.generator.engine import SwapReport
+from services.generator.fanout import WeightRelay
 from services.generator.metrics import GeneratorMetrics
 from services.generator.weights import StagingArea, WeightSource, check_signature
 
 log = logging.getLogger(__name__)
+
+
+class SwapTarget(Protocol):
+    """What the swapper loads versions into: the engine (``Engine``), or a stand-in that only counts."""
+
+    version: int
+
+    async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport: ...
+
 
 RETRY_S = 1.0
 """Wait before pulling again a version that could not be pulled or staged."""
@@ -33,17 +44,20 @@ RETRY_S = 1.0
 class Swapper:
     def __init__(
         self,
-        engine: Engine,
+        engine: SwapTarget,
         source: WeightSource,
         model_dir: Path,
         weights_dir: Path,
         mode: str,
         metrics: GeneratorMetrics,
+        relay: WeightRelay | None = None,
     ) -> None:
         self.engine = engine
         self.source = source
         self.model_dir = model_dir
-        self.staging = StagingArea(weights_dir)
+        self.relay = relay
+        """Serves the staged version to peers, from when it is verified until a pull writes over it."""
+        self.staging = StagingArea(weights_dir, on_overwrite=relay.retire if relay is not None else None)
         self.staging.clear()
         self.mode = mode
         self.metrics = metrics
@@ -75,13 +89,15 @@ class Swapper:
         started = time.monotonic()
         staged = self.staging.open(version, self.signature)
         try:
-            weights = await self.source.pull(policy.weights_endpoint, version, into=staged)
+            weights = await self.source.pull(policy.weights_endpoint, version, into=staged, base=staged.base)
             if weights.sha256 != policy.sha256:
                 raise WeightsError(
                     f"version {version}: digest {weights.sha256[:12]}… differs from the announced {policy.sha256[:12]}…"
                 )
             check_signature(weights, self.signature)
-            folder = await asyncio.to_thread(staged.commit, self.model_dir)
+            folder = await asyncio.to_thread(staged.commit, self.model_dir, weights.sha256)
+            if self.relay is not None:
+                self.relay.hold(weights)
         except WeightsError as exc:
             staged.discard()
             self.refused[version] = str(exc)
@@ -114,10 +130,11 @@ class Swapper:
         m.swap_carried.inc(report.num_running)
         m.policy_version.set(version)
         log.info(
-            "loaded version %d: %.1f MB, pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
+            "loaded version %d: %.1f MB (%s), pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
             "paused %.1f ms, %d sequences carried across",
             version,
             weights.num_bytes / 1e6,
+            f"delta of {weights.delta.num_bytes / 1e6:.2f} MB" if weights.delta is not None else "whole",
             pulled * 1e3,
             report.staged_s * 1e3,
             report.pause_wait_s * 1e3,

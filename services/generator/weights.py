@@ -1,28 +1,39 @@
 """Pulling, verifying and staging policy weights on a generator.
 
 Owns the weight-source seam: ``GrpcWeightSource`` pulls a version from the
-learner's ``Learner.PullWeights`` stream (a peer-to-peer tree or NCCL
-transfer would implement the same ``pull``). Every update is checked before
-it reaches the engine: sha256, tensor names, shapes and dtypes against the
-model the engine was built from, and NaN/Inf. A refused update raises
-WeightsError and the engine keeps the version it has. Staged versions are
-written as safetensors (never pickle) under a tmpfs folder: a pull decodes
-straight into the file (``StagingArea``), so a swap's extra memory is one
-version's bytes, on tmpfs, shared with the engine's worker that reads it.
+learner's ``Learner.PullWeights`` stream, or from a peer's
+``WeightRelay.PullWeights`` (the fan-out tree, ``services.generator.fanout``,
+implements the same ``pull``; an NCCL transfer would too). A pull names the
+version the staging area holds, and the source answers with the elements
+that changed since (``asymptote.delta``), rebuilt in place over that
+version's bytes, or with the whole version; a delta that fails its checks
+is pulled again whole. Every update is checked before it reaches the
+engine: sha256, tensor names, shapes and dtypes against the model the
+engine was built from, and NaN/Inf. A refused update raises WeightsError
+and the engine keeps the version it has. Staged versions are written as
+safetensors (never pickle) under a tmpfs folder: a pull decodes straight
+into the file (``StagingArea``), so a swap's extra memory is one version's
+bytes, on tmpfs, shared with the engine's worker that reads it; a delta is
+applied onto the same file, which held the version before, so it adds
+only its own (small) frames.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import mmap
 import os
 import platform
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from asymptote.codec import (
     BufferPool,
@@ -34,17 +45,39 @@ from asymptote.codec import (
     signature_num_bytes,
 )
 from asymptote.config import TlsSettings
-from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
+from asymptote.contracts.v1 import services_pb2, tensors_pb2
+from asymptote.delta import DeltaDecoder
 from asymptote.errors import StagingError, WeightsError
 from asymptote.rpc import channel, channel_credentials
+from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class HeldVersion:
+    """A verified version whose bytes a buffer holds, laid out as ``signature``: what a delta is applied to."""
+
+    version: int
+    sha256: str
+    signature: Signature
+
+
 class WeightSource(Protocol):
-    async def pull(self, endpoint: str, version: int, into: BufferSource | None = None) -> DecodedWeights:
-        """Version ``version``, verified, written into ``into`` (a buffer of the source's own if None)."""
+    async def pull(
+        self, endpoint: str, version: int, into: BufferSource | None = None, base: HeldVersion | None = None
+    ) -> DecodedWeights:
+        """Version ``version``, verified, written into ``into`` (a buffer of the source's own if None).
+
+        ``base``: the version ``into.take`` hands back already written; the
+        source may then send only what changed since. ``endpoint``: the
+        learner's, as announced with the version.
+        """
         ...
+
+
+LEARNER_PULL = "/asymptote.contracts.v1.Learner/PullWeights"
+RELAY_PULL = "/asymptote.contracts.v1.WeightRelay/PullWeights"
 
 
 # glibc mallopt parameters (malloc.h).
@@ -76,37 +109,109 @@ def reuse_freed_message_buffers() -> None:
     libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
 
 
-class GrpcWeightSource:
-    """Pull a version from the learner over gRPC (≤1 MiB chunks), verifying it as it arrives.
+def _as_received(frame: bytes) -> bytes:
+    return frame
 
-    Constructing one tunes the process's allocator for pulls (see
-    ``reuse_freed_message_buffers``); between pulls it keeps one version's
-    worth of memory to write the next version into (see ``BufferPool``).
+
+class GrpcWeightSource:
+    """Pull a version over gRPC (≤1 MiB parts), verifying it as it arrives; a delta when a base is held.
+
+    ``method``: the learner's ``LEARNER_PULL`` or a peer's ``RELAY_PULL``.
+    A delta that fails its checks (wrong base, malformed, rebuilt bytes
+    that do not hash to the version's sha256) is pulled again whole from
+    the same endpoint; ``metrics`` counts each pull by kind (delta, full,
+    fallback). Constructing one tunes the process's allocator for pulls
+    (see ``reuse_freed_message_buffers``); between pulls it keeps one
+    version's worth of memory to write the next version into (see
+    ``BufferPool``).
     """
 
-    def __init__(self, timeout_s: float = 120.0, tls: TlsSettings | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 120.0,
+        tls: TlsSettings | None = None,
+        metrics: GeneratorMetrics | None = None,
+        method: str = LEARNER_PULL,
+    ) -> None:
         self.timeout_s = timeout_s
         self.tls = tls
+        self.metrics = metrics
+        self.method = method
+        self.sender = "learner" if method == LEARNER_PULL else "peer"
         if tls is not None and tls.client_enabled:
             channel_credentials(tls)  # an unreadable certificate fails the start, not every pull
         reuse_freed_message_buffers()
         self._buffers = BufferPool()  # a pull writes into the last pulled version's memory once it is dropped
 
-    async def pull(self, endpoint: str, version: int, into: BufferSource | None = None) -> DecodedWeights:
-        with WeightsDecoder(into or self._buffers) as decoder:
-            async with channel(endpoint, self.tls) as ch:
-                stub = services_pb2_grpc.LearnerStub(ch)
-                request = services_pb2.PullWeightsRequest(version=version)
-                # Each part is checked as it lands: a bad stream is refused (and
-                # the call cancelled) at its first bad part, not after the last.
-                async for part in stub.PullWeights(request, timeout=self.timeout_s):
-                    if part is None:  # grpc.aio's answer to response bytes that do not parse
-                        raise WeightsError(f"version {version}: the learner sent bytes that are not a WeightsPart")
-                    decoder.feed(part)
-            weights = decoder.finish()
-        if weights.version != version:
-            raise WeightsError(f"asked for version {version}, learner sent {weights.version}")
+    async def pull(
+        self, endpoint: str, version: int, into: BufferSource | None = None, base: HeldVersion | None = None
+    ) -> DecodedWeights:
+        refused = 0
+        if base is not None and into is not None:
+            try:
+                weights, received = await self._pull(endpoint, version, into, base)
+            except WeightsError as exc:
+                refused = 1
+                log.warning("refused the delta for version %d from %s (%s); pulling it whole", version, endpoint, exc)
+            else:
+                self._count("delta" if weights.delta is not None else "full", received)
+                return weights
+        weights, received = await self._pull(endpoint, version, into, None)
+        self._count("fallback" if refused else "full", received)
         return weights
+
+    def _count(self, kind: str, num_bytes: int) -> None:
+        if self.metrics is not None:
+            self.metrics.weight_pulls.labels(kind).inc()
+            self.metrics.weight_pull_bytes.labels(kind).inc(num_bytes)
+
+    async def _pull(
+        self, endpoint: str, version: int, into: BufferSource | None, base: HeldVersion | None
+    ) -> tuple[DecodedWeights, int]:
+        """One pull; (the verified version, bytes received)."""
+        request = services_pb2.PullWeightsRequest(version=version)
+        if base is not None:
+            request.base_version, request.base_sha256 = base.version, base.sha256
+        received = 0
+        async with channel(endpoint, self.tls) as ch:
+            call = ch.unary_stream(
+                self.method,
+                request_serializer=services_pb2.PullWeightsRequest.SerializeToString,
+                response_deserializer=_as_received,
+            )
+            # Each part is checked as it lands: a bad stream is refused (and
+            # the call cancelled) at its first bad part, not after the last.
+            frames = aiter(call(request, timeout=self.timeout_s))
+            first = await anext(frames, b"")
+            received += len(first)
+            header = self._parse(first, version)
+            if header.WhichOneof("part") == "header" and header.header.base_version:
+                if base is None or header.header.base_version != base.version or into is None:
+                    raise WeightsError(f"version {version}: sent a delta from a version not held")
+                decoder = DeltaDecoder(header.header, base.signature, into, base.sha256)
+                received_frames = [first]
+                async for frame in frames:
+                    received += len(frame)
+                    decoder.feed(self._parse(frame, version))
+                    received_frames.append(frame)
+                # Writing and hashing the whole version takes a while: off the event loop (peers are served there).
+                weights = await asyncio.to_thread(decoder.finish, tuple(received_frames))
+            else:
+                with WeightsDecoder(into or self._buffers) as full:
+                    full.feed(header)
+                    async for frame in frames:
+                        received += len(frame)
+                        full.feed(self._parse(frame, version))
+                    weights = full.finish()
+        if weights.version != version:
+            raise WeightsError(f"asked for version {version}, {self.sender} sent {weights.version}")
+        return weights, received
+
+    def _parse(self, frame: bytes, version: int) -> tensors_pb2.WeightsPart:
+        try:
+            return tensors_pb2.WeightsPart.FromString(frame)
+        except DecodeError as exc:
+            raise WeightsError(f"version {version}: the {self.sender} sent bytes that are not a WeightsPart") from exc
 
 
 def check_signature(weights: DecodedWeights, signature: Signature) -> None:
@@ -142,14 +247,24 @@ class StagingArea:
     allocated, so the kernel does not zero a version's worth of fresh
     memory per pull, and two versions are never on tmpfs at once. Peak use:
     one version's bytes, whatever the number of swaps.
+
+    The spare still holds the version loaded last (``held``), byte for
+    byte at the same offsets (the header's length does not depend on the
+    version number), so the next pull can be a delta applied over it in
+    place. ``on_overwrite`` is called when a pull starts writing over it
+    (whoever serves those bytes to peers stops).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, on_overwrite: Callable[[], None] | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self.on_overwrite = on_overwrite
+        self.held: HeldVersion | None = None
+        """The verified version the area's file holds; None once a pull has started writing over it."""
 
     def clear(self) -> None:
         """Remove what an earlier process left: versions, partial pulls, the spare."""
+        self.held = None
         for path in self.root.iterdir():
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -165,12 +280,21 @@ class StagingArea:
         try:
             (folder / STAGED_FILE).rename(self.root / SPARE_FILE)
         except OSError:
-            pass
+            self.held = None
         shutil.rmtree(folder, ignore_errors=True)
 
     def usage(self) -> int:
         """Bytes the area's files hold."""
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+    def _overwriting(self) -> None:
+        self.held = None
+        if self.on_overwrite is not None:
+            self.on_overwrite()
+
+
+_VERSION_WIDTH = 20
+"""Digits of the largest version (a uint64): headers are laid out for it."""
 
 
 class StagedVersion:
@@ -181,6 +305,15 @@ class StagedVersion:
         self.version = version
         self.signature = signature
         self.tmp = area.root / f".v{version}.tmp"
+        self._buffer: np.ndarray | None = None
+
+    @property
+    def base(self) -> HeldVersion | None:
+        """The verified version ``take`` hands back already written (the spare's), if any."""
+        held = self.area.held
+        if self._buffer is not None or held is None or held.signature != self.signature:
+            return None
+        return held if (self.area.root / SPARE_FILE).exists() else None
 
     def take(self, num_bytes: int) -> np.ndarray:
         if num_bytes != signature_num_bytes(self.signature):
@@ -188,8 +321,13 @@ class StagedVersion:
             # decoder), then refused by the signature check, which names the
             # tensor that differs. Never staged.
             return BufferPool().take(num_bytes)
-        header = safetensors_header(self.signature, {"format": "pt", "version": str(self.version)})
+        if self._buffer is not None:  # a delta refused, now pulled whole: the same file
+            return self._buffer
+        metadata = {"format": "pt", "version": str(self.version)}
+        widest = safetensors_header(self.signature, {**metadata, "version": "9" * _VERSION_WIDTH})
+        header = safetensors_header(self.signature, metadata, min_bytes=len(widest))
         size = len(header) + num_bytes
+        self.area._overwriting()
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         path = self.tmp / STAGED_FILE
@@ -210,14 +348,20 @@ class StagedVersion:
                 f"{_free_space(self.area.root)}"
             ) from exc
         mapped[: len(header)] = header
-        return np.frombuffer(mapped, dtype=np.uint8, offset=len(header))
+        self._buffer = np.frombuffer(mapped, dtype=np.uint8, offset=len(header))
+        return self._buffer
 
-    def commit(self, model_dir: Path) -> Path:
-        """The loadable folder of the version, once the decoder verified it against the signature."""
+    def commit(self, model_dir: Path, sha256: str = "") -> Path:
+        """The loadable folder of the version, once the decoder verified it against the signature.
+
+        ``sha256``: the version's verified digest, so the next pull can be a
+        delta from it (none: the next pull is whole).
+        """
         shutil.copy2(model_dir / "config.json", self.tmp / "config.json")
         folder = self.area.root / f"v{self.version}"
         shutil.rmtree(folder, ignore_errors=True)
         self.tmp.rename(folder)
+        self.area.held = HeldVersion(self.version, sha256, self.signature) if sha256 else None
         return folder
 
     def discard(self) -> None:

@@ -137,6 +137,10 @@ class LearnerConfig(MeteredServiceSettings):
     broker only once a checkpoint holds them."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk."""
+    served_versions_kept: int = Field(default=2, ge=1)
+    """Policy versions held in memory (each a whole version in the served dtype) to serve to generators:
+    a generator that holds one of them pulls only the elements that changed since (a delta), one further
+    behind pulls the whole version."""
     batch_wait_s: float = Field(default=10.0, gt=0.0)
     """How long one NextBatch call waits for a full batch before asking again."""
     num_threads: int = Field(default=1, ge=1)

@@ -174,7 +174,7 @@ class Learner:
         # Padding is masked everywhere; a model without a pad token pads with EOS.
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
-        self.store = WeightStore(read_signature(config.model_dir))
+        self.store = WeightStore(read_signature(config.model_dir), keep=config.served_versions_kept)
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
         """Policy version: strictly increasing across restarts (generators and the broker rely on it)."""

@@ -9,6 +9,7 @@ its frame instead of into a message and again into its serialization.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -16,6 +17,7 @@ import grpc
 from asymptote.codec import encode_frames
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
+from asymptote.rpc import add_handlers, already_serialized
 from services.learner.weights import WeightStore
 
 _DESCRIPTOR = services_pb2.DESCRIPTOR.services_by_name["Learner"]
@@ -33,7 +35,11 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
     async def PullWeights(
         self, request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """A held version as serialized ``WeightsPart`` frames; NOT_FOUND if it is not held."""
+        """A held version as serialized ``WeightsPart`` frames; NOT_FOUND if it is not held.
+
+        Its changes since ``request.base_version`` when that version (with
+        ``request.base_sha256``) is held too, else the whole version.
+        """
         version = self.store.get(int(request.version))
         if version is None:
             newest = self.store.get(0)
@@ -42,7 +48,12 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
                 f"version {request.version} is not held; newest is {newest.version if newest else 'none'}",
             )
             return
-        for frame in encode_frames(version.version, version.tensors, version.sha256):
+        frames = None
+        if request.base_version:
+            frames = await asyncio.to_thread(
+                self.store.delta, version.version, int(request.base_version), request.base_sha256
+            )
+        for frame in frames or encode_frames(version.version, version.tensors, version.sha256):
             yield frame
 
     async def Status(
@@ -59,17 +70,13 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
         )
 
 
-def _already_serialized(frame: bytes) -> bytes:
-    return frame
-
-
 def add_learner_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
     """Register the Learner service; use instead of ``add_LearnerServicer_to_server`` (see the module docstring)."""
     handlers = {
         "PullWeights": grpc.unary_stream_rpc_method_handler(
             servicer.PullWeights,
             request_deserializer=services_pb2.PullWeightsRequest.FromString,
-            response_serializer=_already_serialized,
+            response_serializer=already_serialized,
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status,
@@ -78,5 +85,4 @@ def add_learner_to_server(servicer: LearnerServicer, server: grpc.aio.Server) ->
         ),
     }
     assert set(handlers) == set(_DESCRIPTOR.methods_by_name), "every Learner RPC is registered"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_DESCRIPTOR.full_name, handlers),))
-    server.add_registered_method_handlers(_DESCRIPTOR.full_name, handlers)
+    add_handlers(server, _DESCRIPTOR.full_name, handlers)

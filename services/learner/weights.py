@@ -5,7 +5,9 @@ model directory's safetensors hold, under the same Hugging Face names and
 in the same dtypes, so a generator reloads them as a checkpoint of the model
 it serves: a bf16 model gets bf16 updates from the float32 master weights),
 its sha256, and keeping the
-newest few versions in memory for ``Learner.PullWeights``.
+newest few versions in memory for ``Learner.PullWeights``, with the deltas
+between them (``asymptote.delta``) encoded once each and served to every
+generator that holds the base.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from asymptote.codec import Signature, WireTensor, digest
+from asymptote.delta import delta_frames
 from services.learner.model import TORCH_DTYPES
 
 
@@ -43,7 +46,11 @@ def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
 
 
 class WeightStore:
-    """The newest ``keep`` versions, thread-safe (written by the step thread)."""
+    """The newest ``keep`` versions, and deltas between them, thread-safe (written by the step thread).
+
+    Memory: ``keep`` versions in the served dtype, plus the deltas encoded
+    from them to the newest (each a few percent of a version after a step).
+    """
 
     def __init__(self, signature: Signature, keep: int = 2) -> None:
         self.signature = dict(signature)
@@ -52,6 +59,9 @@ class WeightStore:
         self.keep = keep
         self._versions: OrderedDict[int, Version] = OrderedDict()
         self._lock = threading.Lock()
+        self._deltas: dict[tuple[int, int], list[bytes] | None] = {}
+        """(base, version) -> the delta's frames; None when it is no smaller than the version."""
+        self._encoding: dict[tuple[int, int], threading.Lock] = {}
 
     def snapshot(self, version: int, model: torch.nn.Module) -> Version:
         """``model``'s weights (whole, in one process) as ``version``."""
@@ -82,7 +92,35 @@ class WeightStore:
             self._versions[v.version] = v
             while len(self._versions) > self.keep:
                 self._versions.popitem(last=False)
+            for key in [k for k in self._deltas if not set(k) <= set(self._versions)]:
+                del self._deltas[key]
         return v
+
+    def delta(self, version: int, base_version: int, base_sha256: str) -> list[bytes] | None:
+        """Serialized frames of ``version`` as its changes since ``base_version``; None to send it whole.
+
+        None when either version is not held, the base held has another
+        digest than ``base_sha256``, or the delta is no smaller than the
+        version. Encoded once per pair (callers asking at once wait for the
+        first); blocking, so call it off the event loop.
+        """
+        with self._lock:
+            target, base = self._versions.get(version), self._versions.get(base_version)
+            if target is None or base is None or base.sha256 != base_sha256 or base_version >= version:
+                return None
+            key = (base_version, version)
+            encoding = self._encoding.setdefault(key, threading.Lock())
+        with encoding:
+            with self._lock:
+                if key in self._deltas:
+                    return self._deltas[key]
+            encoded = delta_frames(version, target.tensors, target.sha256, base_version, base.tensors, base.sha256)
+            frames = encoded if sum(map(len, encoded)) < target.num_bytes else None
+            with self._lock:
+                if target.version in self._versions and base.version in self._versions:
+                    self._deltas[key] = frames
+                self._encoding.pop(key, None)
+        return frames
 
     def get(self, version: int = 0) -> Version | None:
         """``version`` 0 means the newest."""

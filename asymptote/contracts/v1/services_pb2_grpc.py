@@ -417,6 +417,90 @@ class Learner:
             _registered_method=True)
 
 
+class WeightRelayStub:
+    """---- Weight relay (generator to generator) --------------------------------
+
+    A generator re-serves the version it holds to the generators below it in
+    the fan-out tree: the same request and stream as Learner.PullWeights.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PullWeights = channel.unary_stream(
+                '/asymptote.contracts.v1.WeightRelay/PullWeights',
+                request_serializer=asymptote_dot_contracts_dot_v1_dot_services__pb2.PullWeightsRequest.SerializeToString,
+                response_deserializer=asymptote_dot_contracts_dot_v1_dot_tensors__pb2.WeightsPart.FromString,
+                _registered_method=True)
+
+
+class WeightRelayServicer:
+    """---- Weight relay (generator to generator) --------------------------------
+
+    A generator re-serves the version it holds to the generators below it in
+    the fan-out tree: the same request and stream as Learner.PullWeights.
+    """
+
+    def PullWeights(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WeightRelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PullWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullWeights,
+                    request_deserializer=asymptote_dot_contracts_dot_v1_dot_services__pb2.PullWeightsRequest.FromString,
+                    response_serializer=asymptote_dot_contracts_dot_v1_dot_tensors__pb2.WeightsPart.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'asymptote.contracts.v1.WeightRelay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('asymptote.contracts.v1.WeightRelay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WeightRelay:
+    """---- Weight relay (generator to generator) --------------------------------
+
+    A generator re-serves the version it holds to the generators below it in
+    the fan-out tree: the same request and stream as Learner.PullWeights.
+    """
+
+    @staticmethod
+    def PullWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/asymptote.contracts.v1.WeightRelay/PullWeights',
+            asymptote_dot_contracts_dot_v1_dot_services__pb2.PullWeightsRequest.SerializeToString,
+            asymptote_dot_contracts_dot_v1_dot_tensors__pb2.WeightsPart.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class FitterStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -24,17 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$asymptote/contracts/v1/tensors.proto\x12\x16\x61symptote.contracts.v1\"q\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x18\n\x10tensor_num_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"X\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\x84\x01\n\x0bWeightsPart\x12\x37\n\x06header\x18\x01 \x01(\x0b\x32%.asymptote.contracts.v1.WeightsHeaderH\x00\x12\x34\n\x05\x63hunk\x18\x02 \x01(\x0b\x32#.asymptote.contracts.v1.TensorChunkH\x00\x42\x06\n\x04partb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$asymptote/contracts/v1/tensors.proto\x12\x16\x61symptote.contracts.v1\"q\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x18\n\x10tensor_num_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\x83\x01\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\r\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x05 \x01(\x04\x12\x13\n\x0b\x62\x61se_sha256\x18\x06 \x01(\t\"\x9c\x01\n\x0bTensorDelta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x14\n\x0cnum_elements\x18\x03 \x01(\x04\x12\x37\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32%.asymptote.contracts.v1.DeltaEncoding\x12\x11\n\tpositions\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\"\xba\x01\n\x0bWeightsPart\x12\x37\n\x06header\x18\x01 \x01(\x0b\x32%.asymptote.contracts.v1.WeightsHeaderH\x00\x12\x34\n\x05\x63hunk\x18\x02 \x01(\x0b\x32#.asymptote.contracts.v1.TensorChunkH\x00\x12\x34\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32#.asymptote.contracts.v1.TensorDeltaH\x00\x42\x06\n\x04part*{\n\rDeltaEncoding\x12\x1e\n\x1a\x44\x45LTA_ENCODING_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44\x45LTA_ENCODING_GAPS\x10\x01\x12\x17\n\x13\x44\x45LTA_ENCODING_MASK\x10\x02\x12\x18\n\x14\x44\x45LTA_ENCODING_DENSE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asymptote.contracts.v1.tensors_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DELTAENCODING']._serialized_start=661
+  _globals['_DELTAENCODING']._serialized_end=784
   _globals['_TENSORCHUNK']._serialized_start=64
   _globals['_TENSORCHUNK']._serialized_end=177
-  _globals['_WEIGHTSHEADER']._serialized_start=179
-  _globals['_WEIGHTSHEADER']._serialized_end=267
-  _globals['_WEIGHTSPART']._serialized_start=270
-  _globals['_WEIGHTSPART']._serialized_end=402
+  _globals['_WEIGHTSHEADER']._serialized_start=180
+  _globals['_WEIGHTSHEADER']._serialized_end=311
+  _globals['_TENSORDELTA']._serialized_start=314
+  _globals['_TENSORDELTA']._serialized_end=470
+  _globals['_WEIGHTSPART']._serialized_start=473
+  _globals['_WEIGHTSPART']._serialized_end=659
 # @@protoc_insertion_point(module_scope)
