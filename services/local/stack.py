@@ -372,7 +372,7 @@ class LocalStack:
                     p.extra["detail"] = f"HTTP {exc.code}"
             except OSError:
                 p.ready = False
-                p.extra["detail"] = "not answering"
+                p.extra["detail"] = "loading, no health endpoint yet"
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen.poll() is not None]
