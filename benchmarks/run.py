@@ -406,7 +406,7 @@ def onpolicy_time_to_gain(
 
 
 def learning_speed_figure(out: Path, gain: float = LEARNING_GAIN, eval_every: int = 20) -> Figure:
-    run = run_stack(out, "learning", until=gain_reached(gain), eval_every_versions=eval_every)
+    run = run_stack(out, "learning", until=gain_reached(gain), workload="words", eval_every_versions=eval_every)
     stack_s, stack_info = stack_time_to_gain(run, gain)
     base_s, base_info = onpolicy_time_to_gain(run, out, gain, eval_every)
     details = {"stack": stack_info, "onpolicy": base_info}
