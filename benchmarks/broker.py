@@ -225,9 +225,9 @@ async def fake_generator(nats_url: str, names: Names, index: int, stop: asyncio.
                     )
                 else:
                     counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
-            duplicates = await publisher.publish_all(groups)
+            stored = await publisher.publish_all(groups)
             counts.groups_published += len(groups)
-            counts.duplicates += sum(duplicates)
+            counts.duplicates += sum(s.duplicate for s in stored)
             for msg in msgs:
                 await msg.ack()
     finally:
