@@ -1,7 +1,8 @@
 """The ledger: what became of every issued train task, and its audit.
 
-Owns recording ``LedgerEntry`` events on ``<prefix>.ledger.<task_id>`` (a
-file-backed JetStream stream that nothing consumes away) and auditing them
+Owns recording ``LedgerEntry`` events, in ``LedgerBatch`` messages on
+``<prefix>.ledger.entries`` (a file-backed JetStream stream that nothing
+consumes away), and auditing them
 against what the work-queue streams still hold. An issued task is, at any
 moment, exactly one of: trained (its group is in a durable learner
 checkpoint), filtered with a reason, dead-lettered, or in flight (its task
@@ -10,14 +11,17 @@ task that is none of these (lost) and every task trained more than once.
 
 Message ids make re-recording idempotent (a service that crashes and
 repeats an action records it once), while a second training in another
-batch carries another batch id and is counted, not hidden.
+batch carries another batch id and is counted, not hidden. Which write
+protects which guarantee is told in docs/architecture.md ("Nothing lost").
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +32,7 @@ from nats.js.errors import NotFoundError
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
 from asymptote.jetstream.publish import Outgoing, Publisher
-from asymptote.messages import decode_ledger_entry
+from asymptote.messages import decode_ledger_batch
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +40,43 @@ Event = rollout_pb2.LedgerEvent
 TERMINAL = (Event.LEDGER_EVENT_TRAINED, Event.LEDGER_EVENT_FILTERED, Event.LEDGER_EVENT_DEADLETTERED)
 
 
+def batch_msg_id(entries: Sequence[rollout_pb2.LedgerEntry]) -> str:
+    """The deduplication id of a batch: a digest of its entries' (task, event, batch) keys.
+
+    A repeated action (the same entries recorded again after a failure or a
+    restart) is stored once, whatever the entries' times; a second training
+    in another batch has another batch id and another key, so it is stored
+    and counted, never hidden.
+    """
+    keys = "\n".join(sorted(f"{e.task_id}:{e.event}:{e.batch_id}" for e in entries))
+    return f"ledger-{len(entries)}-{hashlib.blake2b(keys.encode(), digest_size=16).hexdigest()}"
+
+
 class Ledger:
     """Records events for one service, and answers whether a task has ended.
 
-    The broker is the only writer of outcomes (one replica at a time), so
-    what it recorded itself is the ledger's truth for those tasks: a task
-    whose "issued" record this ledger stored fresh stays open until this
-    ledger records its outcome. Only a task it never saw (issued before a
-    restart, or forgotten past ``max_known``) costs a lookup, whose answer is
-    kept as well. A restarted broker therefore still recognises every copy
-    of a task that already ended, paying one lookup per task it inherits.
+    Writes are batched: one ``record`` call stores its entries as one
+    ``LedgerBatch`` message (whole or not at all), so a chunk of issued tasks,
+    a learner's Ack or a fetch's drops cost one durable write, not one per
+    task. The caller acks or publishes what a batch covers only after
+    ``record`` returned.
+
+    Whether a task has ended is answered from memory where this ledger can
+    be sure. It folds every entry it records, and every entry it reads, into
+    ``_ended``; ``_covered_from`` is a ledger sequence from which on it has
+    folded every entry (its own and what it read). A task's records all
+    come at or after its "issued" record, whose sequence travels in the task
+    (``GenerationTask.ledger_seq``), so a task issued inside the covered
+    range and absent from memory was never issued. Anything older is read
+    once from the stream, from the oldest such task's sequence to the end,
+    which extends the covered range back. The broker is the only writer of
+    outcomes (one replica, or one per partition of task ids), which is what
+    makes its own records the truth for the tasks it handles.
+
+    A fresh "issued" this ledger records marks its task open only after
+    :meth:`catch_up` read the ledger from the broker's last saved state: a
+    task re-issued after a restart may have ended under the previous broker,
+    and those events are then in memory.
     """
 
     def __init__(
@@ -62,9 +93,19 @@ class Ledger:
         self.publisher = publisher or Publisher(js)
         self.max_known = max_known
         self._ended: OrderedDict[str, bool] = OrderedDict()
-        """Whether a task has an outcome, for the tasks this ledger recorded or looked up (oldest first)."""
+        """Whether a task has an outcome, for the tasks this ledger recorded or read (oldest first)."""
+        self._covered_from: int | None = None
+        """Every entry at or after this ledger sequence is folded into ``_ended`` (None: no such claim)."""
+        self._forgot_through = 0
+        """The newest sequence folded when ``_ended`` last forgot a task: coverage starts after it."""
+        self._issue_marks_open = False
+        """Whether a fresh "issued" record marks its task open (after :meth:`catch_up`)."""
+        self.last_seq = 0
+        """The newest ledger sequence this ledger stored or read."""
         self.num_lookups = 0
         """Tasks whose state had to be read from the stream (not known here)."""
+        self.num_scans = 0
+        """Reads of the stream those lookups and catch-ups took."""
 
     def entry(
         self,
@@ -84,83 +125,102 @@ class Ledger:
             service=self.service,
         )
 
-    async def record(self, *entries: rollout_pb2.LedgerEntry) -> None:
-        """Store ``entries`` (made by :meth:`entry`); returns once every one is stored, else raises
-        (see Publisher.publish_all)."""
-        duplicates = await self.publisher.publish_all(
-            [
-                Outgoing(
-                    self.names.ledger(e.task_id),
-                    e.SerializeToString(),
-                    # Idempotent per event and batch: a repeated action is recorded
-                    # once, a second training in another batch is not hidden.
-                    f"{e.task_id}:{Event.Name(e.event)}:{e.batch_id}",
-                )
-                for e in entries
-            ]
+    async def record(self, *entries: rollout_pb2.LedgerEntry) -> int:
+        """Store ``entries`` (made by :meth:`entry`) as one message; returns its ledger sequence
+        (0 for no entries) once stored, else raises (see Publisher.publish_all)."""
+        if not entries:
+            return 0
+        batch = rollout_pb2.LedgerBatch(entries=entries)
+        (stored,) = await self.publisher.publish_all(
+            [Outgoing(self.names.ledger_entries, batch.SerializeToString(), batch_msg_id(entries))]
         )
-        for e, duplicate in zip(entries, duplicates):
+        self._fold(entries, stored.seq, fresh=self._issue_marks_open and not stored.duplicate)
+        return stored.seq
+
+    def _fold(self, entries: Sequence[rollout_pb2.LedgerEntry], seq: int, fresh: bool) -> None:
+        """Take ``entries``, stored at ``seq``, into memory.
+
+        ``fresh``: an "issued" record marks its task open (nothing can have
+        come before it that is not in memory already). Any other record that
+        is not an outcome (a duplicate caught) says nothing new.
+        """
+        self.last_seq = max(self.last_seq, seq)
+        for e in entries:
             if e.event in TERMINAL:
-                self._remember(e.task_id, True)
-            elif e.event == Event.LEDGER_EVENT_ISSUED and not duplicate:
-                # Stored fresh: nothing came after it (an outcome can only follow
-                # this record). A repeated "issued" says nothing: look it up.
+                # Once ended, always ended: an outcome is never reopened.
+                self._ended[e.task_id] = True
+            elif fresh and e.event == Event.LEDGER_EVENT_ISSUED:
                 self._ended.setdefault(e.task_id, False)
-                self._trim()
-
-    def _remember(self, task_id: str, ended: bool) -> None:
-        # Once ended, always ended: a lookup answered before this ledger
-        # recorded the outcome must not reopen the task.
-        self._ended[task_id] = self._ended.get(task_id, False) or ended
-        self._trim()
-
-    def _trim(self) -> None:
+            elif e.task_id not in self._ended:
+                continue
+            self._ended.move_to_end(e.task_id)
         while len(self._ended) > self.max_known:
             self._ended.popitem(last=False)
+            self._forgot_through = self.last_seq
 
-    def known_ended(self, task_id: str) -> bool | None:
-        """Whether the task has an outcome, if this ledger knows without asking; None if not."""
-        return self._ended.get(task_id)
+    @property
+    def num_known(self) -> int:
+        """Tasks whose state is in memory."""
+        return len(self._ended)
 
-    async def has_ended(self, task_id: str) -> bool:
-        """Whether the task already has an outcome (trained, filtered, dead-lettered)."""
+    def _covered(self, issued_seq: int) -> bool:
+        """Whether every record of a task issued at ``issued_seq`` is in memory."""
+        return (
+            self._covered_from is not None
+            and issued_seq > 0
+            and issued_seq >= max(self._covered_from, self._forgot_through + 1)
+        )
+
+    def known_ended(self, task_id: str, issued_seq: int = 0) -> bool | None:
+        """Whether the task has an outcome, if this ledger knows without reading; None if not.
+
+        ``issued_seq``: the sequence of the task's "issued" record (from the
+        task), which lets a task absent from memory be answered.
+        """
         known = self._ended.get(task_id)
         if known is not None:
             return known
-        self.num_lookups += 1
-        last = await self.last(task_id)
-        if last is None or last.event == Event.LEDGER_EVENT_ISSUED:
-            ended = False
-        elif last.event in TERMINAL:
-            ended = True
-        else:  # a duplicate caught: while the task was still held, or after it ended
-            ended = any(e.event in TERMINAL for e in await self.entries(task_id))
-        if last is not None:  # an id nobody issued stays unknown
-            self._remember(task_id, ended)
-        return ended
+        return False if self._covered(issued_seq) else None
 
-    async def last(self, task_id: str) -> rollout_pb2.LedgerEntry | None:
-        """The newest entry for ``task_id``, or None."""
-        try:
-            msg = await self.js.get_msg(self.names.ledger_stream, subject=self.names.ledger(task_id))
-        except NotFoundError:
-            return None
-        return decode_ledger_entry(msg.data or b"")
+    async def ended(self, tasks: Sequence[tuple[str, int]]) -> list[bool]:
+        """Whether each (task id, sequence of its "issued" record) has an outcome; reads the stream
+        once for all the tasks memory does not answer (sequence 0: from the start)."""
+        answers = [self.known_ended(task_id, seq) for task_id, seq in tasks]
+        unknown = [i for i, a in enumerate(answers) if a is None]
+        if unknown:
+            self.num_lookups += len(unknown)
+            wanted = {tasks[i][0] for i in unknown}
+            found = await self._scan(max(1, min(tasks[i][1] for i in unknown)), wanted)
+            for i in unknown:
+                answers[i] = found.get(tasks[i][0], False)
+        return [bool(a) for a in answers]
 
-    async def entries(self, task_id: str) -> list[rollout_pb2.LedgerEntry]:
-        """Every entry for ``task_id``, oldest first (a task has a handful)."""
-        out: list[rollout_pb2.LedgerEntry] = []
-        seq = 1
-        while True:
-            try:
-                msg = await self.js.get_msg(
-                    self.names.ledger_stream, seq, subject=self.names.ledger(task_id), next=True
-                )
-            except NotFoundError:
-                return out
-            out.append(decode_ledger_entry(msg.data or b""))
-            assert msg.seq is not None  # a stored message has its sequence
-            seq = msg.seq + 1
+    async def has_ended(self, task_id: str, issued_seq: int = 0) -> bool:
+        """Whether the task already has an outcome (trained, filtered, dead-lettered)."""
+        return (await self.ended([(task_id, issued_seq)]))[0]
+
+    async def catch_up(self, from_seq: int) -> None:
+        """Read every entry from ``from_seq`` on; from then, a fresh "issued" record marks its task open.
+
+        The broker calls it at start with the sequence after the one its
+        saved state names, before it issues anything.
+        """
+        await self._scan(max(1, from_seq), set())
+        self._issue_marks_open = True
+
+    async def _scan(self, from_seq: int, wanted: set[str]) -> dict[str, bool]:
+        """Fold every entry from ``from_seq`` to the end; the state of each ``wanted`` task seen."""
+        self.num_scans += 1
+        found: dict[str, bool] = {}
+        async for seq, batch in read_batches(self.js, self.names, from_seq):
+            for e in batch.entries:
+                if e.task_id in wanted:
+                    found[e.task_id] = found.get(e.task_id, False) or e.event in TERMINAL
+            self._fold(batch.entries, seq, fresh=True)
+        if self._covered_from is None or from_seq < self._covered_from:
+            # Forgetting while reading leaves coverage to start after it (``_forgot_through``).
+            self._covered_from = from_seq
+        return found
 
 
 @dataclass
@@ -206,26 +266,37 @@ class Audit:
         }
 
 
-async def read_entries(js: JetStreamContext, names: Names, batch: int = 2000) -> list[rollout_pb2.LedgerEntry]:
-    """Every ledger entry, oldest first (an ephemeral consumer, no acks)."""
+async def read_batches(
+    js: JetStreamContext, names: Names, from_seq: int = 1, batch: int = 256
+) -> AsyncIterator[tuple[int, rollout_pb2.LedgerBatch]]:
+    """Every ledger message from ``from_seq`` on, oldest first, with its sequence (an ephemeral consumer, no acks)."""
     info = await js.stream_info(names.ledger_stream)
-    if not info.state.messages:
-        return []
+    if not info.state.messages or info.state.last_seq < from_seq:
+        return
     sub = await js.pull_subscribe(
         names.ledger("*"),
         stream=names.ledger_stream,
-        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0),
+        config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=from_seq,
+            inactive_threshold=60.0,
+        ),
     )
-    out: list[rollout_pb2.LedgerEntry] = []
     try:
         while True:
             msgs = await sub.fetch(batch, timeout=5.0)
-            out.extend(decode_ledger_entry(m.data) for m in msgs)
+            for m in msgs:
+                yield m.metadata.sequence.stream, decode_ledger_batch(m.data)
             if not msgs or msgs[-1].metadata.num_pending == 0:
                 break
     finally:
         await sub.unsubscribe()
-    return out
+
+
+async def read_entries(js: JetStreamContext, names: Names) -> list[rollout_pb2.LedgerEntry]:
+    """Every ledger entry, oldest first."""
+    return [e async for _, batch in read_batches(js, names) for e in batch.entries]
 
 
 async def queued_ids(js: JetStreamContext, stream: str, subject: str) -> set[str]:
@@ -271,7 +342,9 @@ def tally(
             continue
         audit.issued += 1
         audit.duplicates_caught += kinds[Event.LEDGER_EVENT_DUPLICATE]
-        if kinds[Event.LEDGER_EVENT_TRAINED] > 1:
+        # Trainings are counted by batch: the same batch's record stored twice
+        # (past the duplicate window) is one training, another batch is another.
+        if len({e.batch_id for e in events if e.event == Event.LEDGER_EVENT_TRAINED}) > 1:
             audit.trained_twice.append(task_id)
         ends = [e for e in events if e.event in TERMINAL]
         if len({(e.event, e.reason) for e in ends}) > 1:

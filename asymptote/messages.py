@@ -68,31 +68,41 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
     version spans (if any) that cover its tokens in the loss exactly (an
     injected token, out of the loss, may be uncovered), and a finite reward.
     """
-    if not group.group_id:
+    group_id = group.group_id
+    if not group_id:
         raise PayloadError("rollout group has no group_id")
-    if not group.completions:
-        raise PayloadError(f"group {group.group_id}: no completions")
+    completions = group.completions
+    if not completions:
+        raise PayloadError(f"group {group_id}: no completions")
     if not group.prompt_token_ids:
-        raise PayloadError(f"group {group.group_id}: no prompt tokens")
-    for i, c in enumerate(group.completions):
+        raise PayloadError(f"group {group_id}: no prompt tokens")
+    # Every field access on a protobuf message costs a wrapper: each is read once.
+    for i, c in enumerate(completions):
         n = len(c.token_ids)
         if n == 0:
-            raise PayloadError(f"group {group.group_id} completion {i}: no tokens")
+            raise PayloadError(f"group {group_id} completion {i}: no tokens")
         # One conversion to a list: min, max and sum then run in C (over the
         # protobuf container each element would be fetched through Python).
         logprobs = list(c.logprobs)
         if len(logprobs) != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
-        if c.loss_mask and len(c.loss_mask) != n:
-            raise PayloadError(f"group {group.group_id} completion {i}: loss_mask length {len(c.loss_mask)} != {n}")
+            raise PayloadError(f"group {group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
+        num_mask = len(c.loss_mask)
+        if num_mask and num_mask != n:
+            raise PayloadError(f"group {group_id} completion {i}: loss_mask length {num_mask} != {n}")
         # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
         total = sum(logprobs)
         if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
-            raise PayloadError(f"group {group.group_id} completion {i}: logprobs must be finite and <= 0")
+            raise PayloadError(f"group {group_id} completion {i}: logprobs must be finite and <= 0")
         if not math.isfinite(c.reward):
-            raise PayloadError(f"group {group.group_id} completion {i}: reward is not finite")
-        if c.version_spans:
-            _check_spans(c, n, f"group {group.group_id} completion {i}")
+            raise PayloadError(f"group {group_id} completion {i}: reward is not finite")
+        spans = c.version_spans
+        if spans:
+            if len(spans) == 1 and not num_mask:
+                # The common case, one version for every token: it tiles them iff it is [0, n).
+                span = spans[0]
+                if span.start == 0 and span.end == n:
+                    continue
+            _check_spans(c, n, f"group {group_id} completion {i}")
 
 
 def _check_spans(c: rollout_pb2.Completion, n: int, where: str) -> None:
@@ -154,6 +164,6 @@ def decode_policy(data: bytes) -> rollout_pb2.PolicyVersion:
     return policy
 
 
-def decode_ledger_entry(data: bytes) -> rollout_pb2.LedgerEntry:
-    """A ledger entry (written by this project's services only, so decoded without further checks)."""
-    return decode(rollout_pb2.LedgerEntry, data)
+def decode_ledger_batch(data: bytes) -> rollout_pb2.LedgerBatch:
+    """A batch of ledger entries (written by this project's services only, so decoded without further checks)."""
+    return decode(rollout_pb2.LedgerBatch, data)

@@ -225,22 +225,28 @@ async def fake_generator(nats_url: str, names: Names, index: int, stop: asyncio.
                     )
                 else:
                     counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
-            duplicates = await publisher.publish_all(groups)
+            stored = await publisher.publish_all(groups)
             counts.groups_published += len(groups)
-            counts.duplicates += sum(duplicates)
+            counts.duplicates += sum(s.duplicate for s in stored)
             for msg in msgs:
                 await msg.ack()
     finally:
         await nc.close()
 
 
-async def next_batch(stub: services_pb2_grpc.BrokerStub, num_groups: int) -> tuple[str, list[str]] | None:
+async def next_batch(
+    stub: services_pb2_grpc.BrokerStub,
+    num_groups: int,
+    learner_version: int = 0,
+    timeout_s: float = 5.0,
+    rpc_timeout_s: float = 35.0,
+) -> tuple[str, list[str]] | None:
     """One Broker.NextBatch as the learner calls it (groups packed): (batch id, group ids), None on timeout."""
     header, group_ids = None, []
-    async for part in stub.NextBatch(
-        services_pb2.NextBatchRequest(learner_version=0, num_groups=num_groups, timeout_s=5.0, packed=True),
-        timeout=35.0,
-    ):
+    request = services_pb2.NextBatchRequest(
+        learner_version=learner_version, num_groups=num_groups, timeout_s=timeout_s, packed=True
+    )
+    async for part in stub.NextBatch(request, timeout=rpc_timeout_s):
         kind = part.WhichOneof("part")
         if kind == "header":
             header = part.header

@@ -32,6 +32,7 @@ services' counters, so a fast machine cannot finish it before there is
 anything to measure; ``DEADLINE_STEPS_FACTOR`` times its steps bounds it.
 
     asymptote bench --output DIR [--quick]
+    asymptote bench --output DIR --scale     # the data plane at scale (benchmarks.scale) alone
 """
 
 from __future__ import annotations
@@ -619,8 +620,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
     parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
     parser.add_argument("--only", choices=SECTIONS, help="run this section alone")
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="only the data plane at scale: one broker against 1-256 simulated generators, and chaos "
+        "(benchmarks.scale; a few minutes)",
+    )
     args = parser.parse_args(argv)
     out = writable_dir(args.output)
+    if args.scale:
+        from benchmarks.scale import bench_scale, table
+
+        print(table(bench_scale(out)))
+        return 0
     report, figures = run_all(out, args.quick, args.only)
     print((out / "bench.md").read_text())
     if report["errors"]:

@@ -88,8 +88,13 @@ class Names:
     def deadletter(self, source: str) -> str:
         return f"{self.prefix}.deadletter.{source}"
 
-    def ledger(self, task_id: str) -> str:
-        return f"{self.prefix}.ledger.{task_id}"
+    def ledger(self, part: str) -> str:
+        return f"{self.prefix}.ledger.{part}"
+
+    @property
+    def ledger_entries(self) -> str:
+        """Where the broker stores its ``LedgerBatch`` messages."""
+        return self.ledger("entries")
 
     # Durable consumers (one per consuming role; generators share theirs)
     @property

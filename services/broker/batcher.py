@@ -58,16 +58,8 @@ def is_zero_variance(group: rollout_pb2.RolloutGroup) -> bool:
 
 
 ROLLOUT_COUNTS = ("completions", "interrupted", "truncated")
-"""What ``rollout_counts`` counts of a group's completions."""
-
-
-def rollout_counts(group: rollout_pb2.RolloutGroup) -> Counter[str]:
-    """A group's completions, and of them those interrupted (thinking budget) and truncated (length cap)."""
-    return Counter(
-        completions=len(group.completions),
-        interrupted=sum(c.interrupted for c in group.completions),
-        truncated=sum(c.truncated for c in group.completions),
-    )
+"""What the batcher counts of each group's completions on arrival: all, those interrupted (thinking
+budget) and those truncated (length cap)."""
 
 
 def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
@@ -109,9 +101,11 @@ class Batcher:
         """Learner version of the last batch handed out (synchronous mode waits past it)."""
         self._since_batch: Counter[str] = Counter()
         self.rollouts: Counter[str] = Counter()
-        """``rollout_counts`` of every group received once (no duplicate), before any filter."""
+        """``ROLLOUT_COUNTS`` of every group received once (no duplicate), before any filter."""
         self._rollouts_since_batch: Counter[str] = Counter()
         self._changed = asyncio.Condition()
+        self._outbox_entries: list[rollout_pb2.LedgerEntry] = []
+        self._outbox_msgs: list[Ackable] = []
         self.taken = asyncio.Event()
         """Set when a batch is handed out (room for more tasks); the issuer clears it."""
         self.learner_pace: float | None = None
@@ -128,14 +122,30 @@ class Batcher:
         return learner_version - int(group.min_version) > self.max_staleness
 
     async def admit(self, group: rollout_pb2.RolloutGroup, msg: Ackable, ended: bool = False) -> str | None:
-        """Take a decoded, validated group; returns the drop reason, if any.
+        """Take one decoded, validated group; returns the drop reason, if any (see :meth:`admit_all`)."""
+        (reason,) = await self.admit_all([(group, msg, ended)])
+        return reason
+
+    async def admit_all(self, arrivals: Sequence[tuple[rollout_pb2.RolloutGroup, Ackable, bool]]) -> list[str | None]:
+        """Take decoded, validated groups with whether each one's task has ended; the drop reasons.
 
         A redelivery of a message held now (same stream sequence) replaces the
         held handle; another copy of a held group (its task was generated
         twice, e.g. when a generator died before acking it) is acked as a
         duplicate. ``ended``: the ledger already holds an outcome for this
-        task, so this copy is acked as a duplicate and never served.
+        task, so this copy is acked as a duplicate and never served. The
+        drops' ledger records are stored as one batch before any of their
+        messages is acked.
         """
+        num_ready = len(self.ready)
+        reasons = [self._admit_one(group, msg, ended) for group, msg, ended in arrivals]
+        if len(self.ready) > num_ready:
+            async with self._changed:
+                self._changed.notify_all()
+        await self.flush()
+        return reasons
+
+    def _admit_one(self, group: rollout_pb2.RolloutGroup, msg: Ackable, ended: bool) -> str | None:
         held = self._held.get(group.group_id)
         if held is not None:
             # Sequences are read only here, on a collision (parsing them costs).
@@ -143,45 +153,59 @@ class Batcher:
             if seq is None or self.stream_seq(held.msg) == seq:
                 held.msg = msg
                 return None
-            return await self._duplicate(group.group_id, msg, "second copy of a held group")
+            return self._duplicate(group.group_id, msg, "second copy of a held group")
         self.num_received += 1
         if ended:
-            return await self._duplicate(group.group_id, msg, "copy of a task that already ended")
+            return self._duplicate(group.group_id, msg, "copy of a task that already ended")
         # Counted before any filter: the interruption and truncation rates of what was generated.
-        counts = rollout_counts(group)
-        self.rollouts += counts
-        self._rollouts_since_batch += counts
+        completions = group.completions
+        interrupted = sum(c.interrupted for c in completions)
+        truncated = sum(c.truncated for c in completions)
+        for counts in (self.rollouts, self._rollouts_since_batch):
+            counts["completions"] += len(completions)
+            counts["interrupted"] += interrupted
+            counts["truncated"] += truncated
         reason: str | None = None
         if self.zero_variance == "refill" and is_zero_variance(group):
             reason = "zero_variance"
         elif self.is_stale(group, self.learner_version):
             reason = "stale"
         if reason is not None:
-            await self._drop(group, msg, reason)
+            self._drop(group, msg, reason)
             return reason
-        async with self._changed:
-            held = self._held[group.group_id] = Held(group, msg)
-            self.ready.append(held)
-            self._changed.notify_all()
+        held = self._held[group.group_id] = Held(group, msg)
+        self.ready.append(held)
         return None
 
-    async def _duplicate(self, group_id: str, msg: Ackable, why: str) -> str:
-        await self._record(group_id, Event.LEDGER_EVENT_DUPLICATE, why)
-        await msg.ack()
+    def _duplicate(self, group_id: str, msg: Ackable, why: str) -> str:
+        self._stage(group_id, Event.LEDGER_EVENT_DUPLICATE, msg, why)
         self.dropped["duplicate"] += 1
         return "duplicate"
 
-    async def _record(
-        self, group_id: str, event: rollout_pb2.LedgerEvent, reason: str = "", batch_id: str = ""
-    ) -> None:
+    def _stage(self, group_id: str, event: rollout_pb2.LedgerEvent, msg: Ackable, reason: str = "") -> None:
+        """Queue a record and the ack that must follow it (see :meth:`flush`)."""
         if self.ledger is not None:
-            await self.ledger.record(self.ledger.entry(group_id, event, reason, self.learner_version, batch_id))
+            self._outbox_entries.append(self.ledger.entry(group_id, event, reason, self.learner_version))
+        self._outbox_msgs.append(msg)
 
-    async def _drop(self, group: rollout_pb2.RolloutGroup, msg: Ackable, reason: str) -> None:
-        # Recorded before the ack: while the message is in the queue the group
-        # is in flight, and once it leaves the ledger says why.
-        await self._record(group.group_id, Event.LEDGER_EVENT_FILTERED, reason)
-        await msg.ack()
+    async def flush(self) -> None:
+        """Store the queued records as one ledger batch, then ack their messages.
+
+        Recorded before the ack: while a message is in the queue its group is
+        in flight, and once it leaves, the ledger says why. A failed store
+        leaves the messages unacked (JetStream redelivers them) and raises.
+        """
+        entries, msgs = self._outbox_entries, self._outbox_msgs
+        if not msgs:
+            return
+        self._outbox_entries, self._outbox_msgs = [], []
+        if self.ledger is not None:
+            await self.ledger.record(*entries)
+        for msg in msgs:
+            await msg.ack()
+
+    def _drop(self, group: rollout_pb2.RolloutGroup, msg: Ackable, reason: str) -> None:
+        self._stage(group.group_id, Event.LEDGER_EVENT_FILTERED, msg, reason)
         self._held.pop(group.group_id, None)
         self.dropped[reason] += 1
         self._since_batch[reason] += 1
@@ -204,17 +228,25 @@ class Batcher:
         deadline = time.monotonic() + timeout_s
         async with self._changed:
             while True:
-                await self._evict_stale()
+                self._evict_stale()
                 if len(self.ready) >= num_groups:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    break
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
                 except TimeoutError:
-                    return None
-            items = [self.ready.popleft() for _ in range(num_groups)]
+                    break
+            enough = len(self.ready) >= num_groups
+            items = [self.ready.popleft() for _ in range(num_groups)] if enough else []
+        try:
+            await self.flush()  # the stale groups evicted meanwhile
+        except BaseException:
+            self.ready.extendleft(reversed(items))
+            raise
+        if not items:
+            return None
         batch = HandedOut(uuid.uuid4().hex, items)
         self.served_at_version = self.learner_version
         self.handed_out[batch.batch_id] = batch
@@ -246,15 +278,15 @@ class Batcher:
         )
 
     def take_rollout_counts(self) -> Counter[str]:
-        """``rollout_counts`` summed over the groups received since the last batch (before any filter)."""
+        """``ROLLOUT_COUNTS`` summed over the groups received since the last batch (before any filter)."""
         out, self._rollouts_since_batch = self._rollouts_since_batch, Counter()
         return out
 
-    async def _evict_stale(self) -> None:
+    def _evict_stale(self) -> None:
         kept: deque[Held] = deque()
         for held in self.ready:
             if self.is_stale(held.group, self.learner_version):
-                await self._drop(held.group, held.msg, "stale")
+                self._drop(held.group, held.msg, "stale")
             else:
                 kept.append(held)
         self.ready = kept
@@ -269,28 +301,32 @@ class Batcher:
         served again, and a record the previous broker made is not doubled.
         Returns (groups acked, unknown batch ids).
         """
-        num, unknown = 0, []
-        for batch_id, group_ids, duplicate_ids in batches:
-            dups = set(duplicate_ids)
-            batch = self.handed_out.pop(batch_id, None)
-            ids = list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
-            # Every group's record is stored before any of its messages is acked.
-            if self.ledger is not None:
-                await self.ledger.record(
-                    *(
-                        self.ledger.entry(
-                            gid,
-                            Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
-                            policy_version=self.learner_version,
-                            batch_id=batch_id,
-                        )
-                        for gid in ids
+        acked = [
+            (batch_id, self.handed_out.get(batch_id), group_ids, set(dups)) for batch_id, group_ids, dups in batches
+        ]
+        # One record for every group of the call, stored before any message is acked.
+        if self.ledger is not None:
+            ledger = self.ledger
+            await ledger.record(
+                *(
+                    ledger.entry(
+                        gid,
+                        Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
+                        policy_version=self.learner_version,
+                        batch_id=batch_id,
                     )
+                    for batch_id, batch, group_ids, dups in acked
+                    for gid in (group_ids if batch is None else [h.group.group_id for h in batch.items])
                 )
+            )
+        num, unknown = 0, []
+        for batch_id, batch, group_ids, dups in acked:
             if batch is None:
                 unknown.append(batch_id)
                 self.num_trained += len(group_ids) - len(dups)
                 continue
+            if self.handed_out.pop(batch_id, None) is None:
+                continue  # named twice in one call
             for held in batch.items:
                 await held.msg.ack()
                 self._held.pop(held.group.group_id, None)

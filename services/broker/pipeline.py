@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -44,8 +45,10 @@ MAX_DELIVER = 5
 """Redeliveries of a rollout group before JetStream gives up on it."""
 FETCH_BATCH = 256
 """Rollout groups taken per fetch at most (a fetch returns what is there without waiting for more)."""
-ADMIT_SLICE = 32
-"""Groups admitted between two turns of the event loop."""
+ADMIT_SLICE = 64
+"""Groups admitted between two turns of the event loop (their drops stored as one ledger batch)."""
+PENDING_RECOUNT_S = 0.5
+"""How often the issuer reads the task queue's depth; in between it counts what it issued and received."""
 
 
 class BrokerPipeline:
@@ -76,6 +79,11 @@ class BrokerPipeline:
             config.batch_prompts, config.staleness_bound, self.ledger, _stream_seq, zero_variance=config.zero_variance
         )
         self.pending_tasks = 0
+        """Train tasks queued or being generated (and groups on their way back): the last count of the
+        queue, plus what was issued since, less what was received since."""
+        self._pending_counted = 0
+        self._issued_since_count = 0
+        self._received_since_count = 0
         # Flow measurements behind the outstanding-task limit (EWMAs).
         self.consume_rate: float | None = None
         """Groups per second the learner takes when fed (Batcher.learner_pace)."""
@@ -111,10 +119,17 @@ class BrokerPipeline:
         except Exception as exc:  # KeyNotFoundError on a fresh run
             log.info("fresh curriculum (%s)", type(exc).__name__)
         self.curriculum = Curriculum(self._train, self.config.seed, self.config.pass_rate_retire, state)
+        # Tasks past the saved cursor may have been issued, and even ended,
+        # under the previous broker: read what the ledger holds since the save
+        # before issuing them again (see Ledger).
+        from_seq = int(self.curriculum.state.ledger_seq) + 1
+        await self.ledger.catch_up(from_seq)
+        log.info("ledger read from sequence %d: %d tasks known", from_seq, self.ledger.num_known)
 
     async def save_state(self) -> None:
         assert self.curriculum is not None
         async with self._issue_lock:
+            self.curriculum.state.ledger_seq = self.ledger.last_seq
             await self.curriculum_kv.put(STATE_KEY, self.curriculum.state.SerializeToString())
             self._state_dirty = False
 
@@ -145,14 +160,20 @@ class BrokerPipeline:
         while not self.policy_seen.is_set():
             if await wait_or_stop(stop, 0.5):
                 return
+        loop = asyncio.get_running_loop()
+        counted_at = -math.inf
         while not stop.is_set():
             self.batcher.taken.clear()
-            try:
-                self.pending_tasks = await self.count_pending_tasks()
-            except Exception as exc:
-                log.warning("cannot read the task queue depth: %s", exc)
-                await wait_or_stop(stop, 1.0)
-                continue
+            if loop.time() - counted_at >= PENDING_RECOUNT_S:
+                try:
+                    self._pending_counted = await self.count_pending_tasks()
+                except Exception as exc:
+                    log.warning("cannot read the task queue depth: %s", exc)
+                    await wait_or_stop(stop, 1.0)
+                    continue
+                counted_at = loop.time()
+                self._issued_since_count = self._received_since_count = 0
+            self.pending_tasks = max(0, self._pending_counted + self._issued_since_count - self._received_since_count)
             waiting = len(self.batcher.ready)
             limit = self.outstanding_limit()
             room = limit - self.pending_tasks - waiting
@@ -202,10 +223,15 @@ class BrokerPipeline:
     async def _issue_train_tasks(self, num: int) -> int:
         """Issue up to ``num`` train tasks of one epoch at once; returns how many.
 
-        Every task's ledger record is stored before any task is published. A
-        failure rewinds the cursor over the whole chunk, whose tasks are then
-        issued again under the same ids (both writes are idempotent under the
-        task id); a chunk ends with its epoch, where a rewind is still exact.
+        The chunk's ledger records are stored as one batch before any task is
+        published, and each task carries that batch's sequence. A failure
+        rewinds the cursor over the whole chunk, whose tasks are then issued
+        again under the same ids (the task publish is idempotent under the
+        task id, and a repeated "issued" record is harmless); a chunk ends
+        with its epoch, where a rewind is still exact. A task the ledger
+        says has ended (issued and finished under a broker that crashed
+        before saving its cursor) is skipped, not issued again. Returns how
+        many positions of the cursor the chunk took.
         """
         assert self.curriculum is not None
         async with self._issue_lock:
@@ -213,18 +239,24 @@ class BrokerPipeline:
             state = self.curriculum.state
             tasks: list[rollout_pb2.GenerationTask] = []
             ahead = self.pending_tasks + len(self.batcher.ready)
-            while len(tasks) < num:
-                tasks.append(self._train_task(*self.curriculum.next(), ahead=ahead + len(tasks)))
+            taken = 0
+            while taken < num:
+                task = self._train_task(*self.curriculum.next(), ahead=ahead + len(tasks))
+                taken += 1
+                if not self.ledger.known_ended(task.task_id):
+                    tasks.append(task)
                 if state.cursor >= len(state.epoch_order):
                     break
             try:
                 # Recorded first: a task in the queue is always in the ledger.
-                await self.ledger.record(
+                seq = await self.ledger.record(
                     *(
                         self.ledger.entry(t.task_id, Event.LEDGER_EVENT_ISSUED, policy_version=t.issued_at_version)
                         for t in tasks
                     )
                 )
+                for t in tasks:
+                    t.ledger_seq = seq
                 await self.publisher.publish_all(
                     [Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks]
                 )
@@ -232,9 +264,10 @@ class BrokerPipeline:
                 self.curriculum.rewind(mark)  # issued again, under the same ids, on the next try
                 raise
         self.pending_tasks += len(tasks)
+        self._issued_since_count += len(tasks)
         self._state_dirty = True
         self.metrics.tasks_issued.labels("train").inc(len(tasks))
-        return len(tasks)
+        return taken
 
     def start_version(self, ahead: int) -> int:
         """The policy version a generator must hold before it starts a train task with ``ahead`` groups before it.
@@ -357,30 +390,40 @@ class BrokerPipeline:
             self._update_gauges()
 
     async def _on_groups(self, msgs: list[Msg]) -> None:
-        """Decode, check against the ledger and admit fetched groups."""
+        """Decode, check against the ledger and admit fetched groups (their drops stored as one ledger batch)."""
         decoded = [(msg, group) for msg in msgs if (group := await self._decode(msg)) is not None]
         # A copy of a task that already ended (generated twice across a crash,
         # redelivered after a restart) is never admitted. The ledger knows the
-        # tasks this broker issued or ended; the others (inherited from before
-        # a restart) are looked up, concurrently.
+        # tasks this broker issued or ended, and every task issued since it
+        # last read the stream; the others (inherited from before a restart)
+        # are looked up together, in one read from the oldest one's record.
+        train = [g.group_id.startswith(TRAIN_TASK_PREFIX) for _, g in decoded]
         ended = [
-            self.ledger.known_ended(g.group_id) if g.group_id.startswith(TRAIN_TASK_PREFIX) else False
-            for _, g in decoded
+            self.ledger.known_ended(g.group_id, int(g.task.ledger_seq)) if is_train else False
+            for (_, g), is_train in zip(decoded, train)
         ]
         unknown = [i for i, e in enumerate(ended) if e is None]
         if unknown:
-            answers = await asyncio.gather(*(self._has_ended(decoded[i][1].group_id) for i in unknown))
+            tasks = [(decoded[i][1].group_id, int(decoded[i][1].task.ledger_seq)) for i in unknown]
+            try:
+                answers = await self.ledger.ended(tasks)
+            except Exception as exc:  # JetStream hiccup: admit; a later copy is caught when held
+                log.warning("ledger lookup of %d tasks failed: %s", len(tasks), exc)
+                answers = [False] * len(tasks)
             for i, answer in zip(unknown, answers):
                 ended[i] = answer
-        for (msg, group), was_ended in zip(decoded, ended):
-            await self._admit(msg, group, bool(was_ended))
-
-    async def _has_ended(self, group_id: str) -> bool:
-        try:
-            return await self.ledger.has_ended(group_id)
-        except Exception as exc:  # JetStream hiccup: admit; a later copy is caught when held
-            log.warning("ledger lookup for %s failed: %s", group_id, exc)
-            return False
+        for _, group in decoded:
+            self._on_arrival(group)
+        received = self.batcher.num_received
+        before = [self.batcher.rollouts[key] for key in ROLLOUT_COUNTS]
+        reasons = await self.batcher.admit_all([(g, msg, bool(e)) for (msg, g), e in zip(decoded, ended)])
+        self._received_since_count += self.batcher.num_received - received
+        self.metrics.groups_received.inc(len(decoded))
+        for reason, n in Counter(r for r in reasons if r is not None).items():
+            self.metrics.groups_dropped.labels(reason).inc(n)
+        for key, was in zip(ROLLOUT_COUNTS, before):
+            if counted := self.batcher.rollouts[key] - was:
+                self.metrics.completions_received.labels("all" if key == "completions" else key).inc(counted)
 
     async def _decode(self, msg: Msg) -> rollout_pb2.RolloutGroup | None:
         """The message's valid group, or None once a poison message is dead-lettered."""
@@ -395,9 +438,10 @@ class BrokerPipeline:
             self.metrics.deadlettered.labels("rollouts").inc()
             return None
 
-    async def _admit(self, msg: Msg, group: rollout_pb2.RolloutGroup, ended: bool) -> None:
+    def _on_arrival(self, group: rollout_pb2.RolloutGroup) -> None:
+        """What a group tells before admission: its prompt's pass rate, the generation latency, who is
+        generating; and DAPO's overlong shaping of its rewards, if configured."""
         assert self.curriculum is not None
-        self.metrics.groups_received.inc()
         self._generators_seen[group.generator_id] = time.monotonic()
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
             self.curriculum.record(group.task.prompt_id, pass_rate(group))
@@ -412,13 +456,6 @@ class BrokerPipeline:
             s = self.config.sampling
             if s.overlong_cache_tokens is not None:  # after the pass rate: that is the verifier's
                 shape_overlong(group, s.max_tokens, s.overlong_cache_tokens)
-        before = self.batcher.rollouts.copy()
-        reason = await self.batcher.admit(group, msg, ended=ended)
-        if reason is not None:
-            self.metrics.groups_dropped.labels(reason).inc()
-        for key in ROLLOUT_COUNTS:
-            if counted := self.batcher.rollouts[key] - before[key]:
-                self.metrics.completions_received.labels("all" if key == "completions" else key).inc(counted)
 
     # -- upkeep ------------------------------------------------------------
 

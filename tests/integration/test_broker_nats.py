@@ -338,13 +338,14 @@ async def wait_for_count(h: Harness, stream: str, count: int, timeout_s: float =
 
 
 async def count_ledger_reads(h: Harness) -> list[int]:
-    """Requests for single ledger messages (the per-task lookups), counted as the server receives them."""
+    """Reads of the ledger stream (each makes a consumer on it), counted as the server receives them."""
     seen = [0]
 
     async def count(msg: object) -> None:
         seen[0] += 1
 
-    await h.nc.subscribe(f"$JS.API.STREAM.MSG.GET.{h.names.ledger_stream}", cb=count)
+    for subject in ("", ".>"):
+        await h.nc.subscribe(f"$JS.API.CONSUMER.CREATE.{h.names.ledger_stream}{subject}", cb=count)
     return seen
 
 
@@ -373,7 +374,8 @@ async def test_a_copy_of_an_ended_task_is_never_served_also_by_a_restarted_broke
     await wait_for_count(h, h.names.rollouts_stream, 0)
     assert reads[0] == 0
 
-    # A restarted broker did not record it: it reads the task's entries once, then knows.
+    # A restarted broker did not record it: it reads the ledger once, from the task's
+    # "issued" record on, then knows.
     await h.restart_broker()
     await publish_copy(h, make_group(t1, [0.0, 1.0]), f"{t1.task_id}-copy-2")
     await wait_for_count(h, h.names.rollouts_stream, 0)

@@ -17,15 +17,15 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
 from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names, ensure_bucket, ensure_streams, stream_configs
-from asymptote.jetstream.publish import Outgoing, Publisher
+from asymptote.jetstream.publish import Outgoing, Publisher, Stored
 from asymptote.jetstream.pull import durable_puller
-from asymptote.ledger import Ledger, read_entries
 from asymptote.nats_local import NatsServer
 
 Event = rollout_pb2.LedgerEvent
@@ -65,14 +65,33 @@ async def test_publisher_stores_in_order_and_reports_duplicates(nc: NatsClient) 
     stream, subject = await work_queue(nc)
     publisher = Publisher(js)
     first = await publisher.publish_all([Outgoing(subject, f"m{i}".encode(), f"id-{i}") for i in range(5)])
-    assert first == [False] * 5
+    assert first == [Stored(seq, False) for seq in range(1, 6)]
+    # A duplicate answers with the sequence of the copy stored first.
     again = await publisher.publish_all([Outgoing(subject, b"late", "id-3"), Outgoing(subject, b"m5", "id-5")])
-    assert again == [True, False]
+    assert again == [Stored(4, True), Stored(6, False)]
     assert await publisher.publish_all([]) == []
     info = await js.stream_info(stream)
     assert info.state.messages == 6
     stored = [(await js.get_msg(stream, seq)).data for seq in range(1, 7)]
     assert stored == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_publisher_keeps_a_bounded_window_and_stores_everything_in_order(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    stream, subject = await work_queue(nc)
+    publisher = Publisher(js)
+    in_flight: list[int] = []
+    real_on_msg = publisher.on_msg
+
+    async def on_msg(msg: Msg) -> None:
+        in_flight.append(len(publisher._pending))
+        await real_on_msg(msg)
+
+    publisher.on_msg = on_msg  # type: ignore[method-assign]
+    stored = await publisher.publish_all([Outgoing(subject, f"w{i}".encode(), f"w{i}") for i in range(100)], window=8)
+    assert [s.seq for s in stored] == list(range(1, 101)) and not any(s.duplicate for s in stored)
+    assert max(in_flight) <= 8 and len(in_flight) == 100
+    assert (await js.stream_info(stream)).state.messages == 100
 
 
 async def test_publisher_raises_what_the_server_refused(nc: NatsClient) -> None:
@@ -163,71 +182,6 @@ async def test_puller_raises_when_its_consumer_is_gone(nc: NatsClient) -> None:
     await js.delete_consumer(stream, "workers")
     with pytest.raises(APIError):
         await puller.fetch(4, timeout_s=2.0)
-
-
-async def ledger_on(nc: NatsClient) -> tuple[Names, Ledger]:
-    names = Names(f"jspledger{next(_ids)}")
-    js = nc.jetstream()
-    await ensure_streams(js, names)
-    return names, Ledger(js, names, "broker")
-
-
-async def test_ledger_knows_the_tasks_it_recorded_without_asking(nc: NatsClient) -> None:
-    names, ledger = await ledger_on(nc)
-    await ledger.record(*(ledger.entry(f"train-{i}", Event.LEDGER_EVENT_ISSUED) for i in range(3)))
-    assert [ledger.known_ended(f"train-{i}") for i in range(3)] == [False, False, False]
-    await ledger.record(ledger.entry("train-0", Event.LEDGER_EVENT_TRAINED, batch_id="b1"))
-    await ledger.record(ledger.entry("train-1", Event.LEDGER_EVENT_FILTERED, "zero_variance"))
-    await ledger.record(ledger.entry("train-2", Event.LEDGER_EVENT_DUPLICATE, "second copy of a held group"))
-    assert [await ledger.has_ended(f"train-{i}") for i in range(3)] == [True, True, False]
-    assert ledger.known_ended("train-9") is None
-    assert ledger.num_lookups == 0
-    entries = await read_entries(nc.jetstream(), names)
-    assert len(entries) == 6
-
-
-async def test_a_restarted_ledger_looks_each_task_up_once(nc: NatsClient) -> None:
-    names, before = await ledger_on(nc)
-    for task_id in ("train-t", "train-f", "train-open", "train-held"):
-        await before.record(before.entry(task_id, Event.LEDGER_EVENT_ISSUED))
-    await before.record(before.entry("train-t", Event.LEDGER_EVENT_TRAINED, batch_id="b1"))
-    await before.record(before.entry("train-t", Event.LEDGER_EVENT_DUPLICATE, "copy of a task that already ended"))
-    await before.record(before.entry("train-f", Event.LEDGER_EVENT_FILTERED, "stale"))
-    # A second copy of a group still held: its last entry is a duplicate, yet the task is open.
-    await before.record(before.entry("train-held", Event.LEDGER_EVENT_DUPLICATE, "second copy of a held group"))
-
-    after = Ledger(nc.jetstream(), names, "broker")
-    assert after.known_ended("train-t") is None
-    answers = {t: await after.has_ended(t) for t in ("train-t", "train-f", "train-open", "train-held")}
-    assert answers == {"train-t": True, "train-f": True, "train-open": False, "train-held": False}
-    assert after.num_lookups == 4
-    # Remembered: asking again costs nothing, and the answers hold.
-    assert [await after.has_ended(t) for t in answers] == list(answers.values())
-    assert after.num_lookups == 4
-    # Re-issuing a task another broker issued says nothing about it: still looked up.
-    await after.record(after.entry("train-new", Event.LEDGER_EVENT_ISSUED))
-    restarted = Ledger(nc.jetstream(), names, "broker")
-    await restarted.record(restarted.entry("train-new", Event.LEDGER_EVENT_ISSUED))  # a duplicate id: not stored again
-    assert restarted.known_ended("train-new") is None
-    assert not await restarted.has_ended("train-new") and restarted.num_lookups == 1
-    # An id nobody issued is not ended and not remembered.
-    assert not await restarted.has_ended("train-nobody")
-    assert restarted.known_ended("train-nobody") is None
-
-
-async def test_an_outcome_is_never_reopened_and_memory_is_bounded(nc: NatsClient) -> None:
-    names, ledger = await ledger_on(nc)
-    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_ISSUED))
-    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_DEADLETTERED, "bad"))
-    # A fresh "issued" after an outcome (its dedup window passed) does not reopen it here.
-    await ledger.record(ledger.entry("train-a", Event.LEDGER_EVENT_ISSUED, batch_id="again"))
-    assert ledger.known_ended("train-a") is True
-
-    small = Ledger(nc.jetstream(), names, "broker", max_known=2)
-    await small.record(*(small.entry(f"train-s{i}", Event.LEDGER_EVENT_ISSUED) for i in range(3)))
-    assert [small.known_ended(f"train-s{i}") for i in range(3)] == [None, False, False]
-    # Forgotten is only slower: the lookup still answers.
-    assert not await small.has_ended("train-s0") and small.num_lookups == 1
 
 
 def test_every_stream_takes_the_runs_replica_count() -> None:

@@ -46,7 +46,7 @@ class SamplingParams(_message.Message):
     def __init__(self, num_samples: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerationTask(_message.Message):
-    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts", "require_version")
+    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts", "require_version", "ledger_seq")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TASK_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class GenerationTask(_message.Message):
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     EVAL_NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SEQ_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     kind: TaskKind
     task_name: str
@@ -73,7 +74,8 @@ class GenerationTask(_message.Message):
     eval_id: str
     eval_num_prompts: int
     require_version: int
-    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ..., require_version: _Optional[int] = ...) -> None: ...
+    ledger_seq: int
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ..., require_version: _Optional[int] = ..., ledger_seq: _Optional[int] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("version", "start", "end")
@@ -211,7 +213,7 @@ class ComputeTelemetry(_message.Message):
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ...) -> None: ...
 
 class CurriculumState(_message.Message):
-    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order")
+    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order", "ledger_seq")
     class PassRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,7 @@ class CurriculumState(_message.Message):
     LAST_EVAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVAL_ISSUED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_ORDER_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SEQ_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     cursor: int
     pass_rates: _containers.ScalarMap[str, float]
@@ -235,7 +238,8 @@ class CurriculumState(_message.Message):
     last_eval_version: int
     eval_issued: bool
     epoch_order: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ...) -> None: ...
+    ledger_seq: int
+    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ..., ledger_seq: _Optional[int] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("task_id", "event", "reason", "policy_version", "batch_id", "unix_s", "service")
@@ -254,3 +258,9 @@ class LedgerEntry(_message.Message):
     unix_s: float
     service: str
     def __init__(self, task_id: _Optional[str] = ..., event: _Optional[_Union[LedgerEvent, str]] = ..., reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., unix_s: _Optional[float] = ..., service: _Optional[str] = ...) -> None: ...
+
+class LedgerBatch(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LedgerEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ...) -> None: ...
