@@ -37,6 +37,8 @@ OWNED_FIELDS: dict[str, tuple[str, ...]] = {
         "weights_dir",
         "num_devices",
         "engine.model_dir",
+        "fanout.peer_endpoint",
+        "fanout.index",
     ),
     "learner": (
         "nats",

@@ -146,6 +146,26 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "grpc-tls-secret": {
         "grpcTls": {"enabled": True, "secretName": "asymptote-grpc-tls", "serverName": "asymptote.internal"},
     },
+    # One pool pulls weights down a fan-out tree of degree 4 (a StatefulSet), one from the learner; mTLS on.
+    "weight-fanout-tree": {
+        "generator": {
+            "autoscaling": {
+                "maxReplicas": 64,
+                "keda": {"enabled": True, "serverAddress": "http://prometheus-operated.monitoring.svc:9090"},
+            }
+        },
+        "generatorPools": [
+            {"name": "a100", "gpus": 2},
+            {"name": "h100", "config": {"fanout": {"degree": 4, "peer_timeout_s": 20.0}}},
+        ],
+        "monitoring": {"serviceMonitors": {"enabled": True}},
+        "grpcTls": {
+            "enabled": True,
+            "secretName": "lab-grpc-tls",
+            "requireClientCert": True,
+            "certManager": {"issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"}},
+        },
+    },
     "grpc-mtls-cert-manager": {
         "grpcTls": {
             "enabled": True,
@@ -182,11 +202,11 @@ class Rendered:
         return self.get(kind, f"{RELEASE}-asymptote-{component}")
 
     def pools(self) -> list[str]:
-        """Names of the generator pools: a Deployment each."""
+        """Names of the generator pools: a Deployment each, or a StatefulSet for a pool on a fan-out tree."""
         prefix = f"{RELEASE}-asymptote-generator-"
         return [
             d["metadata"]["name"].removeprefix(prefix)
-            for d in self.of_kind("Deployment")
+            for d in self.of_kind("Deployment") + self.of_kind("StatefulSet")
             if d["metadata"]["name"].startswith(prefix)
         ]
 

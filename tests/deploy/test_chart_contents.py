@@ -193,7 +193,8 @@ def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str, tmp_pat
     assert rendered.pools() == [p["name"] for p in all_values["generatorPools"]]
     for index, pool in enumerate(rendered.pools()):
         values = pool_values(all_values, index)
-        deployment = rendered.component("Deployment", f"generator-{pool}")
+        tree = values["config"].get("fanout", {}).get("degree", 0) > 0  # a StatefulSet (test_weight_tree.py)
+        deployment = rendered.component("StatefulSet" if tree else "Deployment", f"generator-{pool}")
         spec = deployment["spec"]["template"]["spec"]
         (main,) = spec["containers"]
         gpus, resource = values["gpus"], values["gpuResourceName"]
@@ -210,10 +211,11 @@ def test_generators_run_on_gpu_pools(rendered: Rendered, value_set: str, tmp_pat
         assert pod_labels["asymptote.dev/generator-pool"] == pool
         assert values["podLabels"].items() <= pod_labels.items()
         assert deployment["spec"]["selector"]["matchLabels"]["asymptote.dev/generator-pool"] == pool
-        assert deployment["spec"]["strategy"] == {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-        }
+        assert deployment["spec"]["updateStrategy" if tree else "strategy"] == (
+            {"type": "RollingUpdate"}
+            if tree
+            else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        )
         # A vLLM engine takes minutes to load: the startup probe waits up to 15 of them.
         startup = main["startupProbe"]
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 600

@@ -97,6 +97,12 @@ tls.key, ca.crt) here; one certificate serves and dials for every service.
 {{- range $component := list "broker" "generator" "learner" "fitter" }}
 {{- $names = append $names (include "asymptote.serviceHost" (dict "ctx" $ "component" $component)) }}
 {{- end }}
+{{- range $g := fromYamlArray (include "asymptote.generatorPools" $) }}
+{{- if gt (int $g.fanoutDegree) 0 }}
+{{- /* Generators on a fan-out tree dial each other's pods by name. */}}
+{{- $names = append $names (printf "*.%s.%s.svc" (include "asymptote.peersService" (dict "ctx" $ "component" "generator" "pool" $g.name)) $.Release.Namespace) }}
+{{- end }}
+{{- end }}
 {{- toYaml (uniq (concat $names .Values.grpcTls.certManager.extraDnsNames)) }}
 {{- end }}
 

@@ -4,8 +4,10 @@ Generator pools: each entry of .Values.generatorPools over the shared
 clears it); `config` and `autoscaling` merge key by key. gpus and
 tensorParallelSize follow each other: the pod's one vLLM engine shards the
 model over all of its GPUs. Returns a YAML list of resolved pools, each with
-its name, gpus, tensorParallelSize and gaugeShare (its part of the broker's
-desired-generators gauge among the autoscaled pools, by weight).
+its name, gpus, tensorParallelSize, fanoutDegree (config.fanout.degree: a
+pool above 0 pulls weights down a tree of its own pods, a StatefulSet) and
+gaugeShare (its part of the broker's desired-generators gauge among the
+autoscaled pools, by weight).
 */}}
 {{- define "asymptote.generatorPools" -}}
 {{- $shared := .Values.generator }}
@@ -27,6 +29,7 @@ desired-generators gauge among the autoscaled pools, by weight).
 {{- if ne $tp $gpus }}
 {{- fail (printf "generatorPools[%s]: tensorParallelSize (%d) must equal gpus (%d): the pod's one vLLM engine shards the model over all of its GPUs; set one of them" $pool.name $tp $gpus) }}
 {{- end }}
+{{- $_ := set $p "fanoutDegree" (int (dig "fanout" "degree" 0 $p.config)) }}
 {{- $_ := set $p "gpus" $gpus }}
 {{- $_ := set $p "tensorParallelSize" $tp }}
 {{- $a := $p.autoscaling }}
@@ -51,4 +54,18 @@ desired-generators gauge among the autoscaled pools, by weight).
 {{- end }}
 {{- end }}
 {{- toYaml $pools }}
+{{- end }}
+
+{{/* "true" when some generator pool pulls weights down a fan-out tree (generators then dial generators). */}}
+{{- define "asymptote.weightTree" -}}
+{{- $tree := false }}
+{{- range fromYamlArray (include "asymptote.generatorPools" .) }}
+{{- if gt (int .fanoutDegree) 0 }}{{ $tree = true }}{{ end }}
+{{- end }}
+{{- if $tree }}true{{ end }}
+{{- end }}
+
+{{/* The headless Service of a tree pool's StatefulSet, under which each pod has a DNS name. */}}
+{{- define "asymptote.peersService" -}}
+{{- printf "%s-peers" (include "asymptote.componentName" .) }}
 {{- end }}
