@@ -219,9 +219,20 @@ def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch
         for restart in read_jsonl(restarts):
             BAD_INPUTS.record_crash(INTERFACE, json.dumps(restart, sort_keys=True))
         assert outcome == 0, progress.outcome
-        got = asyncio.run(deadletters(stack.nats_settings(), names))
-        print("sent:", dict(sent), "dead-lettered:", dict(got))
+        assert not thread.is_alive(), "the injector did not finish"
         assert sum(sent.values()) >= 200
+        # The run may end while the last messages are still being judged: wait for every one to land.
+        got: Counter[str] = Counter()
+
+        def all_deadlettered() -> bool:
+            got.clear()
+            got.update(asyncio.run(deadletters(stack.nats_settings(), names)))
+            return got == sent
+
+        try:
+            wait_until(all_deadlettered, 60.0, "every bad message to be dead-lettered", interval_s=0.5)
+        finally:
+            print("sent:", dict(sent), "dead-lettered:", dict(got))
         assert got == sent
         assert not restarts.exists(), "a service crashed on bad input"
 
