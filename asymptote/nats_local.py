@@ -8,6 +8,7 @@ local stack, the integration and end-to-end tests and the benchmarks.
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import shutil
@@ -34,10 +35,42 @@ def nats_server_binary() -> str:
     return found
 
 
+LOWEST_PORT = 20000
+"""free_port chooses from here up to the start of the kernel's ephemeral range."""
+_handed_out: set[int] = set()
+
+
+def ephemeral_range_start() -> int:
+    """The first port the kernel hands to outgoing connections and bind(0) listeners (Linux: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, for a process started later to listen on.
+
+    Chosen below the ephemeral range: a port from bind(0) is ephemeral, and
+    any outgoing connection (a gRPC channel, vLLM's own sockets) may be given
+    it between this check and the service's bind, which then fails with
+    "address already in use". A port is handed out once per process.
+    """
+    high = ephemeral_range_start()
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(LOWEST_PORT, high) if high > LOWEST_PORT + 1000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free TCP port on 127.0.0.1 between {LOWEST_PORT} and {high}")
 
 
 @dataclass(frozen=True)
