@@ -20,8 +20,16 @@ serves both sides, measured in one run:
   and the learner sends each Ack alongside its next NextBatch.
 - raw: the same serialized group published N times into a stream shaped
   like the rollouts stream, fetched by a durable pull consumer in batches
-  with explicit acks, concurrently; groups/s = N / wall time, measured
-  before and after the broker run (their mean is the baseline).
+  with explicit acks, concurrently; groups/s = N / wall time.
+
+Raw and broker runs alternate (raw, broker, raw, broker, raw, broker, raw;
+one broker run in quick mode), each broker run with a fresh broker and
+streams of its own. A round's ratio is its broker rate over the mean of
+the raw runs either side of it, so a machine that slows down or speeds up
+during the benchmark moves both; the figure is the median round. Each run
+also counts the CPU seconds every process spent per group (the broker,
+nats-server, and this process playing the generators and the learner), which
+says what a rate on this machine is bounded by.
 
     python -m benchmarks.broker --output DIR [--quick]
 
@@ -36,6 +44,7 @@ import dataclasses
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import psutil
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -69,6 +79,8 @@ FETCH_BATCH = 64
 """Messages per fetch of the raw baseline and of the fake generators."""
 NUM_GENERATORS = 2
 PREFIX = "bench"
+ROUNDS = 3
+"""Broker runs in the full benchmark, each between two raw runs."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -130,11 +142,39 @@ def sample_payload() -> bytes:
     return synthetic_group(task, "bench-generator-0", synthetic_completions())
 
 
+class CpuMeter:
+    """CPU seconds (user + system) of named processes, read at two moments."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._start: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: float(sum(p.cpu_times()[:2])) for name, p in self.processes.items()}
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> None:
+        now = self._now()
+        self.used = {name: now[name] - self._start[name] for name in now}
+
+    def per_group_us(self, groups: int) -> dict[str, float]:
+        """Microseconds of CPU per group, by process."""
+        return {name: 1e6 * s / groups for name, s in self.used.items()}
+
+
 # -- the raw nats-py baseline ---------------------------------------------------
 
 
-async def raw_groups_per_s(nats_url: str, payload: bytes, num_groups: int, run: int) -> float:
-    """Publish ``payload`` ``num_groups`` times and fetch them back, concurrently; groups per second."""
+async def raw_groups_per_s(
+    nats_url: str, payload: bytes, num_groups: int, run: int, meter: CpuMeter | None = None
+) -> float:
+    """Publish ``payload`` ``num_groups`` times and fetch them back, concurrently; groups per second.
+
+    ``meter``, if given, is read at the start and the end of the transfer.
+    """
     names = Names(f"raw{run}")
     config = next(c for c in stream_configs(names) if c.name == names.rollouts_stream)
     pub_nc = await nats.connect(nats_url, name=f"bench-raw-publisher-{run}")
@@ -169,9 +209,13 @@ async def raw_groups_per_s(nats_url: str, payload: bytes, num_groups: int, run: 
                     await m.ack()
                 got += len(msgs)
 
+        if meter is not None:
+            meter.start()
         started = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(produce(), consume()), timeout=120.0)
         wall = time.perf_counter() - started
+        if meter is not None:
+            meter.stop()
         await pub_js.delete_stream(names.rollouts_stream)
         return num_groups / wall
     finally:
@@ -262,7 +306,12 @@ async def next_batch(
 
 
 async def fake_learner(
-    endpoint: str, batch_prompts: int, num_groups: int, warmup_s: float, deadline_s: float
+    endpoint: str,
+    batch_prompts: int,
+    num_groups: int,
+    warmup_s: float,
+    deadline_s: float,
+    meter: CpuMeter | None = None,
 ) -> tuple[int, float, int]:
     """Take batches and ack each at once; returns (groups in the window, window seconds, warm-up groups).
 
@@ -272,7 +321,8 @@ async def fake_learner(
     Acks in flight; the window closes once every Ack returned. Warm-up lasts
     ``warmup_s`` from the first batch (and at least four batches), so the
     broker's outstanding limit has measured the flow; the window then counts
-    exactly ``num_groups`` (a multiple of the batch size).
+    exactly ``num_groups`` (a multiple of the batch size). ``meter``, if
+    given, is read when the window opens and when it closes.
     """
     deadline = time.monotonic() + deadline_s
     async with channel(endpoint) as ch:
@@ -306,18 +356,22 @@ async def fake_learner(
                 first_s = first_s or now
                 if window_start is None and now - first_s >= warmup_s and delivered >= 4 * batch_prompts:
                     await settle(keep=0)  # the window starts with no Ack of the warm-up in flight
+                    if meter is not None:
+                        meter.start()
                     window_start, warmup_groups = time.perf_counter(), delivered
             await settle(keep=0)
+            if meter is not None:
+                meter.stop()
         finally:
             for task in acks:
                 task.cancel()
         return delivered - warmup_groups, time.perf_counter() - window_start, warmup_groups
 
 
-def broker_config(nats_url: str, batch_prompts: int) -> BrokerConfig:
+def broker_config(nats_url: str, batch_prompts: int, prefix: str = PREFIX) -> BrokerConfig:
     return BrokerConfig(
         nats=NatsSettings(url=nats_url),
-        prefix=PREFIX,
+        prefix=prefix,
         grpc=ListenSettings(port=free_port()),
         http=ListenSettings(port=free_port()),
         sampling=SamplingSettings(group_size=GROUP_SIZE, max_tokens=NUM_COMPLETION_TOKENS),
@@ -370,11 +424,15 @@ async def broker_status(endpoint: str, broker: subprocess.Popen[bytes], log_path
 
 
 async def through_broker(
-    server: NatsServer, workdir: Path, batch_prompts: int, num_groups: int, warmup_s: float
+    server: NatsServer, workdir: Path, batch_prompts: int, num_groups: int, warmup_s: float, run: int = 0
 ) -> dict[str, Any]:
-    config = broker_config(server.url, batch_prompts)
-    names = Names(PREFIX)
+    """One broker run: a fresh broker on streams of its own (prefix ``bench<run>``), measured over a window."""
+    prefix = f"{PREFIX}{run}"
+    config = broker_config(server.url, batch_prompts, prefix)
+    names = Names(prefix)
     endpoint = f"127.0.0.1:{config.grpc.port}"
+    workdir = workdir / f"run{run}"
+    workdir.mkdir(parents=True, exist_ok=True)
     broker = start_broker(config, workdir)
     stop = asyncio.Event()
     generators: list[asyncio.Task[None]] = []
@@ -393,7 +451,10 @@ async def through_broker(
         generators = [
             asyncio.create_task(fake_generator(server.url, names, i, stop, counts)) for i in range(NUM_GENERATORS)
         ]
-        learner = asyncio.create_task(fake_learner(endpoint, batch_prompts, num_groups, warmup_s, deadline_s=300.0))
+        meter = CpuMeter({"broker": broker.pid, "nats-server": server.process.pid, "harness": os.getpid()})
+        learner = asyncio.create_task(
+            fake_learner(endpoint, batch_prompts, num_groups, warmup_s, deadline_s=300.0, meter=meter)
+        )
         done, _ = await asyncio.wait([learner, *generators], return_when=asyncio.FIRST_COMPLETED)
         if learner not in done:  # a generator died: its exception says why
             learner.cancel()
@@ -421,6 +482,7 @@ async def through_broker(
             "generator_tasks_leased": counts.tasks_leased,
             "generator_groups_published": counts.groups_published,
             "generator_duplicates": counts.duplicates,
+            "cpu_us_per_group": meter.per_group_us(groups),
         }
     finally:
         stop.set()
@@ -432,46 +494,85 @@ async def through_broker(
 
 
 async def measure(workdir: Path, quick: bool) -> dict[str, Any]:
-    batch_prompts, num_groups, warmup_s = (16, 800, 1.0) if quick else (32, 4000, 2.0)
+    """Raw and broker runs alternating (``ROUNDS`` broker runs, one in quick mode), on one nats-server."""
+    batch_prompts, num_groups, warmup_s, rounds = (16, 800, 1.0, 1) if quick else (32, 12000, 2.0, ROUNDS)
     assert num_groups % batch_prompts == 0
     shutil.rmtree(workdir / "nats", ignore_errors=True)
     server = start_nats(workdir / "nats")
+    raws: list[dict[str, Any]] = []
+    brokers: list[dict[str, Any]] = []
     try:
         payload = sample_payload()
-        raw_before = await raw_groups_per_s(server.url, payload, num_groups, run=0)
-        broker = await through_broker(server, workdir, batch_prompts, num_groups, warmup_s)
-        raw_after = await raw_groups_per_s(server.url, payload, num_groups, run=1)
+
+        async def raw(run: int) -> None:
+            meter = CpuMeter({"nats-server": server.process.pid, "harness": os.getpid()})
+            rate = await raw_groups_per_s(server.url, payload, num_groups, run, meter)
+            raws.append({"groups_per_s": rate, "cpu_us_per_group": meter.per_group_us(num_groups)})
+
+        await raw(0)
+        for run in range(rounds):
+            brokers.append(await through_broker(server, workdir, batch_prompts, num_groups, warmup_s, run))
+            await raw(run + 1)
     finally:
         server.stop()
-    return {"broker": broker, "raw_groups_per_s_each": [raw_before, raw_after], "payload_bytes": len(payload)}
+    return {"brokers": brokers, "raws": raws, "payload_bytes": len(payload)}
+
+
+def cores_at(rate: float, cpu_us_per_group: dict[str, float]) -> float:
+    """Cores the processes would keep busy at ``rate`` groups/s, at the CPU per group measured."""
+    return rate * sum(cpu_us_per_group.values()) / 1e6
 
 
 def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
     """The broker's figure (see the module docstring): groups/s through the broker against raw nats-py.
 
-    The details hold the raw rates, the window, and the broker's and the
-    fake generators' counters. ``quick``: batches of 16 and 800 measured
-    groups instead of 32 and 4,000.
+    The details hold every round, the raw rates, the CPU per group, the
+    window, and the median round's broker and fake-generator counters.
+    ``quick``: one round, batches of 16 and 800 measured groups instead of
+    three rounds of 32 and 12,000.
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
             return bench_broker(quick, Path(tmp))
     workdir.mkdir(parents=True, exist_ok=True)
     m = asyncio.run(measure(workdir, quick))
-    b = m["broker"]
-    raw = sum(m["raw_groups_per_s_each"]) / len(m["raw_groups_per_s_each"])
-    rate = b["groups_per_s"]
+    raws = [r["groups_per_s"] for r in m["raws"]]
+    rounds = [
+        {
+            **b,
+            "raw_groups_per_s": (raws[i] + raws[i + 1]) / 2,
+            "ratio": b["groups_per_s"] / ((raws[i] + raws[i + 1]) / 2),
+        }
+        for i, b in enumerate(m["brokers"])
+    ]
+    # The median round (by ratio) is the figure: its rate, its raw baseline, its counts.
+    b = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]
+    rate, raw = b["groups_per_s"], b["raw_groups_per_s"]
     dropped = sum(b["groups_dropped"].values())
+    cpu = b["cpu_us_per_group"]
+    raw_cpu = {
+        name: statistics.mean(r["cpu_us_per_group"][name] for r in m["raws"])
+        for name in m["raws"][0]["cpu_us_per_group"]
+    }
+    cpu_text = ", ".join(f"{name} {us:.0f}" for name, us in cpu.items())
+    ratios_text = ", ".join(f"{r['ratio']:.2f}" for r in rounds)
     return Figure(
         name="broker_groups_per_s_vs_raw_nats",
         value=rate,
         unit="groups/s",
-        ratio=rate / raw,
-        baseline=f"raw nats-py publish+fetch {raw:,.0f} groups/s (same server, {m['payload_bytes']:,}-byte groups)",
+        ratio=b["ratio"],
+        baseline=(
+            f"raw nats-py publish+fetch {raw:,.0f} groups/s either side of the run (same server, "
+            f"{m['payload_bytes']:,}-byte groups; {sum(raw_cpu.values()):.0f} us CPU per group)"
+        ),
         measured=(
-            f"through the broker {rate:,.0f} groups/s ({b['groups']:,} groups in {b['window_s']:.2f} s after "
-            f"{b['warmup_groups']:,} warm-up; batches of {b['batch_prompts']}, G={b['group_size']}; "
-            f"{b['tasks_issued']:,} tasks issued, {b['groups_admitted']:,} admitted, {dropped} dropped)"
+            f"through the broker {rate:,.0f} groups/s, the median of {len(rounds)} "
+            f"(ratios {ratios_text}); {b['groups']:,} groups in "
+            f"{b['window_s']:.2f} s after {b['warmup_groups']:,} warm-up; batches of {b['batch_prompts']}, "
+            f"G={b['group_size']}; {b['tasks_issued']:,} tasks issued, {b['groups_admitted']:,} admitted, "
+            f"{dropped} dropped; CPU per group (us): {cpu_text}, so "
+            f"{TARGET_GROUPS_PER_S:,.0f} groups/s would keep {cores_at(TARGET_GROUPS_PER_S, cpu):.1f} cores busy "
+            f"(this machine has {os.cpu_count()})"
         ),
         targets=(
             Target(of="ratio", direction="at least", bound=TARGET_RATIO),
@@ -479,9 +580,15 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
         ),
         details={
             "raw_groups_per_s": raw,
-            "raw_groups_per_s_each": m["raw_groups_per_s_each"],
+            "raw_groups_per_s_each": raws,
+            "raw_cpu_us_per_group": raw_cpu,
             "payload_bytes": m["payload_bytes"],
-            **{k: v for k, v in b.items() if k != "groups_per_s"},
+            "rounds": [
+                {k: r[k] for k in ("groups_per_s", "raw_groups_per_s", "ratio", "cpu_us_per_group")} for r in rounds
+            ],
+            "cores_at_target": cores_at(TARGET_GROUPS_PER_S, cpu),
+            "cpu_count": os.cpu_count(),
+            **{k: v for k, v in b.items() if k not in ("groups_per_s", "raw_groups_per_s", "ratio")},
         },
     )
 

@@ -42,6 +42,18 @@ def test_quick_broker_bench_counts_every_group(tmp_path: Path) -> None:
     assert fig.value == pytest.approx(r["groups"] / r["window_s"], rel=1e-9)
     assert fig.met == (fig.ratio >= 0.5 and fig.value >= 5000)
 
+    # Quick mode: one broker run between two raw runs, whose mean is its baseline.
+    assert len(r["rounds"]) == 1 and len(r["raw_groups_per_s_each"]) == 2
+    assert r["raw_groups_per_s"] == pytest.approx(sum(r["raw_groups_per_s_each"]) / 2, rel=1e-9)
+    assert r["rounds"][0]["ratio"] == fig.ratio
+    # CPU per group of every process, and the cores the target rate would take at that cost.
+    assert set(r["cpu_us_per_group"]) == {"broker", "nats-server", "harness"}
+    assert set(r["raw_cpu_us_per_group"]) == {"nats-server", "harness"}
+    for cpu in (r["cpu_us_per_group"], r["raw_cpu_us_per_group"]):
+        assert all(math.isfinite(us) and us > 0 for us in cpu.values()), cpu
+    assert r["cores_at_target"] == pytest.approx(5000 * sum(r["cpu_us_per_group"].values()) / 1e6, rel=1e-9)
+    assert f"{r['cores_at_target']:.1f} cores" in fig.measured
+
     # The window holds exactly the groups asked for; the learner trained every
     # group it was served (warm-up included), none was filtered or duplicated.
     assert r["groups"] == 800 and r["batch_prompts"] == 16
