@@ -33,6 +33,7 @@ import numpy as np
 
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import StagingError, WeightsError
+from asymptote.wire import length_delimited_key, varint
 
 CHUNK_BYTES = 1 << 20
 """Chunk size: gRPC rejects messages over 4 MiB by default (server side)."""
@@ -192,23 +193,8 @@ def encode(
         yield tensors_pb2.WeightsPart(chunk=meta)
 
 
-def varint(n: int) -> bytes:
-    """``n`` as a protobuf base-128 varint."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _length_delimited_key(field_number: int) -> bytes:
-    """The key protobuf writes before a length-delimited (wire type 2) field's length."""
-    return varint(field_number << 3 | 2)
-
-
-_CHUNK_KEY = _length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"].number)
-_DATA_KEY = _length_delimited_key(tensors_pb2.TensorChunk.DESCRIPTOR.fields_by_name["data"].number)
+_CHUNK_KEY = length_delimited_key(tensors_pb2.WeightsPart.DESCRIPTOR.fields_by_name["chunk"].number)
+_DATA_KEY = length_delimited_key(tensors_pb2.TensorChunk.DESCRIPTOR.fields_by_name["data"].number)
 
 
 def encode_frames(version: int, tensors: Mapping[str, WireTensor], sha256: str | None = None) -> Iterator[bytes]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import TypeVar
 
+import numpy as np
 from google.protobuf.message import Message
 
 from asymptote.contracts.v1 import rollout_pb2
@@ -56,17 +57,22 @@ def decode_task(data: bytes) -> rollout_pb2.GenerationTask:
 def decode_group(data: bytes) -> rollout_pb2.RolloutGroup:
     """A rollout group that passes :func:`validate_group`."""
     group = decode(rollout_pb2.RolloutGroup, data)
-    validate_group(group)
+    validate_group(group, data)
     return group
 
 
-def validate_group(group: rollout_pb2.RolloutGroup) -> None:
+def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -> None:
     """Raise PayloadError naming the first thing wrong with a group.
 
     A group has an id, a prompt and completions; each completion has tokens,
     one finite log-probability <= 0 per token, a loss mask (if any),
     version spans (if any) that cover its tokens in the loss exactly (an
     injected token, out of the loss, may be uncovered), and a finite reward.
+
+    ``data``: the bytes ``group`` was parsed from, if at hand. Its
+    log-probs are then checked all at once on the wire (see
+    :func:`logprobs_in_range`); one completion at a time otherwise, or
+    when that check fails, to name the completion.
     """
     group_id = group.group_id
     if not group_id:
@@ -76,23 +82,26 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
         raise PayloadError(f"group {group_id}: no completions")
     if not group.prompt_token_ids:
         raise PayloadError(f"group {group_id}: no prompt tokens")
+    logprobs_checked = data is not None and logprobs_in_range(group, data)
     # Every field access on a protobuf message costs a wrapper: each is read once.
     for i, c in enumerate(completions):
         n = len(c.token_ids)
         if n == 0:
             raise PayloadError(f"group {group_id} completion {i}: no tokens")
-        # One conversion to a list: min, max and sum then run in C (over the
-        # protobuf container each element would be fetched through Python).
-        logprobs = list(c.logprobs)
-        if len(logprobs) != n:
-            raise PayloadError(f"group {group_id} completion {i}: {len(logprobs)} logprobs for {n} tokens")
+        num_logprobs = len(c.logprobs)
+        if num_logprobs != n:
+            raise PayloadError(f"group {group_id} completion {i}: {num_logprobs} logprobs for {n} tokens")
         num_mask = len(c.loss_mask)
         if num_mask and num_mask != n:
             raise PayloadError(f"group {group_id} completion {i}: loss_mask length {num_mask} != {n}")
-        # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
-        total = sum(logprobs)
-        if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
-            raise PayloadError(f"group {group_id} completion {i}: logprobs must be finite and <= 0")
+        if not logprobs_checked:
+            # One conversion to a list: min, max and sum then run in C (over the
+            # protobuf container each element would be fetched through Python).
+            logprobs = list(c.logprobs)
+            # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
+            total = sum(logprobs)
+            if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
+                raise PayloadError(f"group {group_id} completion {i}: logprobs must be finite and <= 0")
         if not math.isfinite(c.reward):
             raise PayloadError(f"group {group_id} completion {i}: reward is not finite")
         spans = c.version_spans
@@ -103,6 +112,24 @@ def validate_group(group: rollout_pb2.RolloutGroup) -> None:
                 if span.start == 0 and span.end == n:
                     continue
             _check_spans(c, n, f"group {group_id} completion {i}")
+
+
+def logprobs_in_range(group: rollout_pb2.RolloutGroup, data: bytes) -> bool:
+    """Whether every log-prob of ``group`` (parsed from ``data``) is finite and <= 0, read in one numpy pass.
+
+    ``data`` is parsed again as :class:`RolloutGroupLogprobsView`, which
+    holds each completion's packed log-probs as their little-endian float32
+    bytes. False when any is out of range, and also when the bytes do not
+    account for every log-prob ``group`` holds (a writer may legally send a
+    repeated float unpacked, or in several runs, which the view does not
+    see whole): the caller then checks them one completion at a time.
+    """
+    view = rollout_pb2.RolloutGroupLogprobsView.FromString(data)
+    raw = b"".join([c.logprobs for c in view.completions])
+    if len(raw) != 4 * sum(len(c.logprobs) for c in group.completions):
+        return False
+    values = np.frombuffer(raw, dtype="<f4")
+    return bool(np.isfinite(values).all()) and float(values.max(initial=-np.inf)) <= 0.0
 
 
 def _check_spans(c: rollout_pb2.Completion, n: int, where: str) -> None:

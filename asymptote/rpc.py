@@ -10,9 +10,11 @@ both stay plaintext.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2_grpc
 
 from asymptote.config import ListenSettings, TlsSettings, read_pem
@@ -40,10 +42,37 @@ def already_serialized(frame: bytes) -> bytes:
     return frame
 
 
-def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-    """Register hand-built method handlers as the service named ``service`` (its full name)."""
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
+def add_service(
+    server: grpc.aio.Server,
+    service: ServiceDescriptor,
+    servicer: object,
+    serialized: Collection[str] = (),
+) -> None:
+    """Register ``servicer``'s methods as ``service``, the generated registration's equivalent.
+
+    Each RPC of the service is the servicer's method of the same name,
+    unary or server-streaming as the descriptor says. The methods named in
+    ``serialized`` yield their responses already serialized (a frame built
+    by hand around bytes at hand, see :mod:`asymptote.wire`), so their
+    responses pass through untouched.
+    """
+    unknown = set(serialized) - set(service.methods_by_name)
+    if unknown:
+        raise ValueError(f"{service.full_name} has no RPC {sorted(unknown)}")
+    handlers = {}
+    for name, method in service.methods_by_name.items():
+        if method.client_streaming:
+            raise ValueError(f"{service.full_name}.{name}: client streaming is not supported here")
+        request = GetMessageClass(method.input_type)
+        response = GetMessageClass(method.output_type)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(
+            getattr(servicer, name),
+            request_deserializer=request.FromString,
+            response_serializer=already_serialized if name in serialized else response.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:

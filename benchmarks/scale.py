@@ -23,6 +23,7 @@ of its baseline (its wait fraction back near its baseline), held to
 ``RECOVERY_BOUND_S``.
 
     python -m benchmarks.scale --output DIR [--generators 1,4,16,64,256] [--window-s 10] [--no-chaos]
+        [--group-size 8] [--completion-tokens 128] [--batch-prompts 128]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -461,8 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=4.0, help="seconds of each point before its window")
     parser.add_argument("--window-s", type=float, default=10.0, help="seconds each point is measured over")
     parser.add_argument("--no-chaos", action="store_true", help="leave out the chaos run")
+    default = LoadShape()
+    parser.add_argument("--group-size", type=int, default=default.group_size, help="completions per group (G)")
+    parser.add_argument(
+        "--completion-tokens", type=int, default=default.completion_tokens, help="tokens per completion"
+    )
+    parser.add_argument("--batch-prompts", type=int, default=default.batch_prompts, help="groups per learner batch")
     args = parser.parse_args(argv)
-    report = bench_scale(args.output, args.generators, None, args.warmup_s, args.window_s, not args.no_chaos)
+    shape = dataclasses.replace(
+        default,
+        group_size=args.group_size,
+        completion_tokens=args.completion_tokens,
+        batch_prompts=args.batch_prompts,
+    )
+    report = bench_scale(args.output, args.generators, shape, args.warmup_s, args.window_s, not args.no_chaos)
     print(table(report))
     return 0
 

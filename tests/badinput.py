@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from asymptote.codec import varint
 from asymptote.config import ListenSettings
 from asymptote.health import Health
 from asymptote.rpc import start_server
+from asymptote.wire import varint
 
 BadInput = str | bytes | Sequence[bytes]
 """Canonical text, the bytes sent, or a stream of messages (each message's bytes)."""

@@ -32,7 +32,7 @@ from asymptote.delta import DeltaDecoder, DeltaStats, apply_delta, decode_gaps, 
 from asymptote.errors import WeightsError
 from asymptote.health import Health
 from asymptote.nats_local import free_port
-from asymptote.rpc import add_handlers, already_serialized, start_server
+from asymptote.rpc import add_service, start_server
 from services.generator.config import FanoutSettings
 from services.generator.fanout import PeerWeightSource, ancestors, own_index, parent_of, peer_endpoints
 from services.generator.metrics import GeneratorMetrics
@@ -208,19 +208,20 @@ async def learner(store: WeightStore) -> AsyncIterator[str]:
 async def stub_server(service: str, answer: object) -> AsyncIterator[str]:
     """A PullWeights server whose frames come from ``answer(request)``."""
 
-    async def handle(
-        request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        async for frame in answer(request):  # type: ignore[operator]
-            yield frame
+    class Stub:
+        async def PullWeights(
+            self, request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[bytes]:
+            async for frame in answer(request):  # type: ignore[operator]
+                yield frame
 
-    handler = grpc.unary_stream_rpc_method_handler(
-        handle, request_deserializer=services_pb2.PullWeightsRequest.FromString, response_serializer=already_serialized
-    )
+        async def Status(self, request: services_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a stub")
+
     server, port = await start_server(
         ListenSettings(host="127.0.0.1", port=0),
         Health(service),
-        lambda s: add_handlers(s, f"asymptote.contracts.v1.{service}", {"PullWeights": handler}),
+        lambda s: add_service(s, services_pb2.DESCRIPTOR.services_by_name[service], Stub(), ["PullWeights"]),
         [],
     )
     try:

@@ -42,6 +42,11 @@ class Held:
     group: rollout_pb2.RolloutGroup
     msg: Ackable
     received_s: float = field(default_factory=time.monotonic)
+    data: bytes | None = None
+    """The group serialized as the learner gets it (the bytes it arrived in), if not changed since."""
+
+    def serialized(self) -> bytes:
+        return self.data if self.data is not None else self.group.SerializeToString()
 
 
 @dataclass
@@ -126,7 +131,11 @@ class Batcher:
         (reason,) = await self.admit_all([(group, msg, ended)])
         return reason
 
-    async def admit_all(self, arrivals: Sequence[tuple[rollout_pb2.RolloutGroup, Ackable, bool]]) -> list[str | None]:
+    async def admit_all(
+        self,
+        arrivals: Sequence[tuple[rollout_pb2.RolloutGroup, Ackable, bool]],
+        data: Sequence[bytes | None] | None = None,
+    ) -> list[str | None]:
         """Take decoded, validated groups with whether each one's task has ended; the drop reasons.
 
         A redelivery of a message held now (same stream sequence) replaces the
@@ -135,17 +144,25 @@ class Batcher:
         duplicate. ``ended``: the ledger already holds an outcome for this
         task, so this copy is acked as a duplicate and never served. The
         drops' ledger records are stored as one batch before any of their
-        messages is acked.
+        messages is acked. ``data``: each group's serialized bytes, served to
+        the learner as they are (None where the group was changed since it
+        was parsed, or not given: it is serialized again then).
         """
         num_ready = len(self.ready)
-        reasons = [self._admit_one(group, msg, ended) for group, msg, ended in arrivals]
+        serialized = data if data is not None else [None] * len(arrivals)
+        reasons = [
+            self._admit_one(group, msg, ended, raw)
+            for (group, msg, ended), raw in zip(arrivals, serialized, strict=True)
+        ]
         if len(self.ready) > num_ready:
             async with self._changed:
                 self._changed.notify_all()
         await self.flush()
         return reasons
 
-    def _admit_one(self, group: rollout_pb2.RolloutGroup, msg: Ackable, ended: bool) -> str | None:
+    def _admit_one(
+        self, group: rollout_pb2.RolloutGroup, msg: Ackable, ended: bool, data: bytes | None = None
+    ) -> str | None:
         held = self._held.get(group.group_id)
         if held is not None:
             # Sequences are read only here, on a collision (parsing them costs).
@@ -173,7 +190,7 @@ class Batcher:
         if reason is not None:
             self._drop(group, msg, reason)
             return reason
-        held = self._held[group.group_id] = Held(group, msg)
+        held = self._held[group.group_id] = Held(group, msg, data=data)
         self.ready.append(held)
         return None
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
-from asymptote.contracts.v1 import services_pb2_grpc
 from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
@@ -17,7 +16,7 @@ from asymptote.runtime import service_runtime, supervise
 from services.broker.config import BrokerConfig
 from services.broker.metrics import BrokerMetrics
 from services.broker.pipeline import BrokerPipeline
-from services.broker.server import BrokerServicer
+from services.broker.server import BrokerServicer, add_broker_to_server
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         server, _ = await start_server(
             config.grpc,
             rt.health,
-            lambda s: services_pb2_grpc.add_BrokerServicer_to_server(servicer, s),
+            lambda s: add_broker_to_server(servicer, s),
             ["asymptote.contracts.v1.Broker"],
             config.grpc_tls,
         )

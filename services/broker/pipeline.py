@@ -412,11 +412,11 @@ class BrokerPipeline:
                 answers = [False] * len(tasks)
             for i, answer in zip(unknown, answers):
                 ended[i] = answer
-        for _, group in decoded:
-            self._on_arrival(group)
+        # The bytes each group arrived in are what the learner gets, unless shaping changed the group.
+        served = [None if self._on_arrival(group) else msg.data for msg, group in decoded]
         received = self.batcher.num_received
         before = [self.batcher.rollouts[key] for key in ROLLOUT_COUNTS]
-        reasons = await self.batcher.admit_all([(g, msg, bool(e)) for (msg, g), e in zip(decoded, ended)])
+        reasons = await self.batcher.admit_all([(g, msg, bool(e)) for (msg, g), e in zip(decoded, ended)], served)
         self._received_since_count += self.batcher.num_received - received
         self.metrics.groups_received.inc(len(decoded))
         for reason, n in Counter(r for r in reasons if r is not None).items():
@@ -438,9 +438,10 @@ class BrokerPipeline:
             self.metrics.deadlettered.labels("rollouts").inc()
             return None
 
-    def _on_arrival(self, group: rollout_pb2.RolloutGroup) -> None:
+    def _on_arrival(self, group: rollout_pb2.RolloutGroup) -> bool:
         """What a group tells before admission: its prompt's pass rate, the generation latency, who is
-        generating; and DAPO's overlong shaping of its rewards, if configured."""
+        generating; and DAPO's overlong shaping of its rewards, if configured. Returns whether it
+        changed the group (shaped its rewards)."""
         assert self.curriculum is not None
         self._generators_seen[group.generator_id] = time.monotonic()
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
@@ -456,6 +457,8 @@ class BrokerPipeline:
             s = self.config.sampling
             if s.overlong_cache_tokens is not None:  # after the pass rate: that is the verifier's
                 shape_overlong(group, s.max_tokens, s.overlong_cache_tokens)
+                return True
+        return False
 
     # -- upkeep ------------------------------------------------------------
 

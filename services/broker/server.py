@@ -1,14 +1,23 @@
-"""The broker's gRPC face: Broker.NextBatch, Broker.Ack, Broker.Status."""
+"""The broker's gRPC face: Broker.NextBatch, Broker.Ack, Broker.Status.
+
+NextBatch sends each group in the bytes it arrived in from JetStream,
+framed by hand (:mod:`asymptote.wire`) rather than copied into a message
+and serialized again: the learner parses the same ``BatchPart`` either
+way. Register it with :func:`add_broker_to_server`, not the generated
+``add_BrokerServicer_to_server``, whose serializer expects messages.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
+from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
+from asymptote.rpc import add_service
+from asymptote.wire import length_delimited, length_delimited_key, varint
 from services.broker.pipeline import BrokerPipeline
 
 log = logging.getLogger(__name__)
@@ -17,6 +26,11 @@ MAX_WAIT_S = 60.0
 """Longest a NextBatch call waits; the learner simply asks again."""
 PACKED_PART_BYTES = 1 << 20
 """Groups per packed part stop short of this (gRPC's default receive limit is 4 MiB); a larger group goes alone."""
+_PART = services_pb2.BatchPart.DESCRIPTOR.fields_by_name
+_GROUP_KEY = length_delimited_key(_PART["group"].number)
+_GROUPS_KEY = length_delimited_key(_PART["groups"].number)
+_ITEM_KEY = length_delimited_key(services_pb2.RolloutGroups.DESCRIPTOR.fields_by_name["groups"].number)
+_DESCRIPTOR = services_pb2.DESCRIPTOR.services_by_name["Broker"]
 
 
 class BrokerServicer(services_pb2_grpc.BrokerServicer):
@@ -27,7 +41,8 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
 
     async def NextBatch(
         self, request: services_pb2.NextBatchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[services_pb2.BatchPart]:
+    ) -> AsyncIterator[bytes]:
+        """Serialized ``BatchPart``s: the header, then the groups (packed about 1 MiB a part if asked)."""
         batcher = self.pipeline.batcher
         num_groups = request.num_groups or self.pipeline.config.batch_prompts
         if num_groups > 4096:
@@ -36,24 +51,12 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
         batch = await batcher.next_batch(int(request.learner_version), num_groups, timeout_s)
         self.pipeline.metrics.learner_version.set(batcher.learner_version)
         if batch is None:
-            yield services_pb2.BatchPart(header=services_pb2.BatchHeader())
+            yield services_pb2.BatchPart(header=services_pb2.BatchHeader()).SerializeToString()
             return
         self.pipeline.metrics.groups_served.inc(len(batch.items))
-        yield services_pb2.BatchPart(header=batcher.header(batch))
-        if not request.packed:
-            for held in batch.items:
-                yield services_pb2.BatchPart(group=held.group)
-            return
-        part: list[rollout_pb2.RolloutGroup] = []
-        part_bytes = 0
-        for held in batch.items:
-            size = held.group.ByteSize()
-            if part and part_bytes + size > PACKED_PART_BYTES:
-                yield services_pb2.BatchPart(groups=services_pb2.RolloutGroups(groups=part))
-                part, part_bytes = [], 0
-            part.append(held.group)
-            part_bytes += size
-        yield services_pb2.BatchPart(groups=services_pb2.RolloutGroups(groups=part))
+        yield services_pb2.BatchPart(header=batcher.header(batch)).SerializeToString()
+        for frame in group_frames([held.serialized() for held in batch.items], request.packed, PACKED_PART_BYTES):
+            yield frame
 
     async def Ack(
         self, request: services_pb2.AckRequest, context: grpc.aio.ServicerContext
@@ -91,3 +94,34 @@ class BrokerServicer(services_pb2_grpc.BrokerServicer):
             policy_version=b.learner_version,
             gauges=gauges,
         )
+
+
+def group_frames(groups: Sequence[bytes], packed: bool, part_bytes: int = PACKED_PART_BYTES) -> Iterator[bytes]:
+    """Serialized ``BatchPart``s carrying ``groups`` (serialized ``RolloutGroup``s) in order.
+
+    One group a part, or packed: consecutive groups in a ``RolloutGroups``
+    part, each part stopping short of ``part_bytes`` (a larger group goes
+    alone). The bytes are what ``SerializeToString`` of the same parts gives
+    up to field order inside a group, which parsing does not see.
+    """
+    if not packed:
+        for data in groups:
+            yield length_delimited(_GROUP_KEY, data)
+        return
+    part: list[bytes] = []
+    size = 0
+    for data in groups:
+        item = (_ITEM_KEY, varint(len(data)), data)
+        item_size = sum(map(len, item))
+        if part and size + item_size > part_bytes:
+            yield length_delimited(_GROUPS_KEY, b"".join(part))
+            part, size = [], 0
+        part += item
+        size += item_size
+    if part:
+        yield length_delimited(_GROUPS_KEY, b"".join(part))
+
+
+def add_broker_to_server(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
+    """Register the Broker service; use instead of ``add_BrokerServicer_to_server`` (see the module docstring)."""
+    add_service(server, _DESCRIPTOR, servicer, serialized=["NextBatch"])

@@ -31,14 +31,15 @@ from asymptote.codec import BufferSource, DecodedWeights, encode_frames
 from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import services_pb2
 from asymptote.errors import StagingError, WeightsError
-from asymptote.rpc import add_handlers, already_serialized
+from asymptote.rpc import add_service
 from services.generator.config import FanoutSettings
 from services.generator.metrics import GeneratorMetrics
 from services.generator.weights import RELAY_PULL, GrpcWeightSource, HeldVersion, WeightSource
 
 log = logging.getLogger(__name__)
 
-RELAY_SERVICE = "asymptote.contracts.v1.WeightRelay"
+_RELAY = services_pb2.DESCRIPTOR.services_by_name["WeightRelay"]
+RELAY_SERVICE = _RELAY.full_name
 MAX_HOLD_S = 60.0
 """Longest a relay holds a request for a version it does not have yet, when the caller set no deadline."""
 
@@ -198,12 +199,7 @@ class WeightRelay:
 
 def add_relay_to_server(relay: WeightRelay, server: grpc.aio.Server) -> None:
     """Register the WeightRelay service (frames go out already serialized, as the learner's do)."""
-    handler = grpc.unary_stream_rpc_method_handler(
-        relay.PullWeights,
-        request_deserializer=services_pb2.PullWeightsRequest.FromString,
-        response_serializer=already_serialized,
-    )
-    add_handlers(server, RELAY_SERVICE, {"PullWeights": handler})
+    add_service(server, _RELAY, relay, serialized=["PullWeights"])
 
 
 def weight_source(

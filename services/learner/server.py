@@ -17,7 +17,7 @@ import grpc
 from asymptote.codec import encode_frames
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
-from asymptote.rpc import add_handlers, already_serialized
+from asymptote.rpc import add_service
 from services.learner.weights import WeightStore
 
 _DESCRIPTOR = services_pb2.DESCRIPTOR.services_by_name["Learner"]
@@ -72,17 +72,4 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
 
 def add_learner_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
     """Register the Learner service; use instead of ``add_LearnerServicer_to_server`` (see the module docstring)."""
-    handlers = {
-        "PullWeights": grpc.unary_stream_rpc_method_handler(
-            servicer.PullWeights,
-            request_deserializer=services_pb2.PullWeightsRequest.FromString,
-            response_serializer=already_serialized,
-        ),
-        "Status": grpc.unary_unary_rpc_method_handler(
-            servicer.Status,
-            request_deserializer=services_pb2.StatusRequest.FromString,
-            response_serializer=services_pb2.ServiceStatus.SerializeToString,
-        ),
-    }
-    assert set(handlers) == set(_DESCRIPTOR.methods_by_name), "every Learner RPC is registered"
-    add_handlers(server, _DESCRIPTOR.full_name, handlers)
+    add_service(server, _DESCRIPTOR, servicer, serialized=["PullWeights"])

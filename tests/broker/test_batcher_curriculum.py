@@ -17,7 +17,7 @@ import pytest
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
-from asymptote.messages import validate_group
+from asymptote.messages import decode_group, validate_group
 from asymptote.tasks import ArithmeticSettings, Problem
 from services.broker.batcher import Batcher, is_zero_variance, pass_rate
 from services.broker.config import BrokerConfig, ZeroVariance
@@ -396,8 +396,12 @@ def _broken(kind: str) -> rollout_pb2.RolloutGroup:
     ],
 )
 def test_validate_group_rejects(kind: str, match: str) -> None:
+    g = _broken(kind)
     with pytest.raises(PayloadError, match=match):
-        validate_group(_broken(kind))
+        validate_group(g)
+    # From its bytes (the log-probs checked on the wire first), the same error names the same completion.
+    with pytest.raises(PayloadError, match=match):
+        decode_group(g.SerializeToString())
 
 
 # --------------------------------------------------------------------------

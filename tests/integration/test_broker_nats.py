@@ -446,3 +446,34 @@ async def test_packed_batches_carry_the_same_groups_in_parts_of_bounded_size(
     assert packed2 == [[train[2][0].task_id], [train[3][0].task_id]] and header2.num_groups == 2
     resp = await h.stub.Ack(services_pb2.AckRequest(batch_ids=[header.batch_id, header2.batch_id]))
     assert resp.num_acked == 4
+
+
+@pytest.mark.parametrize("shaped", [False, True])
+async def test_the_learner_gets_each_group_as_published_or_as_shaped(nats: NatsServer, shaped: bool) -> None:
+    """Unshaped groups go to the learner in the bytes they arrived in; shaped ones with their new rewards."""
+    h = Harness(nats)
+    if shaped:  # 3 tokens against max_tokens 4 and a 2-token punishment interval: -0.5 each
+        h.config = h.config.model_copy(
+            update={"sampling": SamplingSettings(group_size=2, max_tokens=4, overlong_cache_tokens=2)}
+        )
+    async with running(h):
+        train = [(t, m) for t, m in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:2]
+        published = [make_group(t, [1.0, 0.0]) for t, _ in train]
+        for (_, m), group in zip(train, published, strict=True):
+            await publish_group(h, group)
+            await m.ack()  # type: ignore[attr-defined]
+        header, got = await next_batch(h)
+        assert header.num_groups == 2
+        by_id = {g.group_id: g for g in got}
+        for group in published:
+            served = by_id[group.group_id]
+            rewards = [c.reward for c in served.completions]
+            assert rewards == ([0.5, -0.5] if shaped else [1.0, 0.0])
+            if not shaped:
+                assert served == group
+            else:  # only the rewards changed
+                for c in served.completions:
+                    c.reward = 0.0
+                for c in group.completions:
+                    c.reward = 0.0
+                assert served == group
