@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -537,13 +538,10 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
     workdir.mkdir(parents=True, exist_ok=True)
     m = asyncio.run(measure(workdir, quick))
     raws = [r["groups_per_s"] for r in m["raws"]]
+    either_side = [(before + after) / 2 for before, after in itertools.pairwise(raws)]
     rounds = [
-        {
-            **b,
-            "raw_groups_per_s": (raws[i] + raws[i + 1]) / 2,
-            "ratio": b["groups_per_s"] / ((raws[i] + raws[i + 1]) / 2),
-        }
-        for i, b in enumerate(m["brokers"])
+        {**b, "raw_groups_per_s": base, "ratio": b["groups_per_s"] / base}
+        for b, base in zip(m["brokers"], either_side, strict=True)
     ]
     # The median round (by ratio) is the figure: its rate, its raw baseline, its counts.
     b = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]
