@@ -36,8 +36,20 @@ from asymptote.messages import decode_ledger_batch
 
 log = logging.getLogger(__name__)
 
-Event = rollout_pb2.LedgerEvent
-TERMINAL = (Event.LEDGER_EVENT_TRAINED, Event.LEDGER_EVENT_FILTERED, Event.LEDGER_EVENT_DEADLETTERED)
+
+class Event:
+    """The ledger's events (``LedgerEvent``) as the module's plain ints: reading a value off the
+    protobuf enum's wrapper calls its ``__getattr__`` (2.5 us), and the broker does it per group."""
+
+    LEDGER_EVENT_UNSPECIFIED = rollout_pb2.LEDGER_EVENT_UNSPECIFIED
+    LEDGER_EVENT_ISSUED = rollout_pb2.LEDGER_EVENT_ISSUED
+    LEDGER_EVENT_TRAINED = rollout_pb2.LEDGER_EVENT_TRAINED
+    LEDGER_EVENT_FILTERED = rollout_pb2.LEDGER_EVENT_FILTERED
+    LEDGER_EVENT_DEADLETTERED = rollout_pb2.LEDGER_EVENT_DEADLETTERED
+    LEDGER_EVENT_DUPLICATE = rollout_pb2.LEDGER_EVENT_DUPLICATE
+
+
+TERMINAL = frozenset((Event.LEDGER_EVENT_TRAINED, Event.LEDGER_EVENT_FILTERED, Event.LEDGER_EVENT_DEADLETTERED))
 
 
 def batch_msg_id(entries: Sequence[rollout_pb2.LedgerEntry]) -> str:

@@ -62,7 +62,7 @@ def decode_group(data: bytes) -> rollout_pb2.RolloutGroup:
 
 
 def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -> None:
-    """Raise PayloadError naming the first thing wrong with a group.
+    """Raise PayloadError naming what is wrong with a group (its shape first, then its log-prob values).
 
     A group has an id, a prompt and completions; each completion has tokens,
     one finite log-probability <= 0 per token, a loss mask (if any),
@@ -82,26 +82,19 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
         raise PayloadError(f"group {group_id}: no completions")
     if not group.prompt_token_ids:
         raise PayloadError(f"group {group_id}: no prompt tokens")
-    logprobs_checked = data is not None and logprobs_in_range(group, data)
     # Every field access on a protobuf message costs a wrapper: each is read once.
+    num_logprobs = 0
     for i, c in enumerate(completions):
         n = len(c.token_ids)
         if n == 0:
             raise PayloadError(f"group {group_id} completion {i}: no tokens")
-        num_logprobs = len(c.logprobs)
-        if num_logprobs != n:
-            raise PayloadError(f"group {group_id} completion {i}: {num_logprobs} logprobs for {n} tokens")
+        num = len(c.logprobs)
+        if num != n:
+            raise PayloadError(f"group {group_id} completion {i}: {num} logprobs for {n} tokens")
+        num_logprobs += n
         num_mask = len(c.loss_mask)
         if num_mask and num_mask != n:
             raise PayloadError(f"group {group_id} completion {i}: loss_mask length {num_mask} != {n}")
-        if not logprobs_checked:
-            # One conversion to a list: min, max and sum then run in C (over the
-            # protobuf container each element would be fetched through Python).
-            logprobs = list(c.logprobs)
-            # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
-            total = sum(logprobs)
-            if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
-                raise PayloadError(f"group {group_id} completion {i}: logprobs must be finite and <= 0")
         if not math.isfinite(c.reward):
             raise PayloadError(f"group {group_id} completion {i}: reward is not finite")
         spans = c.version_spans
@@ -112,24 +105,38 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
                 if span.start == 0 and span.end == n:
                     continue
             _check_spans(c, n, f"group {group_id} completion {i}")
+    if data is not None and logprobs_in_range(group, data, num_logprobs):
+        return
+    for i, c in enumerate(completions):
+        # One conversion to a list: min, max and sum then run in C (over the
+        # protobuf container each element would be fetched through Python).
+        logprobs = list(c.logprobs)
+        # A NaN anywhere makes the sum NaN (and min/max unreliable), so the sum is checked first.
+        total = sum(logprobs)
+        if math.isnan(total) or not (-math.inf < min(logprobs) and max(logprobs) <= 0.0):
+            raise PayloadError(f"group {group_id} completion {i}: logprobs must be finite and <= 0")
 
 
-def logprobs_in_range(group: rollout_pb2.RolloutGroup, data: bytes) -> bool:
+def logprobs_in_range(group: rollout_pb2.RolloutGroup, data: bytes, num_logprobs: int | None = None) -> bool:
     """Whether every log-prob of ``group`` (parsed from ``data``) is finite and <= 0, read in one numpy pass.
 
     ``data`` is parsed again as :class:`RolloutGroupLogprobsView`, which
     holds each completion's packed log-probs as their little-endian float32
     bytes. False when any is out of range, and also when the bytes do not
-    account for every log-prob ``group`` holds (a writer may legally send a
-    repeated float unpacked, or in several runs, which the view does not
-    see whole): the caller then checks them one completion at a time.
+    account for every log-prob ``group`` holds (``num_logprobs``, counted
+    here if not given; a writer may legally send a repeated float unpacked,
+    or in several runs, which the view does not see whole): the caller then
+    checks them one completion at a time.
     """
+    if num_logprobs is None:
+        num_logprobs = sum(len(c.logprobs) for c in group.completions)
     view = rollout_pb2.RolloutGroupLogprobsView.FromString(data)
     raw = b"".join([c.logprobs for c in view.completions])
-    if len(raw) != 4 * sum(len(c.logprobs) for c in group.completions):
+    if len(raw) != 4 * num_logprobs or not raw:
         return False
     values = np.frombuffer(raw, dtype="<f4")
-    return bool(np.isfinite(values).all()) and float(values.max(initial=-np.inf)) <= 0.0
+    # min and max carry a NaN through; every comparison with it is false.
+    return bool(-np.inf < values.min() and values.max() <= 0.0)
 
 
 def _check_spans(c: rollout_pb2.Completion, n: int, where: str) -> None:

@@ -40,90 +40,52 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import itertools
 import json
 import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import nats
-import psutil
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.jetstream.names import Names, ensure_bucket, stream_configs
-from asymptote.jetstream.publish import Outgoing, Publisher
-from asymptote.jetstream.pull import durable_puller
 from asymptote.nats_local import NatsServer, free_port, start_nats
 from asymptote.policy import publish_policy
 from asymptote.rpc import channel
 from benchmarks.figure import Figure, Target
+from benchmarks.harness import (
+    FETCH_BATCH,
+    GROUP_SIZE,
+    NUM_COMPLETION_TOKENS,
+    NUM_GENERATORS,
+    CpuMeter,
+    GeneratorCounts,
+    fake_generator,
+    start_module,
+    stop_process,
+    synthetic_completions,
+    synthetic_group,
+)
+from benchmarks.relay import through_relay
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 
 TARGET_RATIO = 0.5
 TARGET_GROUPS_PER_S = 5000.0
 BENCH_FILE_NAME = "broker_bench.json"
-GROUP_SIZE = 8
-NUM_COMPLETION_TOKENS = 16
-"""Tokens per completion: the embedded default's max_tokens."""
-NUM_PROMPT_TOKENS = 8
-FETCH_BATCH = 64
-"""Messages per fetch of the raw baseline and of the fake generators."""
-NUM_GENERATORS = 2
 PREFIX = "bench"
 ROUNDS = 3
 """Broker runs in the full benchmark, each between two raw runs."""
-REPO = Path(__file__).resolve().parents[1]
-
-
-def synthetic_completions() -> bytes:
-    """The serialized part of a group that does not depend on its task: G completions with
-    log-probs and one version span, rewards 0 and 1 alternating, and the prompt tokens."""
-    completions = [
-        rollout_pb2.Completion(
-            token_ids=[4 + (i + j) % 12 for j in range(NUM_COMPLETION_TOKENS)],
-            logprobs=[-0.05 - 0.01 * j for j in range(NUM_COMPLETION_TOKENS)],
-            version_spans=[rollout_pb2.VersionSpan(version=0, start=0, end=NUM_COMPLETION_TOKENS)],
-            reward=float(i % 2),
-            finish_reason="length",
-        )
-        for i in range(GROUP_SIZE)
-    ]
-    return rollout_pb2.RolloutGroup(
-        prompt_token_ids=[1] + [4 + j for j in range(NUM_PROMPT_TOKENS - 1)],
-        completions=completions,
-        min_version=0,
-        max_version=0,
-    ).SerializeToString()
-
-
-def synthetic_group(task: rollout_pb2.GenerationTask, generator_id: str, completions: bytes) -> bytes:
-    """A valid serialized group for ``task``: its own fields, then ``completions``.
-
-    Protobuf concatenation is a merge, so the two parts make one message; the
-    fake generators build only the small part per task, since building
-    completions is the generator's work and not what this benchmark measures.
-    """
-    now = time.time()
-    return (
-        rollout_pb2.RolloutGroup(
-            group_id=task.task_id,
-            task=task,
-            generator_id=generator_id,
-            started_unix_s=now,
-            finished_unix_s=now,
-        ).SerializeToString()
-        + completions
-    )
+BATCH_PROMPTS = 96
+"""Prompts per learner batch: 768 completions at G = 8, ScaleRL's batch (48 prompts x 16)."""
 
 
 def sample_payload() -> bytes:
@@ -141,29 +103,6 @@ def sample_payload() -> bytes:
         issued_unix_s=time.time(),
     )
     return synthetic_group(task, "bench-generator-0", synthetic_completions())
-
-
-class CpuMeter:
-    """CPU seconds (user + system) of named processes, read at two moments."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self._start: dict[str, float] = {}
-        self.used: dict[str, float] = {}
-
-    def _now(self) -> dict[str, float]:
-        return {name: float(sum(p.cpu_times()[:2])) for name, p in self.processes.items()}
-
-    def start(self) -> None:
-        self._start = self._now()
-
-    def stop(self) -> None:
-        now = self._now()
-        self.used = {name: now[name] - self._start[name] for name in now}
-
-    def per_group_us(self, groups: int) -> dict[str, float]:
-        """Microseconds of CPU per group, by process."""
-        return {name: 1e6 * s / groups for name, s in self.used.items()}
 
 
 # -- the raw nats-py baseline ---------------------------------------------------
@@ -225,58 +164,6 @@ async def raw_groups_per_s(
 
 
 # -- through the broker -----------------------------------------------------------
-
-
-@dataclasses.dataclass
-class GeneratorCounts:
-    tasks_leased: int = 0
-    groups_published: int = 0
-    duplicates: int = 0
-    eval_tasks: int = 0
-
-
-async def fake_generator(nats_url: str, names: Names, index: int, stop: asyncio.Event, counts: GeneratorCounts) -> None:
-    """Lease tasks like the rollout loop (shared durable, explicit acks) and answer each at once.
-
-    A fetch's groups are published back to back and their acknowledgements
-    awaited together, then its tasks are acked (a task is acked only once its
-    group is stored, as the generator does).
-    """
-    nc = await nats.connect(nats_url, name=f"bench-generator-{index}")
-    js = nc.jetstream()
-    publisher = Publisher(js)
-    generator_id = f"bench-generator-{index}"
-    completions = synthetic_completions()
-    try:
-        puller = await durable_puller(
-            js,
-            names.tasks_stream,
-            names.all_tasks,
-            names.generators_consumer,
-            ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5, max_ack_pending=-1),
-        )
-        while not stop.is_set():
-            try:
-                msgs = await puller.fetch(FETCH_BATCH, timeout_s=0.2)
-            except TimeoutError:  # nats raises its subclass
-                continue
-            counts.tasks_leased += len(msgs)
-            groups = []
-            for msg in msgs:
-                task = rollout_pb2.GenerationTask.FromString(msg.data)
-                if task.kind == rollout_pb2.TASK_KIND_TRAIN:
-                    groups.append(
-                        Outgoing(names.rollouts, synthetic_group(task, generator_id, completions), task.task_id)
-                    )
-                else:
-                    counts.eval_tasks += 1  # the R0 eval round: nothing consumes its results here
-            stored = await publisher.publish_all(groups)
-            counts.groups_published += len(groups)
-            counts.duplicates += sum(s.duplicate for s in stored)
-            for msg in msgs:
-                await msg.ack()
-    finally:
-        await nc.close()
 
 
 async def next_batch(
@@ -385,26 +272,7 @@ def broker_config(nats_url: str, batch_prompts: int, prefix: str = PREFIX) -> Br
 def start_broker(config: BrokerConfig, workdir: Path) -> subprocess.Popen[bytes]:
     path = workdir / "broker.yaml"
     dump_config(config, path)
-    with (workdir / "broker.log").open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "broker", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=REPO,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            start_new_session=True,
-        )
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    return start_module("services.cli", ["broker", "--config", str(path)], workdir / "broker.log")
 
 
 async def broker_status(endpoint: str, broker: subprocess.Popen[bytes], log_path: Path) -> dict[str, float]:
@@ -483,6 +351,7 @@ async def through_broker(
             "generator_tasks_leased": counts.tasks_leased,
             "generator_groups_published": counts.groups_published,
             "generator_duplicates": counts.duplicates,
+            "tasks_per_fetch": counts.tasks_leased / max(counts.fetches, 1),
             "cpu_us_per_group": meter.per_group_us(groups),
         }
     finally:
@@ -494,14 +363,17 @@ async def through_broker(
         stop_process(broker)
 
 
-async def measure(workdir: Path, quick: bool) -> dict[str, Any]:
-    """Raw and broker runs alternating (``ROUNDS`` broker runs, one in quick mode), on one nats-server."""
-    batch_prompts, num_groups, warmup_s, rounds = (16, 800, 1.0, 1) if quick else (32, 12000, 2.0, ROUNDS)
-    assert num_groups % batch_prompts == 0
+async def measure(workdir: Path, quick: bool, batch_prompts: int = BATCH_PROMPTS) -> dict[str, Any]:
+    """Raw, broker and relay runs (``ROUNDS`` rounds, one in quick mode, with batches of 16), on one nats-server."""
+    num_groups, warmup_s, rounds = (800, 1.0, 1) if quick else (12000, 2.0, ROUNDS)
+    if quick:
+        batch_prompts = 16
+    num_groups -= num_groups % batch_prompts
     shutil.rmtree(workdir / "nats", ignore_errors=True)
     server = start_nats(workdir / "nats")
     raws: list[dict[str, Any]] = []
     brokers: list[dict[str, Any]] = []
+    relays: list[dict[str, Any]] = []
     try:
         payload = sample_payload()
 
@@ -513,10 +385,13 @@ async def measure(workdir: Path, quick: bool) -> dict[str, Any]:
         await raw(0)
         for run in range(rounds):
             brokers.append(await through_broker(server, workdir, batch_prompts, num_groups, warmup_s, run))
+            relays.append(
+                await through_relay(server, workdir, num_groups, warmup_s, run, GROUP_SIZE, NUM_COMPLETION_TOKENS)
+            )
             await raw(run + 1)
     finally:
         server.stop()
-    return {"brokers": brokers, "raws": raws, "payload_bytes": len(payload)}
+    return {"brokers": brokers, "relays": relays, "raws": raws, "payload_bytes": len(payload)}
 
 
 def cores_at(rate: float, cpu_us_per_group: dict[str, float]) -> float:
@@ -524,24 +399,31 @@ def cores_at(rate: float, cpu_us_per_group: dict[str, float]) -> float:
     return rate * sum(cpu_us_per_group.values()) / 1e6
 
 
-def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
+def bench_broker(quick: bool = False, workdir: Path | None = None, batch_prompts: int = BATCH_PROMPTS) -> Figure:
     """The broker's figure (see the module docstring): groups/s through the broker against raw nats-py.
 
-    The details hold every round, the raw rates, the CPU per group, the
-    window, and the median round's broker and fake-generator counters.
-    ``quick``: one round, batches of 16 and 800 measured groups instead of
-    three rounds of 32 and 12,000.
+    The details hold every round (with its relay run: the broker's message
+    work alone, see :mod:`benchmarks.relay`), the raw rates, the CPU per
+    group, the window, and the median round's broker and fake-generator
+    counters. ``quick``: one round, batches of 16 and 800 measured groups
+    instead of three rounds of ``batch_prompts`` and 12,000.
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
-            return bench_broker(quick, Path(tmp))
+            return bench_broker(quick, Path(tmp), batch_prompts)
     workdir.mkdir(parents=True, exist_ok=True)
-    m = asyncio.run(measure(workdir, quick))
+    m = asyncio.run(measure(workdir, quick, batch_prompts))
     raws = [r["groups_per_s"] for r in m["raws"]]
     either_side = [(before + after) / 2 for before, after in itertools.pairwise(raws)]
     rounds = [
-        {**b, "raw_groups_per_s": base, "ratio": b["groups_per_s"] / base}
-        for b, base in zip(m["brokers"], either_side, strict=True)
+        {
+            **b,
+            "raw_groups_per_s": base,
+            "ratio": b["groups_per_s"] / base,
+            "relay_groups_per_s": relay["groups_per_s"],
+            "relay_cpu_us_per_group": relay["cpu_us_per_group"],
+        }
+        for b, relay, base in zip(m["brokers"], m["relays"], either_side, strict=True)
     ]
     # The median round (by ratio) is the figure: its rate, its raw baseline, its counts.
     b = sorted(rounds, key=lambda r: r["ratio"])[len(rounds) // 2]
@@ -552,7 +434,15 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
         name: statistics.mean(r["cpu_us_per_group"][name] for r in m["raws"])
         for name in m["raws"][0]["cpu_us_per_group"]
     }
-    cpu_text = ", ".join(f"{name} {us:.0f}" for name, us in cpu.items())
+    relay_rate = statistics.median(r["relay_groups_per_s"] for r in rounds)
+    relay_cpu = {
+        name: statistics.median(r["relay_cpu_us_per_group"][name] for r in rounds)
+        for name in rounds[0]["relay_cpu_us_per_group"]
+    }
+
+    def cpu_text(us: dict[str, float]) -> str:
+        return ", ".join(f"{name} {v:.0f}" for name, v in us.items())
+
     ratios_text = ", ".join(f"{r['ratio']:.2f}" for r in rounds)
     return Figure(
         name="broker_groups_per_s_vs_raw_nats",
@@ -568,9 +458,10 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
             f"(ratios {ratios_text}); {b['groups']:,} groups in "
             f"{b['window_s']:.2f} s after {b['warmup_groups']:,} warm-up; batches of {b['batch_prompts']}, "
             f"G={b['group_size']}; {b['tasks_issued']:,} tasks issued, {b['groups_admitted']:,} admitted, "
-            f"{dropped} dropped; CPU per group (us): {cpu_text}, so "
+            f"{dropped} dropped; CPU per group (us): {cpu_text(cpu)}, so "
             f"{TARGET_GROUPS_PER_S:,.0f} groups/s would keep {cores_at(TARGET_GROUPS_PER_S, cpu):.1f} cores busy "
-            f"(this machine has {os.cpu_count()})"
+            f"(this machine has {os.cpu_count()}). The same message work with no broker logic (relay): "
+            f"{relay_rate:,.0f} groups/s, CPU per group (us): {cpu_text(relay_cpu)}"
         ),
         targets=(
             Target(of="ratio", direction="at least", bound=TARGET_RATIO),
@@ -580,13 +471,32 @@ def bench_broker(quick: bool = False, workdir: Path | None = None) -> Figure:
             "raw_groups_per_s": raw,
             "raw_groups_per_s_each": raws,
             "raw_cpu_us_per_group": raw_cpu,
+            "relay_groups_per_s": relay_rate,
+            "relay_cpu_us_per_group": relay_cpu,
             "payload_bytes": m["payload_bytes"],
             "rounds": [
-                {k: r[k] for k in ("groups_per_s", "raw_groups_per_s", "ratio", "cpu_us_per_group")} for r in rounds
+                {
+                    k: r[k]
+                    for k in (
+                        "groups_per_s",
+                        "raw_groups_per_s",
+                        "ratio",
+                        "cpu_us_per_group",
+                        "tasks_per_fetch",
+                        "relay_groups_per_s",
+                        "relay_cpu_us_per_group",
+                    )
+                }
+                for r in rounds
             ],
             "cores_at_target": cores_at(TARGET_GROUPS_PER_S, cpu),
             "cpu_count": os.cpu_count(),
-            **{k: v for k, v in b.items() if k not in ("groups_per_s", "raw_groups_per_s", "ratio")},
+            **{
+                k: v
+                for k, v in b.items()
+                if k
+                not in ("groups_per_s", "raw_groups_per_s", "ratio", "relay_groups_per_s", "relay_cpu_us_per_group")
+            },
         },
     )
 
@@ -595,9 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.broker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help=f"directory for {BENCH_FILE_NAME} and the logs")
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer groups (for CI)")
+    parser.add_argument(
+        "--batch-prompts", type=int, default=BATCH_PROMPTS, help=f"prompts per learner batch (default {BATCH_PROMPTS})"
+    )
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    figure = bench_broker(args.quick, args.output / "broker-bench")
+    figure = bench_broker(args.quick, args.output / "broker-bench", args.batch_prompts)
     (args.output / BENCH_FILE_NAME).write_text(json.dumps(figure.as_json(), indent=2) + "\n")
     print(
         f"broker: {figure.value:,.0f} groups/s vs raw nats-py {figure.details['raw_groups_per_s']:,.0f} "

@@ -35,7 +35,6 @@ from typing import Any
 
 import grpc
 import nats
-import psutil
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -328,35 +327,6 @@ class SimLearner:
 
     def window(self, start_s: float, end_s: float) -> list[Step]:
         return [s for s in self.steps if start_s <= s.at_s < end_s]
-
-
-class ProcessMeter:
-    """CPU seconds and peak RSS of one process, sampled (the process may be replaced, e.g. a restart)."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.cpu_before = 0.0
-        self.peak_rss_bytes = 0
-        self._cpu_of_replaced = 0.0
-
-    def replace(self, pid: int) -> None:
-        with contextlib.suppress(psutil.Error):
-            self._cpu_of_replaced += self._cpu_now()
-        self.process = psutil.Process(pid)
-
-    def _cpu_now(self) -> float:
-        t = self.process.cpu_times()
-        return float(t.user + t.system)
-
-    def cpu_s(self) -> float:
-        try:
-            return self._cpu_of_replaced + self._cpu_now()
-        except psutil.Error:  # gone (killed) since: what it used is counted at replace()
-            return self._cpu_of_replaced
-
-    def sample(self) -> None:
-        with contextlib.suppress(psutil.Error):
-            self.peak_rss_bytes = max(self.peak_rss_bytes, int(self.process.memory_info().rss))
 
 
 class BrokerProcess:

@@ -49,13 +49,13 @@ from benchmarks.dataplane import (
     BrokerProcess,
     FleetCounts,
     LoadShape,
-    ProcessMeter,
     SimGenerator,
     SimLearner,
     announce_first_version,
     audit_run,
     step_figures,
 )
+from benchmarks.harness import ProcessMeter
 
 GENERATORS = (1, 4, 16, 64, 256)
 SATURATED_BELOW = 0.8

@@ -255,3 +255,15 @@ def test_the_import_graph_has_no_circle() -> None:
     assert "benchmarks.figure" in graph["benchmarks.run"]  # the graph sees the edges it should
     assert not graph["services.cli"] & {"benchmarks.run", "ops.kube"}  # only lazily, excluded
     assert import_circles(graph) == []
+
+
+def test_the_ledgers_event_names_are_every_ledger_event() -> None:
+    # asymptote.ledger.Event stands in for the protobuf enum's wrapper on hot paths: it must
+    # name every value the contract has, with the contract's numbers.
+    from asymptote.contracts.v1 import rollout_pb2
+    from asymptote.ledger import TERMINAL, Event
+
+    names = {k: v for k, v in vars(Event).items() if k.startswith("LEDGER_EVENT_")}
+    assert names == dict(rollout_pb2.LedgerEvent.items())
+    assert TERMINAL == {rollout_pb2.LEDGER_EVENT_TRAINED, rollout_pb2.LEDGER_EVENT_FILTERED, 4}
+    assert rollout_pb2.LedgerEvent.Name(4) == "LEDGER_EVENT_DEADLETTERED"

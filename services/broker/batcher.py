@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
-from asymptote.ledger import Ledger
+from asymptote.ledger import Event, Ledger
 from services.broker.config import ZeroVariance
 
 log = logging.getLogger(__name__)
@@ -32,9 +32,6 @@ class Ackable(Protocol):
     async def ack(self) -> None: ...
     async def nak(self, delay: float | None = None) -> None: ...
     async def in_progress(self) -> None: ...
-
-
-Event = rollout_pb2.LedgerEvent
 
 
 @dataclass

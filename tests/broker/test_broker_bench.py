@@ -51,6 +51,14 @@ def test_quick_broker_bench_counts_every_group(tmp_path: Path) -> None:
     assert set(r["raw_cpu_us_per_group"]) == {"nats-server", "harness"}
     for cpu in (r["cpu_us_per_group"], r["raw_cpu_us_per_group"]):
         assert all(math.isfinite(us) and us > 0 for us in cpu.values()), cpu
+    # The relay run: the same message work with no broker logic, measured the same way.
+    relay = r["rounds"][0]
+    assert math.isfinite(relay["relay_groups_per_s"]) and relay["relay_groups_per_s"] > 0
+    assert r["relay_groups_per_s"] == relay["relay_groups_per_s"]
+    assert set(r["relay_cpu_us_per_group"]) == {"relay", "nats-server", "harness"}
+    assert all(math.isfinite(us) and us > 0 for us in r["relay_cpu_us_per_group"].values())
+    assert f"{r['relay_groups_per_s']:,.0f} groups/s" in fig.measured
+    assert 0 < relay["tasks_per_fetch"] <= 64
     assert r["cores_at_target"] == pytest.approx(5000 * sum(r["cpu_us_per_group"].values()) / 1e6, rel=1e-9)
     assert f"{r['cores_at_target']:.1f} cores" in fig.measured
 
@@ -64,5 +72,6 @@ def test_quick_broker_bench_counts_every_group(tmp_path: Path) -> None:
     assert r["groups_admitted"] == r["groups_received"] >= delivered
     assert r["tasks_issued"] >= r["generator_groups_published"] >= r["groups_received"]
 
-    # Nothing it started outlives it: neither the broker nor nats-server.
+    # Nothing it started outlives it: neither the broker, the relay nor nats-server.
     assert processes_mentioning(str(tmp_path)) == []
+    assert processes_mentioning("-m benchmarks.relay --nats") == []
