@@ -120,18 +120,17 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
 def logprobs_in_range(group: rollout_pb2.RolloutGroup, data: bytes, num_logprobs: int | None = None) -> bool:
     """Whether every log-prob of ``group`` (parsed from ``data``) is finite and <= 0, read in one numpy pass.
 
-    ``data`` is parsed again as :class:`RolloutGroupLogprobsView`, which
-    holds each completion's packed log-probs as their little-endian float32
-    bytes. False when any is out of range, and also when the bytes do not
-    account for every log-prob ``group`` holds (``num_logprobs``, counted
-    here if not given; a writer may legally send a repeated float unpacked,
-    or in several runs, which the view does not see whole): the caller then
-    checks them one completion at a time.
+    ``data`` is parsed again as :class:`RolloutGroupLogprobRuns`, which
+    holds every packed run of log-probs in the group as its little-endian
+    float32 bytes. False when any is out of range, and also when the bytes
+    do not account for every log-prob ``group`` holds (``num_logprobs``,
+    counted here if not given; a writer may legally send a repeated float
+    unpacked, which the view does not see): the caller then checks them
+    one completion at a time.
     """
     if num_logprobs is None:
         num_logprobs = sum(len(c.logprobs) for c in group.completions)
-    view = rollout_pb2.RolloutGroupLogprobsView.FromString(data)
-    raw = b"".join([c.logprobs for c in view.completions])
+    raw = b"".join(rollout_pb2.RolloutGroupLogprobRuns.FromString(data).completions.logprobs)
     if len(raw) != 4 * num_logprobs or not raw:
         return False
     values = np.frombuffer(raw, dtype="<f4")

@@ -131,17 +131,17 @@ class RolloutGroup(_message.Message):
     max_version: int
     def __init__(self, group_id: _Optional[str] = ..., task: _Optional[_Union[GenerationTask, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., generator_id: _Optional[str] = ..., started_unix_s: _Optional[float] = ..., finished_unix_s: _Optional[float] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
 
-class CompletionLogprobsView(_message.Message):
+class CompletionLogprobRuns(_message.Message):
     __slots__ = ("logprobs",)
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    logprobs: bytes
-    def __init__(self, logprobs: _Optional[bytes] = ...) -> None: ...
+    logprobs: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, logprobs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
-class RolloutGroupLogprobsView(_message.Message):
+class RolloutGroupLogprobRuns(_message.Message):
     __slots__ = ("completions",)
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
-    completions: _containers.RepeatedCompositeFieldContainer[CompletionLogprobsView]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionLogprobsView, _Mapping]]] = ...) -> None: ...
+    completions: CompletionLogprobRuns
+    def __init__(self, completions: _Optional[_Union[CompletionLogprobRuns, _Mapping]] = ...) -> None: ...
 
 class EvalResult(_message.Message):
     __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens", "tokens_by_version")
