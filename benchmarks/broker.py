@@ -22,6 +22,13 @@ serves both sides, measured in one run:
   like the rollouts stream, fetched by a durable pull consumer in batches
   with explicit acks, concurrently; groups/s = N / wall time.
 
+- relay (:mod:`benchmarks.relay`): the broker's message work with none of
+  its logic, after each broker run, with the same fake generators: what
+  any broker on this message pattern could reach here.
+
+The learner takes batches of ``BATCH_PROMPTS`` prompts (96: ScaleRL's 768
+completions at G = 8); the broker issues tasks as batches are taken, so
+this is also the size of the chunks tasks are issued and leased in.
 Raw and broker runs alternate (raw, broker, raw, broker, raw, broker, raw;
 one broker run in quick mode), each broker run with a fresh broker and
 streams of its own. A round's ratio is its broker rate over the mean of
@@ -31,7 +38,7 @@ also counts the CPU seconds every process spent per group (the broker,
 nats-server, and this process playing the generators and the learner), which
 says what a rate on this machine is bounded by.
 
-    python -m benchmarks.broker --output DIR [--quick]
+    python -m benchmarks.broker --output DIR [--quick] [--batch-prompts N]
 
 Target: broker rate / raw rate >= 0.5, and >= 5,000 groups/s.
 """
