@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from asymptote.lifecycle import die_with_parent
+
 USER_ENV = "ASY_NATS_SERVER_USER"
 PASSWORD_ENV = "ASY_NATS_SERVER_PASSWORD"
 """Where a password-protected local nats-server reads its credentials (its environment)."""
@@ -170,6 +172,7 @@ def start_nats(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
         env=env,
     )
     log.close()

@@ -25,6 +25,7 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
 from asymptote.jetstream.publish import Outgoing, Publisher
 from asymptote.jetstream.pull import durable_puller
+from asymptote.lifecycle import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -199,6 +200,7 @@ def start_module(module: str, args: list[str], log_path: Path) -> subprocess.Pop
             cwd=REPO,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
 
 

@@ -56,6 +56,7 @@ from rich.markup import escape
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
+from asymptote.lifecycle import die_with_parent, interrupt_on_sigterm
 from benchmarks.figure import Figure, Target, not_run, quantity
 from benchmarks.pipeline import (
     PIPELINE_TARGETS,
@@ -67,7 +68,7 @@ from benchmarks.pipeline import (
 )
 from services.local.config import StackConfig
 from services.local.progress import read_jsonl
-from services.local.stack import LocalStack
+from services.local.stack import INTERRUPTED, LocalStack
 
 GENERATOR_TARGETS = (Target(of="ratio", direction="at least", bound=0.9),)
 LEARNING_SPEED_TARGETS = (Target(of="ratio", direction="at least", bound=1.3, rule="on-policy time / stack time"),)
@@ -205,6 +206,8 @@ def run_stack(out: Path, name: str, until: Until | None = None, **overrides: Any
         code = stack.run(None if until is None else lambda snap: until(snap, scraper))
     finally:
         scraper.stop()
+    if code == INTERRUPTED:
+        raise KeyboardInterrupt  # not a failed section: the whole bench stops (its stack already has)
     if code != 0:
         raise RuntimeError(f"stack run {name} failed (exit {code}); see {stack.run_dir / 'logs'}")
     return StackRun(
@@ -245,7 +248,7 @@ def pinned(role: str) -> Callable[[], None] | None:
 def run_module(module: str, args: list[str], role: str, timeout_s: float = 900.0) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", module, *args],
-        preexec_fn=pinned(role),
+        preexec_fn=die_with_parent(pinned(role)),
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -628,12 +631,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     out = writable_dir(args.output)
-    if args.scale:
-        from benchmarks.scale import bench_scale, table
+    try:
+        with interrupt_on_sigterm():
+            if args.scale:
+                from benchmarks.scale import bench_scale, table
 
-        print(table(bench_scale(out)))
-        return 0
-    report, figures = run_all(out, args.quick, args.only)
+                print(table(bench_scale(out)))
+                return 0
+            report, figures = run_all(out, args.quick, args.only)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process the bench started is stopped[/yellow]")
+        return INTERRUPTED
     print((out / "bench.md").read_text())
     if report["errors"]:
         console.print(f"[red]{len(report['errors'])} benchmark(s) failed to run[/red]")

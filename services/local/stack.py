@@ -37,6 +37,7 @@ from asymptote.config import ListenSettings, NatsSettings, dump_config
 from asymptote.errors import ConfigError
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
+from asymptote.lifecycle import die_with_parent, interrupt_on_sigterm
 from asymptote.nats_local import free_port, new_password, start_nats
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
@@ -49,6 +50,8 @@ from services.local.progress import Progress
 log = logging.getLogger(__name__)
 
 SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
+INTERRUPTED = 130
+"""``LocalStack.run``'s exit code when Ctrl-C, SIGTERM or SIGHUP stopped it (128 + SIGINT, the shell's)."""
 PREPARE_REFUSAL = "asymptote prepare-model: "
 """How ``asymptote prepare-model`` begins the one line that refuses its request."""
 """Start order; the stop order is the reverse (generators drain first)."""
@@ -128,6 +131,7 @@ class LocalStack:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent(),
         )
         assert child.stdout is not None and child.stderr is not None
         # The warm start's progress goes to the terminal as it comes; a refusal of
@@ -180,7 +184,7 @@ class LocalStack:
             env=env,
             cwd=os.getcwd(),
             start_new_session=True,
-            preexec_fn=pin,
+            preexec_fn=die_with_parent(pin),
         )
         fh.close()
         proc = Proc(name, popen, log_path, http_port, argv=argv, cpus=cpus)
@@ -545,10 +549,10 @@ class LocalStack:
 
     def run(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
         """Start, then follow to max_steps and the final eval (or until ``until(progress snapshot)``); the exit code."""
-        with self:
+        with interrupt_on_sigterm(), self:
             try:
                 self.start()
                 return self.follow(until)
             except KeyboardInterrupt:
                 print("\ninterrupted: stopping every service...", flush=True)
-                return 130
+                return INTERRUPTED
