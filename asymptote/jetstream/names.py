@@ -96,10 +96,21 @@ class Names:
         """Where the broker stores its ``LedgerBatch`` messages."""
         return self.ledger("entries")
 
-    # Durable consumers (one per consuming role; generators share theirs)
+    # Durable consumers (one per consuming role and subject; generators share theirs)
     @property
     def generators_consumer(self) -> str:
-        return "generators"
+        """Train tasks (``train_tasks``), shared by every generator."""
+        return "generators-train"
+
+    @property
+    def generators_eval_consumer(self) -> str:
+        """Eval tasks (``eval_tasks``), shared by every generator and served before train tasks,
+        so an eval round never waits in the queue behind train tasks."""
+        return "generators-eval"
+
+    retired_consumers: tuple[str, ...] = ("generators",)
+    """Durable consumers of earlier releases on the task stream (one for both kinds of task):
+    removed at a generator's start, since their filter overlaps the two above."""
 
     @property
     def broker_consumer(self) -> str:

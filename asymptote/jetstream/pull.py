@@ -1,7 +1,7 @@
 """Fetching from durable pull consumers without nats-py's per-message waits.
 
 Owns :class:`Puller` and :func:`durable_puller`, the broker's path for
-taking rollout groups off their work queue.
+taking rollout groups off their work queue and the generators' for eval tasks.
 """
 
 from __future__ import annotations
@@ -90,6 +90,20 @@ class Puller(Inbox):
 
     def _take(self, batch: int) -> list[Msg]:
         return [self._buffer.popleft() for _ in range(min(batch, len(self._buffer)))]
+
+    async def fetch_available(self, batch: int, timeout_s: float = 5.0) -> list[Msg]:
+        """Up to ``batch`` messages available now, without waiting for any to be published (maybe none).
+
+        ``timeout_s`` bounds only the round trip to the server.
+        """
+        if not self._buffer:
+            await self._request(batch)
+            await self._wait(batch, asyncio.get_running_loop().time() + timeout_s)
+        return self._take(batch)
+
+    def take_buffered(self) -> list[Msg]:
+        """Every message that arrived and was not fetched yet (leased: the caller acks or naks them)."""
+        return self._take(len(self._buffer))
 
     async def fetch(self, batch: int, timeout_s: float) -> list[Msg]:
         """Up to ``batch`` messages, without waiting once some are in; asyncio.TimeoutError if none came."""

@@ -19,12 +19,14 @@ from collections import deque
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
+from asymptote.jetstream.pull import durable_puller
 from asymptote.messages import decode_task
 from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
@@ -40,6 +42,19 @@ HAND_BACK_DELAY_S = 1.5
 server may still hold a pull request of this generator's for up to a fetch
 timeout (1 s) after its fetch returned, and a task redelivered into it would
 wait out its lease."""
+
+
+async def retire_consumers(js: JetStreamContext, names: Names) -> None:
+    """Delete the task stream's consumers of earlier releases, whose filter overlaps today's two.
+
+    Their unacknowledged tasks stay in the work queue and go out again through the new consumers.
+    """
+    for durable in names.retired_consumers:
+        try:
+            await js.delete_consumer(names.tasks_stream, durable)
+            log.info("removed the task consumer %r of an earlier release", durable)
+        except NotFoundError:
+            pass
 
 
 def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
@@ -85,16 +100,21 @@ class RolloutLoop:
         self._drain = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=MAX_DELIVER,
+            max_ack_pending=-1,
+        )
+        await retire_consumers(self.js, self.names)
         sub = await self.js.pull_subscribe(
-            self.names.all_tasks,
+            self.names.train_tasks,
             durable=self.names.generators_consumer,
             stream=self.names.tasks_stream,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=self.ack_wait_s,
-                max_deliver=MAX_DELIVER,
-                max_ack_pending=-1,
-            ),
+            config=config,
+        )
+        evals = await durable_puller(
+            self.js, self.names.tasks_stream, self.names.eval_tasks, self.names.generators_eval_consumer, config
         )
         busy_since: float | None = None
         while not stop.is_set():
@@ -107,7 +127,12 @@ class RolloutLoop:
                 await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                msgs = await sub.fetch(batch=room, timeout=0.2 if self._inflight else 1.0)
+                # Eval tasks first, and ahead of leased train tasks: a round is sampled by the
+                # version it names, not by whichever version the train queue has reached by then.
+                urgent = await evals.fetch_available(room)
+                self._waiting.extendleft(reversed(urgent))
+                room -= len(urgent)
+                msgs = await sub.fetch(batch=room, timeout=0.2 if self._inflight else 1.0) if room > 0 else []
             except TimeoutError:  # nats raises its subclass, or asyncio's own
                 msgs = []
             except Exception as exc:
@@ -132,6 +157,7 @@ class RolloutLoop:
         # Hand back leased tasks that never started (another generator takes
         # them after HAND_BACK_DELAY_S rather than after the lease expires).
         self._drain.set()
+        self._waiting.extend(evals.take_buffered())
         while self._waiting:
             try:
                 await self._waiting.popleft().nak(delay=HAND_BACK_DELAY_S)

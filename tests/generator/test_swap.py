@@ -560,10 +560,84 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
                 assert [len(c.token_ids) for c in g.completions] == [MAX_TOKENS] * g.task.sampling.num_samples
             # The unservable task is back in the queue, now: its second delivery, not after a lease.
             tasks = await js.pull_subscribe(
-                names.all_tasks, durable=names.generators_consumer, stream=names.tasks_stream
+                names.eval_tasks, durable=names.generators_eval_consumer, stream=names.tasks_stream
             )
             [again] = await tasks.fetch(1, timeout=5)
             assert rollout_pb2.GenerationTask.FromString(again.data).task_id == "eval-later"
             assert again.metadata.num_delivered == 2
         finally:
             await nc.close()
+
+
+async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a real nats-server: an eval task published behind four train tasks is sampled third
+    (after the group in the engine and the one already leased), not fifth as a shared queue would.
+    Eval tasks have a consumer of their own, and the loop takes from it first."""
+    import nats as nats_py
+
+    names = Names("evalfirst")
+    with nats_server(tmp_path / "nats") as server:
+        nc = await nats_py.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, names)
+            loop = RolloutLoop(
+                engine,
+                js,
+                names,
+                "gen-test",
+                max_inflight_groups=1,
+                ack_wait_s=30.0,
+                metrics=GeneratorMetrics(),
+                meter=ComputeMeter("generator", "gen-test", "cpu", 1),
+            )
+            under_way = asyncio.Event()
+            sample = engine.sample
+
+            async def watched(*args: Any, **kwargs: Any) -> Any:
+                return await sample(*args, **kwargs, on_progress=lambda n: n >= 5 and under_way.set())
+
+            monkeypatch.setattr(engine, "sample", watched)
+            for i in range(4):
+                t = _task(f"train-{i}", rollout_pb2.TASK_KIND_TRAIN, num_samples=8)
+                await js.publish(names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
+            stop = asyncio.Event()
+            running = asyncio.create_task(loop.run(stop))
+            await asyncio.wait_for(under_way.wait(), 120)  # train-0 in the engine
+
+            async def backlog_full() -> None:
+                while len(loop._waiting) < 1:  # train-1 leased, waiting for the engine
+                    await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
+
+            await asyncio.wait_for(backlog_full(), 30)
+            e = _task("eval-now", rollout_pb2.TASK_KIND_EVAL, num_samples=2)
+            await js.publish(names.eval_tasks, e.SerializeToString(), headers={"Nats-Msg-Id": e.task_id})
+
+            finished: dict[str, float] = {}  # task id -> when its group or result was finished
+
+            async def collect() -> None:
+                rollouts = await js.pull_subscribe(names.rollouts, durable="order", stream=names.rollouts_stream)
+                results = await js.pull_subscribe(names.eval_results, durable="order", stream=names.evals_stream)
+                while len(finished) < 5:
+                    for sub in (rollouts, results):
+                        try:
+                            msgs = await sub.fetch(5, timeout=0.2)
+                        except TimeoutError:
+                            continue
+                        for m in msgs:
+                            if sub is rollouts:
+                                group = rollout_pb2.RolloutGroup.FromString(m.data)
+                                finished[group.task.task_id] = group.finished_unix_s
+                            else:
+                                result = rollout_pb2.EvalResult.FromString(m.data)
+                                finished[result.task_id] = result.finished_unix_s
+
+            await asyncio.wait_for(collect(), 180)
+            stop.set()
+            await asyncio.wait_for(running, 60)
+        finally:
+            await nc.close()
+    # One group at a time in the engine: the finishing order is the serving order.
+    assert sorted(finished, key=finished.__getitem__) == ["train-0", "train-1", "eval-now", "train-2", "train-3"]
