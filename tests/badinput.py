@@ -92,6 +92,19 @@ class BadInputs:
         finally:
             self.record(interface, bad_input, crashed=crashed)
 
+    def dump(self) -> dict[str, dict[str, list[str]]]:
+        """Every fingerprint, per interface: what a parallel worker hands the controller (JSON-able)."""
+        with self._lock:
+            return {name: {"tried": sorted(t.tried), "crashed": sorted(t.crashed)} for name, t in self._tallies.items()}
+
+    def merge(self, dumped: dict[str, dict[str, list[str]]]) -> None:
+        """Take in another process's :meth:`dump`: the same input tried on two workers counts once."""
+        with self._lock:
+            for name, sets in dumped.items():
+                tally = self._tallies.setdefault(name, Tally())
+                tally.tried.update(sets["tried"])
+                tally.crashed.update(sets["crashed"])
+
     def num_tried(self, interface: str) -> int:
         with self._lock:
             return len(self._tallies[interface].tried) if interface in self._tallies else 0

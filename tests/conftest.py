@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from badinput import BAD_INPUTS
@@ -14,6 +16,24 @@ from badinput import BAD_INPUTS
 # Child processes (subprocess tests, services) inherit this: the test machine
 # has few cores shared with other work.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM stops the run as Ctrl-C does: fixtures tear down, so the servers they started stop.
+
+    Python's default for SIGTERM ends the process at once, skipping every
+    teardown; the servers a session fixture started (nats-server) would stay.
+    Those are also started with ``asymptote.lifecycle.die_with_parent``, for a
+    SIGKILL no handler sees.
+    """
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # One interrupt: the teardown it starts runs to its end. A Python-level no-op, not SIG_IGN,
+    # which processes started during the teardown would inherit.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,15 +53,33 @@ SLOW_KINDS = ("e2e", "vllm", "faults")
 """Markers whose tests always start long multi-process work: they belong to the slow tier."""
 
 
+def cost_rank(item: pytest.Item) -> int:
+    """Where a test's module goes in the run, the longest kinds of work first (0)."""
+    for rank, kind in enumerate(("faults", "e2e", "vllm", "slow")):
+        if item.get_closest_marker(kind):
+            return rank
+    return len(SLOW_KINDS) + 1
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every e2e, vllm and faults test ``slow``, so ``-m "not slow"`` is the fast tier.
+    """Mark every e2e, vllm and faults test ``slow``, so ``-m "not slow"`` is the fast tier;
+    order modules longest kind first, and keep each module on one parallel worker.
 
     Runs first (before ``-m`` deselects), so the added marker takes part in the selection.
+    With pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadscope``) a worker takes a
+    whole module, so its module-scoped fixtures (a vLLM engine, a nats-server) start once;
+    the modules go out in this order (``--no-loadscope-reorder``), so the longest start
+    first and the short ones fill in around them.
     """
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    module_rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        module_rank[module] = min(module_rank.get(module, cost_rank(item)), cost_rank(item))
+    items.sort(key=lambda item: module_rank[item.nodeid.split("::")[0]])  # stable: file order within a rank
 
 
 def bad_input_report_path(config: pytest.Config) -> Path:
@@ -50,8 +88,25 @@ def bad_input_report_path(config: pytest.Config) -> Path:
     return (Path(directory) if directory else config.rootpath / ".pytest-reports") / "bad-input.json"
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand the bad inputs it tried to the controller, which reports them all."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["bad_inputs"] = BAD_INPUTS.dump()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller: take in what a worker tried (its ``pytest_sessionfinish``)."""
+    dumped = getattr(node, "workeroutput", {}).get("bad_inputs")
+    if dumped:
+        BAD_INPUTS.merge(dumped)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The distinct bad inputs the session tried per interface, and the crashes, when it tried any."""
+    if hasattr(config, "workeroutput"):
+        return  # a worker: the controller reports
     counts = BAD_INPUTS.counts()
     if not counts:
         return

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -460,6 +461,17 @@ def prepare_model(
         log.info("warm-started model found in cache: %s", final)
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # One builder per key: a second process (another run, a parallel test worker) waits and takes its result.
+    with FileLock(f"{final}.lock"):
+        if (final / "config.json").is_file():
+            log.info("warm-started model found in cache: %s", final)
+            return final
+        return _build_into(final, spec, task_settings, settings)
+
+
+def _build_into(final: Path, spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> Path:
+    """Build and warm-start the model, written beside ``final`` and renamed into place."""
+    cache_dir = final.parent
     tmp = Path(tempfile.mkdtemp(prefix=".warmstart-", dir=cache_dir))
     try:
         task = get_task(task_settings.name, task_settings)

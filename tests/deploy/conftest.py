@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from chart_render import REPO, VALUE_SETS, Rendered, render, render_stack
+from filelock import FileLock
 
 
 @pytest.fixture(params=sorted(VALUE_SETS), scope="session")
@@ -38,23 +39,29 @@ CHECKOV_VENV = REPO / ".cache" / "checkov-venv"
 def checkov() -> Path:
     """The checkov CLI, installed once into .cache/checkov-venv (its pins clash with the project's)."""
     exe = CHECKOV_VENV / "bin" / "checkov"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(CHECKOV_VENV)], check=True)
-        install = subprocess.run(
-            [
-                str(CHECKOV_VENV / "bin" / "python"),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "checkov>=3.2",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        assert install.returncode == 0, f"cannot install checkov into {CHECKOV_VENV}:\n{install.stderr[-3000:]}"
+    CHECKOV_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{CHECKOV_VENV}.lock"):  # parallel workers: one installs, the others wait for it
+        if not exe.exists():
+            install_checkov()
     return exe
+
+
+def install_checkov() -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(CHECKOV_VENV)], check=True)
+    install = subprocess.run(
+        [
+            str(CHECKOV_VENV / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "checkov>=3.2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, f"cannot install checkov into {CHECKOV_VENV}:\n{install.stderr[-3000:]}"
 
 
 # -- Prometheus from Debian ----------------------------------------------------
@@ -63,6 +70,13 @@ def checkov() -> Path:
 @pytest.fixture(scope="session")
 def prometheus_binary() -> Iterator[str]:
     """Debian's prometheus, installed on first use; fails (never skips) if it cannot be."""
+    (REPO / ".cache").mkdir(exist_ok=True)
+    with FileLock(str(REPO / ".cache" / "prometheus-install.lock")):  # parallel workers: apt-get once
+        install_prometheus()
+    yield str(shutil.which("prometheus"))
+
+
+def install_prometheus() -> None:
     if shutil.which("prometheus") is None:
         sudo = [] if _is_root() else ["sudo", "-n"]
         apt = [*sudo, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]
@@ -71,7 +85,6 @@ def prometheus_binary() -> Iterator[str]:
             result = subprocess.run([*apt, *args], capture_output=True, text=True)
             log.append(f"$ apt-get {' '.join(args)}: exit {result.returncode}\n{result.stderr[-1500:]}")
         assert shutil.which("prometheus"), "Debian's prometheus package could not be installed:\n" + "\n".join(log)
-    yield str(shutil.which("prometheus"))
 
 
 def _is_root() -> bool:

@@ -34,7 +34,10 @@ def gauge(prom: str, name: str) -> float:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+# Llama is the built tiny model's family, which every other end-to-end run trains through the same
+# model directory path; vLLM and the learner agree on all three before and after a swap
+# (tests/generator/test_architectures.py).
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_the_stack_trains_a_model_directory(family: str, launch: Callable[..., Any], tmp_path: Path) -> None:
     model_dir = build(family, tmp_path / family)
     with launch(
