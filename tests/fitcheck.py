@@ -24,6 +24,7 @@ import numpy as np
 
 from services.fitter.collector import Point
 from services.fitter.curve import predict
+from services.fitter.decision import A_BOUND_TOLERANCE, MAX_C_MID_SPREAD, MIN_POINTS_DETERMINED
 
 REL_TOL = 1e-9
 """The fitter computes its projections with ``curve.predict`` too: they match to rounding."""
@@ -56,14 +57,20 @@ def _interval(fit: Mapping[str, Any], name: str) -> tuple[float, float]:
 def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> None:
     """Raise AssertionError unless ``fit`` (fit.json) is the fitter's fit of ``evals`` (eval.jsonl rows).
 
-    Always: ``ok`` is a bool and ``num_points`` is the number of eval rows.
-    Not ok: a non-empty ``reason``; with an R0 row, ``r0`` is its pass rate
-    and ``num_points_used`` counts the rows after it (what was offered).
+    Always: ``ok`` and ``determined`` are bools, ``num_points`` is the number
+    of eval rows, and a fit that is not determined says why
+    (``why_not_determined``). Not ok: a non-empty ``reason``, which is why
+    it is not determined; with an R0 row, ``r0`` is its pass rate and
+    ``num_points_used`` counts the rows after it (what was offered).
     Ok: an empty reason; A, B, C_mid, R0 and the RMSE finite, A in [0, 1],
     B and C_mid > 0, R0 the pass rate of the row at policy version 0; the
     points used at most the rows after R0; the RMSE over those points (the
     cutoff keeps the points of largest compute) and every projected pass
     rate recomputed from the fit's own parameters; every interval ordered.
+    Determined (``decision.determination``): enough points, nothing at a
+    bound, A's interval clear of R0 and of 1, C_mid's at most
+    ``MAX_C_MID_SPREAD`` wide, and advice read off it; not determined: the
+    advice is "continue" for that reason.
     """
     _require(isinstance(fit.get("ok"), bool), f"fit.json ok is {fit.get('ok')!r}: it must be true or false")
     _require(
@@ -74,9 +81,16 @@ def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> Non
     r0_rows = [row for row in rows if row["policy_version"] == 0]
     after = [row for row in rows if row["policy_version"] > 0]
     reason = fit.get("reason")
+    determined, why = fit.get("determined"), fit.get("why_not_determined")
+    _require(isinstance(determined, bool), f"fit.json determined is {determined!r}: it must be true or false")
+    if determined:
+        _require(why == "", f"a determined fit has no why_not_determined, got {why!r}")
+    else:
+        _require(isinstance(why, str) and bool(why.strip()), f"a fit not determined must say why, got {why!r}")
 
     if not fit["ok"]:
         _require(isinstance(reason, str) and bool(reason.strip()), f"a failed fit needs a reason, got {reason!r}")
+        _require(not determined and why == reason, f"a failed fit is not determined because of {reason!r}: {why!r}")
         if r0_rows:
             _require(
                 fit.get("r0") == r0_rows[0]["pass_rate"],
@@ -127,6 +141,31 @@ def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> Non
             f"projection {i} at compute {target:g} says {got}; the fit's own parameters give {expected}",
         )
         _interval(projection, "interval")
+
+    advice = fit.get("recommendation_reason")
+    if not determined:
+        _require(
+            fit.get("recommendation") == "continue" and advice == f"not yet determined: {why}",
+            f"a fit not determined ({why}) is advised to continue for that reason, got {fit.get('recommendation')!r}: "
+            f"{advice!r}",
+        )
+        return
+    a_low, a_high = _interval(fit, "a_interval")
+    c_mid_low, c_mid_high = _interval(fit, "c_mid_interval")
+    _require(used >= MIN_POINTS_DETERMINED, f"a determined fit used {used} points, fewer than {MIN_POINTS_DETERMINED}")
+    _require(fit.get("identifiable") is True and not fit.get("at_bound"), "a determined fit has nothing at a bound")
+    _require(
+        r0 + A_BOUND_TOLERANCE < a_low and a_high < 1.0 - A_BOUND_TOLERANCE,
+        f"a determined fit's A interval [{a_low}, {a_high}] must lie clear of R0 {r0} and of 1",
+    )
+    _require(
+        c_mid_high <= MAX_C_MID_SPREAD * c_mid_low,
+        f"a determined fit's C_mid interval [{c_mid_low}, {c_mid_high}] spans more than {MAX_C_MID_SPREAD:g}x",
+    )
+    _require(
+        isinstance(advice, str) and not advice.startswith("not yet determined"),
+        f"a determined fit's advice is read off it, got {advice!r}",
+    )
 
 
 def known_eval_rows(

@@ -1,13 +1,21 @@
-"""The local run's progress says what it waits for before the first step, from the services' own readiness."""
+"""The local run's progress: what it waits for before the first step, from the services' own readiness,
+and the fit as the fitter's fit.json states it (A with its interval, or why it is not yet determined)."""
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+from fitcheck import known_eval_rows
 from rich.console import Console
 
-from services.local.progress import Progress
+from services.fitter.collector import Collector
+from services.fitter.compute_axis import ComputeAxis
+from services.fitter.curve import CurveFitSettings
+from services.local.progress import Progress, a_text, fit_text
 
 READY = {"nats-server": True, "broker": True, "learner": True, "generator-0": True, "fitter": True}
 
@@ -41,3 +49,83 @@ def test_the_line_and_the_panel_show_the_reason(tmp_path: Path) -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(progress.render(snap(0), ready, details))
     assert "starting generator-0 (vLLM engine starting)" in out.getvalue()
+
+
+def fitted(run_dir: Path, num_rows: int, planned_compute: float | None = None) -> dict[str, Any]:
+    """fit.json as the live fitter writes it for ``num_rows`` eval rows on a known curve (A 0.7)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = known_eval_rows(num_rows, 0.7, 1.6, 3000.0, 0.25, compute_per_version=600.0)
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings = CurveFitSettings(num_bootstrap_resamples=20)
+    Collector(run_dir, "known", settings, (2.0,), ComputeAxis(30.0), plot=False, planned_compute=planned_compute)
+    fit: dict[str, Any] = json.loads((run_dir / "fit.json").read_text())
+    return fit
+
+
+def test_a_determined_fit_shows_a_with_its_interval_and_the_projection_at_the_budget(tmp_path: Path) -> None:
+    fit = fitted(tmp_path, 13, planned_compute=30_000.0)
+    assert fit["determined"] is True and fit["num_points_used"] == 12
+    assert fit["a"] == pytest.approx(0.7, abs=1e-3)
+    (at_budget,) = [p for p in fit["projections"] if p["compute"] == 30_000.0]
+    a, c_mid, budget = fit["a_interval"], fit["c_mid_interval"], at_budget["interval"]
+    a_shown = f"A {fit['a']:.3f} [{a['low']:.3f}, {a['high']:.3f}]"
+    budget_shown = f"at budget 3e+04: {at_budget['pass_rate']:.3f} [{budget['low']:.3f}, {budget['high']:.3f}]"
+    # Noiseless points: the bootstrap collapses onto the fit.
+    assert a_shown == "A 0.700 [0.700, 0.700]"
+    assert a_text(fit) == f"{a_shown}  {budget_shown}"
+    line = Progress(tmp_path, max_steps=10).line({**snap(12), "fit": fit}, READY)
+    assert line.endswith(f"step 12/10  {a_shown}  {budget_shown}")
+    assert fit_text(fit) == (
+        f"{a_shown}  B {fit['b']:.2f}  C_mid {fit['c_mid']:.4g} [{c_mid['low']:.4g}, {c_mid['high']:.4g}]  "
+        f"R0 0.250  {budget_shown}  {fit['recommendation']}: {fit['recommendation_reason']}"
+    )
+
+
+def test_an_undetermined_fit_shows_only_as_interval_and_what_would_determine_it() -> None:
+    """The reported run: A 0.562 [0.402, 1.000], C_mid [201, 173442], identifiable; the fitter now writes this."""
+    why = (
+        "A's interval [0.402, 1.000] reaches the cap 1.000: run longer, until the curve bends; "
+        "C_mid's interval [201, 1.734e+05] spans 863x (at most 10x): more points past the midpoint"
+    )
+    fit = {
+        "ok": True,
+        "a": 0.562,
+        "b": 0.61,
+        "c_mid": 5901.0,
+        "r0": 0.301,
+        "a_interval": {"low": 0.402, "high": 1.0},
+        "c_mid_interval": {"low": 201.0, "high": 173_442.0},
+        "identifiable": True,
+        "determined": False,
+        "why_not_determined": why,
+        "not_determined": ["a_at_cap", "c_mid_spread"],
+        "planned_compute": 36_000.0,
+        "projections": [{"compute": 36_000.0, "pass_rate": 0.51, "interval": {"low": 0.44, "high": 0.93}}],
+        "recommendation": "continue",
+        "recommendation_reason": f"not yet determined: {why}",
+    }
+    assert a_text(fit) == f"A in [0.402, 1.000], not yet determined: {why}"
+    assert fit_text(fit) == f"A in [0.402, 1.000], not yet determined: {why}  R0 0.301"
+    line = Progress(Path("."), max_steps=300).line({**snap(240), "fit": fit}, READY)
+    # Neither the point estimate, nor the projection, nor a gain read off the cap.
+    assert "0.562" not in line and "0.510" not in line and "budget" not in line and "left to gain" not in line
+    assert line.endswith(f"A in [0.402, 1.000], not yet determined: {why}")
+
+
+def test_too_few_points_show_no_interval_and_no_fit_shows_its_reason(tmp_path: Path) -> None:
+    fit = fitted(tmp_path / "few", 6)  # R0 and 5 points: a fit, but too few points to determine it
+    assert fit["ok"] and fit["not_determined"] == ["few_points"]
+    assert a_text(fit) == "A not yet determined: 5 points used, at least 8: more eval rounds"
+    none = fitted(tmp_path / "none", 4)  # R0 and 3 points: no fit
+    assert a_text(none) is None and fit_text(none) == none["reason"] == none["why_not_determined"]
+    assert none["determined"] is False and none["reason"].startswith("too few points")
+
+
+def test_the_summary_keeps_whether_the_fit_is_determined(tmp_path: Path) -> None:
+    fit = fitted(tmp_path, 13)
+    progress = Progress(tmp_path, max_steps=12)
+    progress.console = Console(file=io.StringIO(), width=300)
+    progress.finish({})
+    summary = json.loads((tmp_path / "summary.json").read_text())["fit"]
+    assert summary["determined"] is True and summary["why_not_determined"] == "" and summary["not_determined"] == []
+    assert summary["a_interval"] == fit["a_interval"] and summary["c_mid_interval"] == fit["c_mid_interval"]

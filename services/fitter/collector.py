@@ -3,8 +3,9 @@
 Owns eval-round aggregation (results of one round, deduplicated by task id,
 become one point once every held-out prompt has reported), the run's curve
 points (``eval.jsonl``), refitting on each new point, and the current
-projection (``fit.json``, Prometheus, gRPC). R0 is the pass rate of the
-round at policy version 0.
+projection (``fit.json``, Prometheus, gRPC), with whether it is determined
+(``decision.determination``). R0 is the pass rate of the round at policy
+version 0.
 
 Readers in other threads (a Prometheus scrape, a gRPC call) see the state
 through ``snapshot()``: one immutable object replaced whole after each
@@ -26,7 +27,7 @@ import numpy as np
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFit, CurveFitSettings, FitError, Intervals, bootstrap_intervals, fit_curve
-from services.fitter.decision import recommend
+from services.fitter.decision import Determination, determination, recommend
 from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, plot_curves
 
@@ -83,6 +84,8 @@ class Snapshot:
     at most half that compute (``holdout.project_from_half``); None until it can be made."""
     half_run_measured: float | None = None
     """The latest point's pass rate, as the half-run check compares it."""
+    determination: Determination | None = None
+    """Whether ``last_ok`` is determined (``decision.determination``) and if not why; None without one."""
 
 
 @dataclass
@@ -225,12 +228,14 @@ class Collector:
         compute = np.array([p.compute for p in pts])
         pass_rate = np.array([p.pass_rate for p in pts])
         fitted: tuple[CurveFit, Intervals] | None = None
+        judged: Determination | None = None
         if r0 is None:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
         else:
             proj, fitted = fit_projection(
                 compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute
             )
+            judged = determination(*fitted) if fitted is not None else None
         last = self.points[-1] if self.points else None
         half = project_from_half(compute, pass_rate, r0, self.settings) if r0 is not None and len(pts) >= 2 else {}
         with self._lock:
@@ -242,8 +247,9 @@ class Collector:
                 last_pass_rate=last.pass_rate if last else 0.0,
                 half_run_projected=half.get("projected"),
                 half_run_measured=half.get("measured") if half.get("projected") is not None else None,
+                determination=judged if proj.ok else self._snapshot.determination,
             )
-        self._write(proj)
+        self._write(proj, judged)
         if self.plot and len(pts):
             try:
                 plot_curves(
@@ -255,13 +261,19 @@ class Collector:
                 log.warning("curve plot not written: %s", exc)
         return proj
 
-    def _write(self, proj: services_pb2.Projection) -> None:
+    def _write(self, proj: services_pb2.Projection, judged: Determination | None) -> None:
+        """``fit.json``: the Projection's fields by name, plus ``run``, ``num_points``, ``determined``,
+        ``why_not_determined`` (for an attempt that failed, its reason) and ``not_determined`` (the
+        kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt)."""
         from google.protobuf.json_format import MessageToDict
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         body = MessageToDict(proj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         body["run"] = self.run_name
         body["num_points"] = len(self.points)
+        body["determined"] = judged is not None and judged.determined
+        body["why_not_determined"] = judged.why_not if judged is not None else proj.reason
+        body["not_determined"] = [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else []
         tmp = self.run_dir / "fit.json.tmp"
         tmp.write_text(json.dumps(body, indent=2))
         tmp.replace(self.run_dir / "fit.json")
@@ -280,7 +292,9 @@ def fit_projection(
     The projections are at ``target_multiples`` of the largest compute so
     far and, when given, at ``planned_compute`` (the run's budget), which the
     recommendation looks to. A fit with a parameter at its bound is flagged
-    (``at_bound``, ``identifiable`` false): its projection is not to be read.
+    (``at_bound``, ``identifiable`` false), and one that is not determined
+    (``decision.determination``) gets "continue" with the reason: neither's
+    projection is to be read.
     """
     try:
         fit = fit_curve(compute, pass_rate, r0, settings)

@@ -137,6 +137,8 @@ class CurveFit:
     """Points left after the early cutoff."""
     cutoff_compute: float
     """Points with compute below this were excluded."""
+    a_bounds: Interval
+    """A's search range: R0 (or ``a_min``) to ``a_max``; the bootstrap's A never leaves it either."""
     fixed_a: bool = False
     """A was held fixed (recipe comparison) rather than fitted."""
     params_at_bounds: tuple[str, ...] = ()
@@ -362,6 +364,7 @@ def _fit_problem(problem: _Problem, settings: CurveFitSettings, fixed: bool) -> 
         rmse=math.sqrt(sse_value / num_points),
         num_points_used=num_points,
         cutoff_compute=problem.cutoff_compute,
+        a_bounds=Interval(*problem.a_bounds),
         fixed_a=fixed,
         params_at_bounds=at_bounds,
     )

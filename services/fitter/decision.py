@@ -1,11 +1,12 @@
 """What a fit lets one decide: continue, stop or compare a run; rank recipes or not.
 
 Owns the decisions of RECIPE.md section 5 built on ``curve.py``'s fits and
-bootstrap intervals (ScaleRL, arXiv 2510.13786): a run's recommendation at
-its planned compute budget, and the recipe comparison, which ranks only
-fits the data pin down and answers "undecided: run longer" when the
-intervals do not order two runs. Knows nothing about files, NATS or
-Prometheus. Torch-free.
+bootstrap intervals (ScaleRL, arXiv 2510.13786): whether a fit is
+determined (``determination``: the one rule every reader of a fit uses), a
+run's recommendation at its planned compute budget, and the recipe
+comparison, which ranks only fits the data pin down and answers
+"undecided: run longer" when the intervals do not order two runs. Knows
+nothing about files, NATS or Prometheus. Torch-free.
 
 The margin is the paper's +-0.02 on A, measured between repeated runs of
 one recipe: gains and differences within it are not told apart.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +39,110 @@ COMPUTE_MULTIPLES = (1.5, 2.0, 3.0, 5.0, 10.0)
 # Points added to a simulated longer run at most, so an estimate stays cheap.
 _MAX_EXTRA_POINTS = 400
 
+A_BOUND_TOLERANCE = 0.005
+"""An end of A's interval within this of a bound of A's search range reaches it (pass rate): one step of
+the paper's A grid, the finest the fit resolves A, so an end that close cannot be told from the bound."""
+MAX_C_MID_SPREAD = 10.0
+"""Widest C_mid interval (high / low) of a determined fit: one decade of compute, the midpoint placed to
+within about 3.2x either way. The paper extrapolated 2x to 3x past its data (50k to 100k GPU-hours, 16k to
+45k, 8k to 16k): a midpoint less certain than that leaves open on which side of it such a projection lands.
+On simulated runs (200 prompts x 4 samples per eval round, every 10 versions to 300) a fit whose points
+have passed the midpoint typically spans 1.3x to 7x; one whose midpoint still lies past its points, tens to
+tens of thousands."""
+MIN_POINTS_DETERMINED = 8
+"""Fewest points used by a determined fit. The residual bootstrap learns the noise from the n - 3 residuals
+of the fit: with 4 to 6 points a lucky near-exact fit gives an interval many times too narrow. On simulated
+runs (as above, 400 runs) the last fit's 95% interval for A held the true A in 80% of runs with 5 points,
+90% with 7 and 91-94% with 10 to 30; the only consecutive fits whose A intervals were disjoint had 5 or 6
+points, and none of 2,640 consecutive pairs from 8 points on was (120 runs)."""
+
 Action = Literal["continue", "stop", "compare"]
+NotDeterminedKind = Literal["few_points", "at_bound", "a_at_cap", "a_at_floor", "c_mid_spread"]
+NOT_DETERMINED_KINDS: tuple[NotDeterminedKind, ...] = (
+    "few_points",
+    "at_bound",
+    "a_at_cap",
+    "a_at_floor",
+    "c_mid_spread",
+)
+"""What can keep a fit from being determined, as the gauge ``asymptote_fitter_not_determined{reason}`` names it."""
+
+
+class Shortfall(NamedTuple):
+    """One thing that keeps a fit from being determined, and what would determine it."""
+
+    kind: NotDeterminedKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Determination:
+    """Whether a fit is determined (``determination``) and, if not, why."""
+
+    shortfalls: tuple[Shortfall, ...]
+
+    @property
+    def determined(self) -> bool:
+        """Nothing keeps the fit from being read: its A, its projection and the advice off them mean something."""
+        return not self.shortfalls
+
+    @property
+    def why_not(self) -> str:
+        """What keeps the fit from being determined and what would determine it; empty when determined."""
+        return "; ".join(shortfall.text for shortfall in self.shortfalls)
+
+
+def determination(fit: CurveFit, intervals: Intervals) -> Determination:
+    """Whether ``fit`` is determined: the rule the progress line, fit.json, the gauges and ``recommend`` share.
+
+    A fit is determined when all four hold:
+
+    - it used at least ``MIN_POINTS_DETERMINED`` points;
+    - no parameter ended on a bound of its search range (``CurveFit.identifiable``);
+    - A's bootstrap interval lies strictly inside A's search range: neither end within
+      ``A_BOUND_TOLERANCE`` of the cap (``a_max``, 1.0 by default) or of the floor (R0 or ``a_min``).
+      An interval that reaches the cap says only "A is at least ...": any gain read off its upper end
+      is the search range's, not the data's. One that reaches R0 leaves "no gain at all" open;
+    - C_mid's interval spans at most ``MAX_C_MID_SPREAD`` (high / low).
+
+    A fit with A held fixed (the recipe comparison) has no A interval to judge: the other three apply.
+    """
+    shortfalls: list[Shortfall] = []
+    if fit.num_points_used < MIN_POINTS_DETERMINED:
+        shortfalls.append(
+            Shortfall(
+                "few_points",
+                f"{fit.num_points_used} points used, at least {MIN_POINTS_DETERMINED}: more eval rounds",
+            )
+        )
+    if fit.params_at_bounds:
+        names = ", ".join(fit.params_at_bounds)
+        shortfalls.append(Shortfall("at_bound", f"{names} at the bound of the search range: run longer"))
+    a_low, a_high = intervals.a
+    floor, cap = fit.a_bounds
+    if not fit.fixed_a and "A" not in fit.params_at_bounds:
+        shown = f"A's interval [{a_low:.3f}, {a_high:.3f}]"
+        if a_high >= cap - A_BOUND_TOLERANCE:
+            shortfalls.append(
+                Shortfall("a_at_cap", f"{shown} reaches the cap {cap:.3f}: run longer, until the curve bends")
+            )
+        if a_low <= floor + A_BOUND_TOLERANCE:
+            # The floor sits a hair above R0 (A = R0 has no curve): name R0 by its own value.
+            what = f"R0 {fit.r0:.3f}" if math.isclose(floor, fit.r0, abs_tol=1e-6) else f"its floor a_min {floor:.3f}"
+            shortfalls.append(
+                Shortfall("a_at_floor", f"{shown} reaches {what}: run longer, until it rises clear of it")
+            )
+    c_low, c_high = intervals.c_mid
+    spread = c_high / c_low
+    if spread > MAX_C_MID_SPREAD:
+        shortfalls.append(
+            Shortfall(
+                "c_mid_spread",
+                f"C_mid's interval [{c_low:.4g}, {c_high:.4g}] spans {spread:.0f}x (at most {MAX_C_MID_SPREAD:g}x): "
+                "more points past the midpoint",
+            )
+        )
+    return Determination(tuple(shortfalls))
 
 
 @dataclass(frozen=True)
@@ -48,7 +152,8 @@ class Recommendation:
     action: Action
     reason: str
     gain_left: float | None
-    """Upper end of the interval of the pass rate still to gain by the budget; None when not identifiable."""
+    """Upper end of the interval of the pass rate still to gain by the budget; None when the fit is not
+    determined (no gain is read off an interval that reaches a bound)."""
 
 
 def _at_bound_reason(fit: CurveFit) -> str:
@@ -66,8 +171,12 @@ def recommend(
 ) -> Recommendation:
     """Continue, stop or compare, at the planned compute budget.
 
-    - A fit with a parameter on its bound is not identifiable: continue,
-      and say so (its projection means nothing yet).
+    - A fit that is not determined (``determination``: too few points, a
+      parameter on its bound, A's interval reaching the cap or R0, C_mid's
+      too wide):
+      continue, saying why and what would determine it. No gain is
+      computed: the end of its interval is the search range's, not the
+      data's.
     - Another recipe's A within ``margin`` of this one (``rival_asymptotes``,
       by name): compare (refit both with a shared A and compare B).
     - The gain left, from the fitted pass rate at ``current_compute`` to the
@@ -81,8 +190,9 @@ def recommend(
         raise ValueError(f"current_compute must be a finite compute > 0, got {current_compute}")
     if planned_compute is not None and not (math.isfinite(planned_compute) and planned_compute > 0):
         raise ValueError(f"planned_compute must be a finite compute > 0 or None, got {planned_compute}")
-    if not fit.identifiable:
-        return Recommendation("continue", _at_bound_reason(fit), None)
+    judged = determination(fit, intervals)
+    if not judged.determined:
+        return Recommendation("continue", f"not yet determined: {judged.why_not}", None)
     close = sorted(name for name, a in (rival_asymptotes or {}).items() if abs(a - fit.a) <= margin)
     now = float(fit.predict(current_compute))
     if planned_compute is None:

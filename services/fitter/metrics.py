@@ -4,7 +4,10 @@ Every scrape reads the collector's snapshot once (``collector.Snapshot``,
 replaced whole after each refit), so A, its bounds, B, C_mid, the
 projections, the points used and the time of the fit in one scrape always
 come from the same fit. The fit gauges show the latest successful fit;
-``asymptote_fitter_fit_ok`` says whether the latest attempt succeeded, and
+``asymptote_fitter_fit_ok`` says whether the latest attempt succeeded,
+``asymptote_fitter_determined`` whether that fit is determined
+(``decision.determination``; ``asymptote_fitter_not_determined{reason}``
+says what keeps it from being so) and
 ``asymptote_fitter_last_fit_unix_seconds`` how old the fit shown is.
 """
 
@@ -18,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.fitter.collector import Snapshot
-from services.fitter.decision import Action
+from services.fitter.decision import MAX_C_MID_SPREAD, MIN_POINTS_DETERMINED, NOT_DETERMINED_KINDS, Action
 
 PARAMS = ("A", "B", "C_mid")
 """The fitted parameters, as ``at_bound`` names them."""
@@ -78,6 +81,24 @@ class ProjectionCollector(Collector):
             "0 if one is (not yet identifiable: do not read its projection)",
             float(p.identifiable),
         )
+        judged = snap.determination
+        if judged is not None:
+            yield gauge(
+                "determined",
+                f"1 if the latest successful fit is determined: at least {MIN_POINTS_DETERMINED} points, no "
+                "parameter at a bound, A's interval inside A's search range, C_mid's interval at most "
+                f"{MAX_C_MID_SPREAD:g}x wide; 0 if not (read neither A nor the projection)",
+                float(judged.determined),
+            )
+            not_determined = GaugeMetricFamily(
+                "asymptote_fitter_not_determined",
+                f"1 for each reason the latest successful fit is not determined ({', '.join(NOT_DETERMINED_KINDS)})",
+                labels=["run", "reason"],
+            )
+            kinds = {shortfall.kind for shortfall in judged.shortfalls}
+            for kind in NOT_DETERMINED_KINDS:
+                not_determined.add_metric([self.run, kind], float(kind in kinds))
+            yield not_determined
         at_bound = GaugeMetricFamily(
             "asymptote_fitter_at_bound",
             "1 if the parameter ended on a bound of its search range in the latest successful fit",
@@ -104,14 +125,16 @@ class ProjectionCollector(Collector):
             yield gauge(f"{name}_high", f"Upper bound of {name} (bootstrap interval)", interval.high)
         projected = GaugeMetricFamily(
             "asymptote_fitter_projected_pass_rate",
-            "Projected pass rate at a target compute",
-            labels=["run", "compute", "bound"],
+            "Projected pass rate at a target compute; target is budget at the planned budget, else multiple "
+            "(a multiple of the compute spent)",
+            labels=["run", "compute", "bound", "target"],
         )
         for projection in p.projections:
             compute = f"{projection.compute:.6g}"
-            projected.add_metric([self.run, compute, "mid"], projection.pass_rate)
-            projected.add_metric([self.run, compute, "low"], projection.interval.low)
-            projected.add_metric([self.run, compute, "high"], projection.interval.high)
+            target = "budget" if p.planned_compute and projection.compute == p.planned_compute else "multiple"
+            projected.add_metric([self.run, compute, "mid", target], projection.pass_rate)
+            projected.add_metric([self.run, compute, "low", target], projection.interval.low)
+            projected.add_metric([self.run, compute, "high", target], projection.interval.high)
         yield projected
 
 

@@ -42,9 +42,11 @@ from services.fitter.curve import (
 )
 from services.fitter.decision import (
     MARGIN,
+    Determination,
     Recommendation,
     RunComparison,
     compare_runs,
+    determination,
     recommend,
     summary_line,
 )
@@ -89,6 +91,8 @@ class RunResult:
     """The half-run check (``holdout.project_from_half``): fit on compute <= half the final, projected to it."""
     recommendation: Recommendation | None = None
     """Continue, stop or compare at the planned budget (``decision.recommend``)."""
+    determination: Determination | None = None
+    """Whether the fit is determined (``decision.determination``) and if not why; None without a fit."""
 
 
 def resolve_eval_path(path: Path) -> Path:
@@ -146,7 +150,13 @@ def fit_run(
         return RunResult(data=data, targets=run_targets, error=str(error), half_run=check)
     advice = recommend(fit, intervals, float(data.compute.max()), planned_compute)
     return RunResult(
-        data=data, targets=run_targets, fit=fit, intervals=intervals, half_run=check, recommendation=advice
+        data=data,
+        targets=run_targets,
+        fit=fit,
+        intervals=intervals,
+        half_run=check,
+        recommendation=advice,
+        determination=determination(fit, intervals),
     )
 
 
@@ -161,8 +171,12 @@ def run_summary(result: RunResult) -> dict[str, Any]:
         summary["half_run_projection"] = result.half_run
     if result.fit is None or result.intervals is None:
         summary["error"] = result.error
+        summary["determined"] = False
+        summary["why_not_determined"] = result.error
+        summary["not_determined"] = []
         return summary
     fit, intervals = result.fit, result.intervals
+    judged = determination(fit, intervals)
     summary.update(
         a=fit.a,
         b=fit.b,
@@ -174,6 +188,9 @@ def run_summary(result: RunResult) -> dict[str, Any]:
         params_at_bounds=list(fit.params_at_bounds),
         at_bound=list(fit.params_at_bounds),
         identifiable=fit.identifiable,
+        determined=judged.determined,
+        why_not_determined=judged.why_not,
+        not_determined=[shortfall.kind for shortfall in judged.shortfalls],
         intervals={
             "level": intervals.level,
             "a": _interval_json(intervals.a),
@@ -214,16 +231,19 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
             )
             continue
         half_width = (intervals.a.high - intervals.a.low) / 2.0
-        if fit.identifiable:
+        judged = result.determination or determination(fit, intervals)
+        advice = result.recommendation
+        if judged.determined:
             projections = "\n".join(
                 f"{float(fit.predict(target)):.3f} {_format_interval(interval, 3)} @ {target:.4g}"
                 for target, interval in zip(intervals.target_compute, intervals.projection)
             )
+            if advice is not None:
+                projections += f"\n{advice.action}: {advice.reason}"
         else:
-            # A bound-limited fit's projection reads like a real one: show none.
-            projections = f"[yellow]not yet identifiable ({', '.join(fit.params_at_bounds)} at bound)[/yellow]"
-        if result.recommendation is not None:
-            projections += f"\n{result.recommendation.action}: {result.recommendation.reason}"
+            # An undetermined fit's projection reads like a real one: show what would determine it instead.
+            action = f"{advice.action}: " if advice is not None else ""
+            projections = f"[yellow]{action}not yet determined: {judged.why_not}[/yellow]"
         # A parameter on its search bound is not pinned down by the data: say so beside it.
         bound = {
             name: " [yellow](at bound)[/yellow]" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")
@@ -286,9 +306,13 @@ def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
 
 
 def _with_rivals(results: list[RunResult], budget: float | None, margin: float) -> list[RunResult]:
-    """Each run's recommendation, redone knowing the other runs: "compare" where an
-    identifiable rival's A is within ``margin``."""
-    asymptotes = {r.data.name: r.fit.a for r in results if r.fit is not None and r.fit.identifiable}
+    """Each run's recommendation, redone knowing the other runs: "compare" where a
+    determined rival's A is within ``margin``."""
+    asymptotes = {
+        r.data.name: r.fit.a
+        for r in results
+        if r.fit is not None and r.determination is not None and r.determination.determined
+    }
     out = []
     for r in results:
         if r.fit is None or r.intervals is None:

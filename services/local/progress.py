@@ -11,6 +11,7 @@ line, and writes ``summary.json``. Knows nothing of processes: the stack
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,30 +49,75 @@ FIT_SUMMARY_KEYS = (
     "c_mid",
     "r0",
     "a_interval",
+    "c_mid_interval",
     "reason",
     "at_bound",
     "identifiable",
+    "determined",
+    "why_not_determined",
+    "not_determined",
+    "planned_compute",
+    "projections",
     "recommendation",
     "recommendation_reason",
 )
 """What ``summary.json`` keeps of the fitter's ``fit.json``."""
 
 
+def _interval(interval: Mapping[str, Any] | None) -> str:
+    iv = interval or {}
+    return f"[{iv.get('low', 0.0):.3f}, {iv.get('high', 0.0):.3f}]"
+
+
+def budget_projection(fit: Mapping[str, Any]) -> str | None:
+    """The projected pass rate at the planned budget with its interval, e.g. "at budget 1.8e+04: 0.571
+    [0.560, 0.590]"; None without a budget (``planned_compute`` 0) or its projection."""
+    budget = float(fit.get("planned_compute") or 0.0)
+    if budget <= 0:
+        return None
+    for projection in fit.get("projections") or ():
+        if math.isclose(float(projection.get("compute", 0.0)), budget, rel_tol=1e-9):
+            return f"at budget {budget:.4g}: {projection['pass_rate']:.3f} {_interval(projection.get('interval'))}"
+    return None
+
+
+def a_text(fit: Mapping[str, Any]) -> str | None:
+    """A as an ok fit lets one state it, never a bare point estimate: a determined fit's A with its
+    interval and the projection at the planned budget ("A 0.544 [0.526, 0.568]  at budget ..."); else
+    only A's interval and what keeps the fit from being determined ("A in [0.515, 1.000], not yet
+    determined: ..."), and not even the interval while too few points were fitted for their bootstrap
+    interval to mean anything ("few_points"). None without an ok fit."""
+    if not fit.get("ok"):
+        return None
+    interval = _interval(fit.get("a_interval"))
+    if not fit.get("determined"):
+        why = fit.get("why_not_determined") or "the fitter does not say it is"
+        if "few_points" in (fit.get("not_determined") or ()):
+            return f"A not yet determined: {why}"
+        return f"A in {interval}, not yet determined: {why}"
+    text = f"A {fit['a']:.3f} {interval}"
+    at_budget = budget_projection(fit)
+    return f"{text}  {at_budget}" if at_budget else text
+
+
 def fit_text(fit: Mapping[str, Any]) -> str | None:
-    """The fit in one line for people: the curve and the recommendation, "not yet
-    identifiable" instead of a projection when a parameter is at its bound, the
-    reason when there is no fit, None before the fitter has said anything."""
+    """The fit in one line for people: a determined fit's A, B, C_mid (A and C_mid with their intervals),
+    R0, the projection at the planned budget and the recommendation; an undetermined fit as ``a_text``
+    states it, and R0 (its recommendation is "continue" for the reason ``a_text`` gives). The reason when
+    there is no fit, None before the fitter has said anything."""
     if not fit.get("ok"):
         reason = fit.get("reason")
         return str(reason) if reason else None
-    if not fit.get("identifiable", True):
-        at_bound = ", ".join(fit.get("at_bound") or ())
-        return f"not yet identifiable ({at_bound} at the bound of its search range): run longer"
-    a_iv = fit.get("a_interval") or {}
+    if not fit.get("determined"):
+        return f"{a_text(fit)}  R0 {fit['r0']:.3f}"
+    c_mid = fit.get("c_mid_interval") or {}
     text = (
-        f"A {fit['a']:.3f} [{a_iv.get('low', 0):.3f}, {a_iv.get('high', 0):.3f}]  B {fit['b']:.2f}  "
-        f"C_mid {fit['c_mid']:.4g}  R0 {fit['r0']:.3f}"
+        f"A {fit['a']:.3f} {_interval(fit.get('a_interval'))}  B {fit['b']:.2f}  "
+        f"C_mid {fit['c_mid']:.4g} [{c_mid.get('low', 0.0):.4g}, {c_mid.get('high', 0.0):.4g}]  R0 {fit['r0']:.3f}"
     )
+    at_budget = budget_projection(fit)
+    if at_budget:
+        text += f"  {at_budget}"
     if fit.get("recommendation"):
         text += f"  {fit['recommendation']}: {fit.get('recommendation_reason', '')}"
     return text
@@ -189,9 +235,9 @@ class Progress:
             parts.append(f"held-out {snap['evals'][-1]['pass_rate']:.3f}@v{snap['evals'][-1]['policy_version']}")
         if snap["samples_per_s"]:
             parts.append(f"{snap['samples_per_s']:.1f} samples/s")
-        if snap["fit"].get("ok"):
-            identifiable = snap["fit"].get("identifiable", True)
-            parts.append(f"A {snap['fit']['a']:.3f}" if identifiable else "A not yet identifiable")
+        a = a_text(snap["fit"])
+        if a is not None:
+            parts.append(a)
         return "  ".join(parts)
 
     def finished(self, snap: dict[str, Any]) -> bool:

@@ -87,7 +87,7 @@ def test_recommend_does_not_project_a_fit_at_its_bound() -> None:
     assert fit.params_at_bounds == ("A",) and not fit.identifiable
     advice = recommend(fit, intervals, 20_000.0, 40_000.0)
     assert advice.action == "continue" and advice.gain_left is None
-    assert advice.reason.startswith("not yet identifiable: A at the bound")
+    assert advice.reason == "not yet determined: A at the bound of the search range: run longer"
     with pytest.raises(ValueError, match="planned_compute must be a finite compute > 0"):
         recommend(fit, intervals, 20_000.0, -1.0)
 

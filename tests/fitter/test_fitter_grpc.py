@@ -527,9 +527,19 @@ def test_a_fit_at_its_bound_is_flagged_in_fit_json_and_on_the_gauges(tmp_path: P
     fit_json = json.loads((tmp_path / "fit.json").read_text())
     assert fit_json["at_bound"] == ["A"] and fit_json["identifiable"] is False
     assert fit_json["recommendation"] == "continue"
-    assert fit_json["recommendation_reason"].startswith("not yet identifiable: A at the bound")
+    assert fit_json["recommendation_reason"] == "not yet determined: A at the bound of the search range: run longer"
+    assert fit_json["determined"] is False
+    assert fit_json["why_not_determined"] == "A at the bound of the search range: run longer"
     assert _scrape(registry)["asymptote_fitter_identifiable"] == 0
     assert _labelled(registry, "asymptote_fitter_at_bound", "param") == {"A": 1.0, "B": 0.0, "C_mid": 0.0}
+    assert _scrape(registry)["asymptote_fitter_determined"] == 0
+    assert _labelled(registry, "asymptote_fitter_not_determined", "reason") == {
+        "few_points": 0.0,
+        "at_bound": 1.0,
+        "a_at_cap": 0.0,
+        "a_at_floor": 0.0,
+        "c_mid_spread": 0.0,
+    }
     assert _labelled(registry, "asymptote_fitter_recommendation", "action") == {
         "continue": 1.0,
         "stop": 0.0,
@@ -544,6 +554,10 @@ def test_a_fit_at_its_bound_is_flagged_in_fit_json_and_on_the_gauges(tmp_path: P
     assert fit_json["at_bound"] == [] and fit_json["identifiable"] is True
     assert _scrape(registry)["asymptote_fitter_identifiable"] == 1
     assert set(_labelled(registry, "asymptote_fitter_at_bound", "param").values()) == {0.0}
+    # Noiseless points: the bootstrap collapses onto the fit, well inside A's range; 19 points fitted.
+    assert fit_json["determined"] is True and fit_json["why_not_determined"] == "" and fit_json["not_determined"] == []
+    assert _scrape(registry)["asymptote_fitter_determined"] == 1
+    assert set(_labelled(registry, "asymptote_fitter_not_determined", "reason").values()) == {0.0}
 
 
 def test_a_planned_budget_is_projected_and_recommended_against(tmp_path: Path) -> None:
@@ -559,6 +573,18 @@ def test_a_planned_budget_is_projected_and_recommended_against(tmp_path: Path) -
     assert projection.recommendation == "continue"
     # Noiseless points: the bootstrap collapses onto the fit, so the gain's upper end is the gain.
     assert projection.recommendation_reason == f"up to {gain:.3f} left to gain by the budget {budget:.4g}"
+    # The dashboard finds the budget's projection by its target label.
+    registry = registry_with(ProjectionCollector("live", collector.snapshot, dict))
+    targets = {
+        (sample.labels["target"], sample.labels["bound"]): (float(sample.labels["compute"]), sample.value)
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if sample.name == "asymptote_fitter_projected_pass_rate"
+    }
+    at_budget = projection.projections[1]
+    assert targets[("budget", "mid")] == (pytest.approx(budget), at_budget.pass_rate)
+    assert targets[("budget", "high")] == (pytest.approx(budget), at_budget.interval.high)
+    assert targets[("multiple", "mid")] == (pytest.approx(4 * C_MID), projection.projections[0].pass_rate)
 
 
 def test_the_half_run_check_is_exported_and_matches_the_offline_check(tmp_path: Path) -> None:

@@ -161,12 +161,17 @@ def test_local_stack_summary_says_not_yet_identifiable_for_a_fit_at_its_bound(
     assert summary["fit"]["ok"] is True
     assert summary["fit"]["identifiable"] is False and summary["fit"]["at_bound"] == ["A"]
     assert summary["fit"]["recommendation"] == "continue"
+    assert summary["fit"]["determined"] is False and summary["fit"]["not_determined"] == ["at_bound"]
     printed = " ".join(capsys.readouterr().out.split())
-    assert "not yet identifiable (A at the bound of its search range): run longer" in printed
-    assert "A 0.550" not in printed  # no projection from a bound-limited fit
+    a_interval = summary["fit"]["a_interval"]
+    assert (
+        f"A in [{a_interval['low']:.3f}, {a_interval['high']:.3f}], not yet determined: "
+        "A at the bound of the search range: run longer"
+    ) in printed
+    assert "A 0.550" not in printed  # no point estimate, no projection from a bound-limited fit
 
 
-def test_fit_text_shows_the_curve_and_recommendation_of_an_identifiable_fit() -> None:
+def test_fit_text_shows_the_curve_and_recommendation_of_a_determined_fit() -> None:
     fit = {
         "ok": True,
         "a": 0.61,
@@ -174,13 +179,24 @@ def test_fit_text_shows_the_curve_and_recommendation_of_an_identifiable_fit() ->
         "c_mid": 2542.0,
         "r0": 0.2,
         "a_interval": {"low": 0.6, "high": 0.62},
+        "c_mid_interval": {"low": 2300.0, "high": 2900.0},
         "at_bound": [],
         "identifiable": True,
+        "determined": True,
+        "why_not_determined": "",
+        "not_determined": [],
+        "planned_compute": 0.0,
         "recommendation": "stop",
         "recommendation_reason": "the gain left to the asymptote is at most 0.010, within the margin 0.02",
     }
     assert fit_text(fit) == (
-        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542  R0 0.200  "
+        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542 [2300, 2900]  R0 0.200  "
+        "stop: the gain left to the asymptote is at most 0.010, within the margin 0.02"
+    )
+    budget = {"compute": 20_000.0, "pass_rate": 0.605, "interval": {"low": 0.598, "high": 0.612}}
+    with_budget = {**fit, "planned_compute": 20_000.0, "projections": [budget]}
+    assert fit_text(with_budget) == (
+        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542 [2300, 2900]  R0 0.200  at budget 2e+04: 0.605 [0.598, 0.612]  "
         "stop: the gain left to the asymptote is at most 0.010, within the margin 0.02"
     )
     assert fit_text({"ok": False, "reason": "too few points"}) == "too few points"

@@ -147,12 +147,15 @@ def test_fit_command_leaves_a_fit_at_its_bound_unranked_and_undecided(tmp_path: 
     at_bound = report["runs"]["at-bound"]
     assert at_bound["a"] == pytest.approx(0.8) and at_bound["at_bound"] == ["A"] and at_bound["identifiable"] is False
     assert at_bound["recommendation"] == "continue"
+    assert at_bound["determined"] is False
+    assert at_bound["why_not_determined"] == "A at the bound of the search range: run longer"
+    assert report["runs"]["steady"]["determined"] is True and report["runs"]["steady"]["why_not_determined"] == ""
     rows = {row["name"]: row for row in report["comparison"]}
     assert rows["steady"]["rank"] == 1 and rows["at-bound"]["rank"] is None
     assert rows["at-bound"]["decided_by"] == "undecided"
     assert report["comparison_verdict"].startswith("undecided: run longer (at-bound not ordered")
     text = " ".join(output.getvalue().split())
-    assert "not yet identifiable (A at bound)" in text
+    assert "continue: not yet determined: A at the bound of the search range: run longer" in text
     assert "undecided: run longer" in text
 
 
