@@ -440,6 +440,10 @@ def tokenizer_for(task: Task, spec: ModelSpec) -> PreTrainedTokenizerFast:
     return train_bpe_tokenizer(texts, BPE_VOCAB_SIZE)
 
 
+LOCKS_DIR = ".locks"
+"""The folder of the cache's lock files (one per key; they stay, empty, as lock files do)."""
+
+
 def prepare_model(
     cache_dir: Path,
     spec: ModelSpec | None = None,
@@ -460,9 +464,10 @@ def prepare_model(
     if (final / "config.json").is_file():
         log.info("warm-started model found in cache: %s", final)
         return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    locks = cache_dir / LOCKS_DIR
+    locks.mkdir(parents=True, exist_ok=True)
     # One builder per key: a second process (another run, a parallel test worker) waits and takes its result.
-    with FileLock(f"{final}.lock"):
+    with FileLock(locks / f"{final.name}.lock"):
         if (final / "config.json").is_file():
             log.info("warm-started model found in cache: %s", final)
             return final

@@ -197,7 +197,14 @@ async def deadletters(nats: NatsSettings, names: Names) -> Counter[str]:
 def test_poison_on_every_subject_is_deadlettered_and_good_traffic_trained(launch: Callable[..., Any]) -> None:
     names = Names()
     sent: Counter[str] = Counter()
-    with launch(max_steps=MAX_STEPS, batch_prompts=16, eval_every_versions=10, checkpoint_every_steps=5) as (
+    # Eval rounds at the first and last version only, one sample a prompt: the bad traffic is the point here.
+    with launch(
+        max_steps=MAX_STEPS,
+        batch_prompts=16,
+        eval_every_versions=MAX_STEPS,
+        eval_num_samples=1,
+        checkpoint_every_steps=5,
+    ) as (
         stack,
         progress,
     ):
