@@ -81,7 +81,18 @@ def budget_projection(fit: Mapping[str, Any]) -> str | None:
     return None
 
 
-def a_text(fit: Mapping[str, Any]) -> str | None:
+NOT_DETERMINED_BRIEF = {
+    "few_points": "too few points",
+    "at_bound": "a parameter at its bound",
+    "a_at_cap": "A's interval reaches the cap",
+    "a_at_floor": "A's interval reaches R0",
+    "c_mid_spread": "C_mid's interval too wide",
+}
+"""The live line's few words for each reason a fit is not determined (fit.json's ``not_determined``);
+the panel, the summary and fit.json say it in full, with what would determine it."""
+
+
+def a_text(fit: Mapping[str, Any], brief: bool = False) -> str | None:
     """A as an ok fit lets one state it, never a bare point estimate: a determined fit's A with its
     interval and the projection at the planned budget ("A 0.544 [0.526, 0.568]  at budget ..."); else
     only A's interval and what keeps the fit from being determined ("A in [0.515, 1.000], not yet
@@ -92,6 +103,10 @@ def a_text(fit: Mapping[str, Any]) -> str | None:
     interval = _interval(fit.get("a_interval"))
     if not fit.get("determined"):
         why = fit.get("why_not_determined") or "the fitter does not say it is"
+        if brief:  # the live line: the first reason in a few words, and how many more
+            kinds = list(fit.get("not_determined") or ())
+            why = NOT_DETERMINED_BRIEF.get(kinds[0], kinds[0]) if kinds else why
+            why += f" (+{len(kinds) - 1})" if len(kinds) > 1 else ""
         if "few_points" in (fit.get("not_determined") or ()):
             return f"A not yet determined: {why}"
         return f"A in {interval}, not yet determined: {why}"
@@ -235,7 +250,7 @@ class Progress:
             parts.append(f"held-out {snap['evals'][-1]['pass_rate']:.3f}@v{snap['evals'][-1]['policy_version']}")
         if snap["samples_per_s"]:
             parts.append(f"{snap['samples_per_s']:.1f} samples/s")
-        a = a_text(snap["fit"])
+        a = a_text(snap["fit"], brief=True)
         if a is not None:
             parts.append(a)
         return "  ".join(parts)
