@@ -483,6 +483,35 @@ def _task(task_id: str, kind: int, require_version: int = 0, num_samples: int = 
     )
 
 
+def _watched_loop(
+    engine: Engine,
+    js: Any,
+    names: Names,
+    max_inflight_groups: int,
+    metrics: GeneratorMetrics,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[RolloutLoop, asyncio.Event]:
+    """A rollout loop on the real engine, watched: the event is set once a group's tokens are under way."""
+    loop = RolloutLoop(
+        engine,
+        js,
+        names,
+        "gen-test",
+        max_inflight_groups=max_inflight_groups,
+        ack_wait_s=30.0,
+        metrics=metrics,
+        meter=ComputeMeter("generator", "gen-test", "cpu", 1),
+    )
+    under_way = asyncio.Event()
+    sample = engine.sample
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        return await sample(*args, **kwargs, on_progress=lambda n: n >= 5 and under_way.set())
+
+    monkeypatch.setattr(engine, "sample", watched)
+    return loop, under_way
+
+
 async def _fetch_groups(sub: Any, num: int) -> list[rollout_pb2.RolloutGroup]:
     groups: list[rollout_pb2.RolloutGroup] = []
     while len(groups) < num:
@@ -508,24 +537,7 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
             js = nc.jetstream()
             await ensure_streams(js, names)
             metrics = GeneratorMetrics()
-            loop = RolloutLoop(
-                engine,
-                js,
-                names,
-                "gen-test",
-                max_inflight_groups=4,
-                ack_wait_s=30.0,
-                metrics=metrics,
-                meter=ComputeMeter("generator", "gen-test", "cpu", 1),
-            )
-            # The real engine, watched: tell when the first group's tokens are under way.
-            under_way = asyncio.Event()
-            sample = engine.sample
-
-            async def watched(*args: Any, **kwargs: Any) -> Any:
-                return await sample(*args, **kwargs, on_progress=lambda n: n >= 5 and under_way.set())
-
-            monkeypatch.setattr(engine, "sample", watched)
+            loop, under_way = _watched_loop(engine, js, names, 4, metrics, monkeypatch)
             stop = asyncio.Event()
             running = asyncio.create_task(loop.run(stop))
             cut = _task("train-cut", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
@@ -583,23 +595,7 @@ async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
         try:
             js = nc.jetstream()
             await ensure_streams(js, names)
-            loop = RolloutLoop(
-                engine,
-                js,
-                names,
-                "gen-test",
-                max_inflight_groups=1,
-                ack_wait_s=30.0,
-                metrics=GeneratorMetrics(),
-                meter=ComputeMeter("generator", "gen-test", "cpu", 1),
-            )
-            under_way = asyncio.Event()
-            sample = engine.sample
-
-            async def watched(*args: Any, **kwargs: Any) -> Any:
-                return await sample(*args, **kwargs, on_progress=lambda n: n >= 5 and under_way.set())
-
-            monkeypatch.setattr(engine, "sample", watched)
+            loop, under_way = _watched_loop(engine, js, names, 1, GeneratorMetrics(), monkeypatch)
             for i in range(4):
                 t = _task(f"train-{i}", rollout_pb2.TASK_KIND_TRAIN, num_samples=8)
                 await js.publish(names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
