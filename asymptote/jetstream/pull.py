@@ -107,23 +107,21 @@ class Puller(Inbox):
 
     async def fetch(self, batch: int, timeout_s: float) -> list[Msg]:
         """Up to ``batch`` messages, without waiting once some are in; asyncio.TimeoutError if none came."""
-        if self._buffer:
-            return self._take(batch)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        await self._request(batch)
-        await self._wait(batch, deadline)
+        available = await self.fetch_available(batch, timeout_s)
+        if available:
+            return available
+        # Nothing now: wait for one message. The server lets the request
+        # expire a little before the deadline, so it rarely outlives it
+        # (a message it brings later waits in the buffer).
+        await self._request(1, expires_s=max(deadline - loop.time() - 0.05, 0.001))
+        await self._wait(1, deadline)
         if not self._buffer:
-            # Nothing now: wait for one message. The server lets the request
-            # expire a little before the deadline, so it rarely outlives it
-            # (a message it brings later waits in the buffer).
-            await self._request(1, expires_s=max(deadline - loop.time() - 0.05, 0.001))
-            await self._wait(1, deadline)
-            if not self._buffer:
-                raise TimeoutError()
-            if batch > 1:  # and take what came with it
-                await self._request(batch - 1)
-                await self._wait(batch, deadline)
+            raise TimeoutError()
+        if batch > 1:  # and take what came with it
+            await self._request(batch - 1)
+            await self._wait(batch, deadline)
         return self._take(batch)
 
 
