@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -58,13 +58,7 @@ points, and none of 2,640 consecutive pairs from 8 points on was (120 runs)."""
 
 Action = Literal["continue", "stop", "compare"]
 NotDeterminedKind = Literal["few_points", "at_bound", "a_at_cap", "a_at_floor", "c_mid_spread"]
-NOT_DETERMINED_KINDS: tuple[NotDeterminedKind, ...] = (
-    "few_points",
-    "at_bound",
-    "a_at_cap",
-    "a_at_floor",
-    "c_mid_spread",
-)
+NOT_DETERMINED_KINDS: tuple[NotDeterminedKind, ...] = get_args(NotDeterminedKind)
 """What can keep a fit from being determined, as the gauge ``asymptote_fitter_not_determined{reason}`` names it."""
 
 

@@ -103,11 +103,11 @@ def a_text(fit: Mapping[str, Any], brief: bool = False) -> str | None:
     interval = _interval(fit.get("a_interval"))
     if not fit.get("determined"):
         why = fit.get("why_not_determined") or "the fitter does not say it is"
+        kinds = list(fit.get("not_determined") or ())
         if brief:  # the live line: the first reason in a few words, and how many more
-            kinds = list(fit.get("not_determined") or ())
             why = NOT_DETERMINED_BRIEF.get(kinds[0], kinds[0]) if kinds else why
             why += f" (+{len(kinds) - 1})" if len(kinds) > 1 else ""
-        if "few_points" in (fit.get("not_determined") or ()):
+        if "few_points" in kinds:
             return f"A not yet determined: {why}"
         return f"A in {interval}, not yet determined: {why}"
     text = f"A {fit['a']:.3f} {interval}"
