@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import grpc
 import pytest
 import torch
 from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
+from waiting import wait_until_async
 
 from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature, signature_num_bytes
 from asymptote.compute import ComputeMeter
@@ -483,6 +485,21 @@ def _task(task_id: str, kind: int, require_version: int = 0, num_samples: int = 
     )
 
 
+@asynccontextmanager
+async def _jetstream(root: Path, names: Names) -> AsyncIterator[Any]:
+    """JetStream on a nats-server of its own under ``root``, with the run's streams declared."""
+    import nats as nats_py
+
+    with nats_server(root / "nats") as server:
+        nc = await nats_py.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, names)
+            yield js
+        finally:
+            await nc.close()
+
+
 def _watched_loop(
     engine: Engine,
     js: Any,
@@ -528,57 +545,49 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
     """Over a real nats-server: a group the engine cuts short is not published but generated again;
     a draining loop publishes the group it has in flight and hands back at once a task waiting
     for a version it does not serve, instead of holding its lease until the drain times out."""
-    import nats as nats_py
-
     names = Names("draintest")
-    with nats_server(tmp_path / "nats") as server:
-        nc = await nats_py.connect(server.url)
-        try:
-            js = nc.jetstream()
-            await ensure_streams(js, names)
-            metrics = GeneratorMetrics()
-            loop, under_way = _watched_loop(engine, js, names, 4, metrics, monkeypatch)
-            stop = asyncio.Event()
-            running = asyncio.create_task(loop.run(stop))
-            cut = _task("train-cut", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
-            await js.publish(names.train_tasks, cut.SerializeToString(), headers={"Nats-Msg-Id": cut.task_id})
-            await asyncio.wait_for(under_way.wait(), 120)
-            await engine._llm.pause_generation(mode="abort")  # as vLLM's engine core does on SIGTERM
-            await engine._llm.resume_generation()
+    async with _jetstream(tmp_path, names) as js:
+        metrics = GeneratorMetrics()
+        loop, under_way = _watched_loop(engine, js, names, 4, metrics, monkeypatch)
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        cut = _task("train-cut", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
+        await js.publish(names.train_tasks, cut.SerializeToString(), headers={"Nats-Msg-Id": cut.task_id})
+        await asyncio.wait_for(under_way.wait(), 120)
+        await engine._llm.pause_generation(mode="abort")  # as vLLM's engine core does on SIGTERM
+        await engine._llm.resume_generation()
 
-            # The cut task's second go is published whole.
-            rollouts = await js.pull_subscribe(names.rollouts, durable="check", stream=names.rollouts_stream)
-            groups = await asyncio.wait_for(_fetch_groups(rollouts, 1), 120)
-            assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
+        # The cut task's second go is published whole.
+        rollouts = await js.pull_subscribe(names.rollouts, durable="check", stream=names.rollouts_stream)
+        groups = await asyncio.wait_for(_fetch_groups(rollouts, 1), 120)
+        assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
 
-            # Draining with a group generating and a task waiting for a later version.
-            later = _task("eval-later", rollout_pb2.TASK_KIND_EVAL, require_version=engine.version + 1000)
-            await js.publish(names.eval_tasks, later.SerializeToString(), headers={"Nats-Msg-Id": later.task_id})
-            drained = _task("train-drained", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
-            await js.publish(names.train_tasks, drained.SerializeToString(), headers={"Nats-Msg-Id": drained.task_id})
+        # Draining with a group generating and a task waiting for a later version.
+        later = _task("eval-later", rollout_pb2.TASK_KIND_EVAL, require_version=engine.version + 1000)
+        await js.publish(names.eval_tasks, later.SerializeToString(), headers={"Nats-Msg-Id": later.task_id})
+        drained = _task("train-drained", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
+        await js.publish(names.train_tasks, drained.SerializeToString(), headers={"Nats-Msg-Id": drained.task_id})
 
-            async def both_in() -> None:
-                while len(loop._inflight) < 2 or engine.num_running == 0:
-                    await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
+        async def both_in() -> None:
+            while len(loop._inflight) < 2 or engine.num_running == 0:
+                await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
 
-            await asyncio.wait_for(both_in(), 60)
-            stop.set()
-            await asyncio.wait_for(running, 60)
-            groups += await asyncio.wait_for(_fetch_groups(rollouts, 1), 10)
+        await asyncio.wait_for(both_in(), 60)
+        stop.set()
+        await asyncio.wait_for(running, 60)
+        groups += await asyncio.wait_for(_fetch_groups(rollouts, 1), 10)
 
-            assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
-            assert [g.group_id for g in groups] == ["train-cut", "train-drained"]
-            for g in groups:  # whole groups only: every completion ran to its length
-                assert [len(c.token_ids) for c in g.completions] == [MAX_TOKENS] * g.task.sampling.num_samples
-            # The unservable task is back in the queue, now: its second delivery, not after a lease.
-            tasks = await js.pull_subscribe(
-                names.eval_tasks, durable=names.generators_eval_consumer, stream=names.tasks_stream
-            )
-            [again] = await tasks.fetch(1, timeout=5)
-            assert rollout_pb2.GenerationTask.FromString(again.data).task_id == "eval-later"
-            assert again.metadata.num_delivered == 2
-        finally:
-            await nc.close()
+        assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
+        assert [g.group_id for g in groups] == ["train-cut", "train-drained"]
+        for g in groups:  # whole groups only: every completion ran to its length
+            assert [len(c.token_ids) for c in g.completions] == [MAX_TOKENS] * g.task.sampling.num_samples
+        # The unservable task is back in the queue, now: its second delivery, not after a lease.
+        tasks = await js.pull_subscribe(
+            names.eval_tasks, durable=names.generators_eval_consumer, stream=names.tasks_stream
+        )
+        [again] = await tasks.fetch(1, timeout=5)
+        assert rollout_pb2.GenerationTask.FromString(again.data).task_id == "eval-later"
+        assert again.metadata.num_delivered == 2
 
 
 async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
@@ -587,53 +596,45 @@ async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
     """Over a real nats-server: an eval task published behind four train tasks is sampled third
     (after the group in the engine and the one already leased), not fifth as a shared queue would.
     Eval tasks have a consumer of their own, and the loop takes from it first."""
-    import nats as nats_py
-
     names = Names("evalfirst")
-    with nats_server(tmp_path / "nats") as server:
-        nc = await nats_py.connect(server.url)
-        try:
-            js = nc.jetstream()
-            await ensure_streams(js, names)
-            loop, under_way = _watched_loop(engine, js, names, 1, GeneratorMetrics(), monkeypatch)
-            for i in range(4):
-                t = _task(f"train-{i}", rollout_pb2.TASK_KIND_TRAIN, num_samples=8)
-                await js.publish(names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
-            stop = asyncio.Event()
-            running = asyncio.create_task(loop.run(stop))
-            await asyncio.wait_for(under_way.wait(), 120)  # train-0 in the engine
+    async with _jetstream(tmp_path, names) as js:
+        loop, under_way = _watched_loop(engine, js, names, 1, GeneratorMetrics(), monkeypatch)
+        for i in range(4):
+            t = _task(f"train-{i}", rollout_pb2.TASK_KIND_TRAIN, num_samples=8)
+            await js.publish(names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        await asyncio.wait_for(under_way.wait(), 120)  # train-0 in the engine
 
-            async def backlog_full() -> None:
-                while len(loop._waiting) < 1:  # train-1 leased, waiting for the engine
-                    await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
+        async def backlog_full() -> bool:
+            return len(loop._waiting) >= 1  # train-1 leased, waiting for the engine
 
-            await asyncio.wait_for(backlog_full(), 30)
-            e = _task("eval-now", rollout_pb2.TASK_KIND_EVAL, num_samples=2)
-            await js.publish(names.eval_tasks, e.SerializeToString(), headers={"Nats-Msg-Id": e.task_id})
+        # Polled often: the eval task must be published while train-0 still runs.
+        await wait_until_async(backlog_full, 30, "train-1 to be leased", interval_s=0.002)
+        e = _task("eval-now", rollout_pb2.TASK_KIND_EVAL, num_samples=2)
+        await js.publish(names.eval_tasks, e.SerializeToString(), headers={"Nats-Msg-Id": e.task_id})
 
-            finished: dict[str, float] = {}  # task id -> when its group or result was finished
+        finished: dict[str, float] = {}  # task id -> when its group or result was finished
 
-            async def collect() -> None:
-                rollouts = await js.pull_subscribe(names.rollouts, durable="order", stream=names.rollouts_stream)
-                results = await js.pull_subscribe(names.eval_results, durable="order", stream=names.evals_stream)
-                while len(finished) < 5:
-                    for sub in (rollouts, results):
-                        try:
-                            msgs = await sub.fetch(5, timeout=0.2)
-                        except TimeoutError:
-                            continue
-                        for m in msgs:
-                            if sub is rollouts:
-                                group = rollout_pb2.RolloutGroup.FromString(m.data)
-                                finished[group.task.task_id] = group.finished_unix_s
-                            else:
-                                result = rollout_pb2.EvalResult.FromString(m.data)
-                                finished[result.task_id] = result.finished_unix_s
+        async def collect() -> None:
+            rollouts = await js.pull_subscribe(names.rollouts, durable="order", stream=names.rollouts_stream)
+            results = await js.pull_subscribe(names.eval_results, durable="order", stream=names.evals_stream)
+            while len(finished) < 5:
+                for sub in (rollouts, results):
+                    try:
+                        msgs = await sub.fetch(5, timeout=0.2)
+                    except TimeoutError:
+                        continue
+                    for m in msgs:
+                        if sub is rollouts:
+                            group = rollout_pb2.RolloutGroup.FromString(m.data)
+                            finished[group.task.task_id] = group.finished_unix_s
+                        else:
+                            result = rollout_pb2.EvalResult.FromString(m.data)
+                            finished[result.task_id] = result.finished_unix_s
 
-            await asyncio.wait_for(collect(), 180)
-            stop.set()
-            await asyncio.wait_for(running, 60)
-        finally:
-            await nc.close()
+        await asyncio.wait_for(collect(), 180)
+        stop.set()
+        await asyncio.wait_for(running, 60)
     # One group at a time in the engine: the finishing order is the serving order.
     assert sorted(finished, key=finished.__getitem__) == ["train-0", "train-1", "eval-now", "train-2", "train-3"]
