@@ -21,6 +21,11 @@ next time it is reached after a file ``name.arm`` appears in
 place. A fault-injection driver uses it to put each fault where it wants it
 without two faults overlapping.
 
+``name:N:raise`` (or ``name:file:raise``) raises ``InjectedFault`` at the
+point instead of killing: a bug's exception in the middle of the work, which
+the service must turn into a clean failure (the learner's ranks all exit,
+none waiting in a collective).
+
 Unarmed, a failpoint costs one dict lookup; armed by file, one stat.
 """
 
@@ -39,28 +44,45 @@ DIR_ENV = "ASY_FAILPOINT_DIR"
 BY_FILE = "file"
 
 
+RAISE = "raise"
+
+
+class InjectedFault(RuntimeError):
+    """The exception a failpoint armed with ``:raise`` raises."""
+
+
 @dataclass
 class Armed:
     thresholds: tuple[int, ...] = ()
     """Progress values at which the point fires, once each."""
     by_file: bool = False
     """Also fires when ``<name>.arm`` appears in the marker directory."""
+    raises: bool = False
+    """Fires by raising ``InjectedFault`` instead of killing the process group."""
 
 
 def parse(spec: str) -> dict[str, Armed]:
-    """``"a:3,b:file,a:9"`` -> {"a": Armed((3, 9)), "b": Armed(by_file=True)}; a clear error naming a bad entry."""
+    """``"a:3,b:file,a:9,c:2:raise"`` -> {"a": Armed((3, 9)), "b": Armed(by_file=True), "c": Armed((2,),
+    raises=True)}; a clear error naming a bad entry."""
     thresholds: dict[str, set[int]] = {}
     by_file: set[str] = set()
+    raising: set[str] = set()
     for entry in filter(None, (e.strip() for e in spec.split(","))):
-        name, sep, at = (part.strip() for part in entry.partition(":"))
-        if not sep or not name or not (at.isdigit() or at == BY_FILE):
-            raise ValueError(f"{ENV}: {entry!r} is not name:N (N a non-negative integer) or name:{BY_FILE}")
+        name, sep, rest = (part.strip() for part in entry.partition(":"))
+        at, has_action, action = (part.strip() for part in rest.partition(":"))
+        if not sep or not name or not (at.isdigit() or at == BY_FILE) or (has_action and action != RAISE):
+            raise ValueError(
+                f"{ENV}: {entry!r} is not name:N (N a non-negative integer) or name:{BY_FILE}, "
+                f"optionally followed by :{RAISE}"
+            )
         if at == BY_FILE:
             by_file.add(name)
         else:
             thresholds.setdefault(name, set()).add(int(at))
+        if action == RAISE:
+            raising.add(name)
     return {
-        name: Armed(tuple(sorted(thresholds.get(name, ()))), name in by_file)
+        name: Armed(tuple(sorted(thresholds.get(name, ()))), name in by_file, name in raising)
         for name in sorted(thresholds.keys() | by_file)
     }
 
@@ -74,7 +96,8 @@ def marker_dir() -> Path | None:
 
 
 def failpoint(name: str, progress: int) -> None:
-    """Kill this process group here if ``name`` is armed for this moment (see the module docstring)."""
+    """Kill this process group here (or raise ``InjectedFault``) if ``name`` is armed for this moment
+    (see the module docstring)."""
     armed = _ARMED.get(name)
     if armed is None:
         return
@@ -85,6 +108,9 @@ def failpoint(name: str, progress: int) -> None:
     if marker is None:
         return
     marker.write_text(f"{progress}\n")
+    if armed.raises:
+        log.warning("failpoint %s at %d: raising", name, progress)
+        raise InjectedFault(f"failpoint {name} at {progress}")
     log.warning("failpoint %s at %d: killing this process group with SIGKILL", name, progress)
     for handler in logging.getLogger().handlers:
         handler.flush()

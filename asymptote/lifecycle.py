@@ -104,6 +104,24 @@ def die_with_parent(then: Callable[[], None] | None = None) -> Callable[[], None
     return preexec
 
 
+def die_with_launcher() -> bool:
+    """In a process a launcher started in a session of its own (torchrun's ranks): get SIGKILL when the
+    launcher dies, as a pod's processes all end with it. Returns whether it is armed (Linux: prctl).
+
+    A launcher killed outright (SIGKILL, the OOM killer) cannot stop its
+    ranks itself; left running they would hold the service's ports and its
+    place in the next launch's process group.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    parent = os.getppid()
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
 @contextmanager
 def interrupt_on_sigterm() -> Iterator[None]:
     """Within the block, SIGTERM (and SIGHUP) raise KeyboardInterrupt in the main thread, as Ctrl-C does.

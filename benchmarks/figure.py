@@ -7,7 +7,9 @@ figure is measured.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -95,3 +97,15 @@ def not_run(name: str, unit: str, targets: tuple[Target, ...], why: str) -> Figu
     return Figure(
         name=name, value=None, unit=unit, baseline="-", measured=f"not run: {why}", targets=targets, not_run=why
     )
+
+
+def write_and_print(figures: list[Figure], path: Path) -> None:
+    """Write ``figures`` to ``path`` (a JSON list) and print a line for each: value, ratio, target, verdict."""
+    from rich.console import Console
+
+    path.write_text(json.dumps([f.as_json() for f in figures], indent=2) + "\n")
+    console = Console()
+    for f in figures:
+        console.print(
+            f"{f.name}: {quantity(f.value, f.unit)}, {f.ratio:.2f}x {f.baseline} (target {f.target}: {f.verdict})"
+        )

@@ -52,7 +52,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.figure import Figure, Target, quantity
+from benchmarks.figure import Figure, Target, write_and_print
 
 BENCH_FILE_NAME = "learner_memory_bench.json"
 TARGET = 0.65
@@ -189,6 +189,8 @@ def worker(variant: Variant, quick: bool, out: Path) -> None:
         parallelism="fsdp",
         activation_checkpointing=variant.activation_checkpointing,
     )
+    if variant.meta_init:
+        trainer.init_random()  # allocated on the meta device, each rank its shards: initialise them
     groups = synthetic_groups(len(tokenizer), num_prompts=4, group_size=2, prompt_len=16, max_new=32, seed=1)
     inputs = collate(groups, int(tokenizer.pad_token_id))
 
@@ -271,11 +273,18 @@ def step_time_worker(quick: bool, out: Path, rounds: int) -> None:
 # -- the driver ---------------------------------------------------------------
 
 
-def torchrun(ranks: int, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 900.0) -> None:
+def torchrun(
+    ranks: int,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout_s: float = 900.0,
+    module: str = "benchmarks.learner_memory",
+) -> None:
+    """``python -m module args`` on ``ranks`` gloo ranks, one thread each; RuntimeError with its output's tail."""
     from services.local import torchrun as launcher
 
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = launcher.command(ranks, "-m", "benchmarks.learner_memory", *args)
+    cmd = launcher.command(ranks, "-m", module, *args)
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -388,13 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is None:
         parser.error("--output is required")
     figures = bench_learner_memory(args.quick, args.output / "learner_memory")
-    (args.output / BENCH_FILE_NAME).write_text(json.dumps([f.as_json() for f in figures], indent=2) + "\n")
-    console = Console()
-    console.print(table(figures))
-    for f in figures:
-        console.print(
-            f"{f.name}: {quantity(f.value, f.unit)}, {f.ratio:.2f}x {f.baseline} (target {f.target}: {f.verdict})"
-        )
+    Console().print(table(figures))
+    write_and_print(figures, args.output / BENCH_FILE_NAME)
     return 0
 
 

@@ -43,6 +43,7 @@ services:
 local and offline:
   up           run nats-server and the four services on this machine
   fit          fit eval.jsonl files offline, print a table, write a plot
+  export       a run's checkpoint as a Hugging Face model directory (transformers, vLLM)
   bench        every performance figure against its baseline, side by side (bench.json, bench.md)
   prepare-model  build and warm-start the tiny local model (cached)
   kube         a deployed run: status, scale generators, gRPC health
@@ -310,6 +311,38 @@ def _prepare_model(argv: list[str]) -> int:
     return 0
 
 
+def _export(argv: list[str]) -> int:
+    import logging
+
+    parser = ArgumentParser(
+        prog="asymptote export",
+        description="Write a learner checkpoint as a Hugging Face model directory (config, tokenizer, chat "
+        "template, safetensors in the served dtype) that transformers and vLLM load.",
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory (its checkpoints/)")
+    parser.add_argument("--to", type=Path, required=True, help="the model directory to write (new or empty)")
+    parser.add_argument("--step", type=int, help="the checkpoint holding this step (default: the newest)")
+    parser.add_argument("--model", type=Path, help="the model directory the run started from (default: the run's copy)")
+    args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        raise ConfigError(f"RUN_DIR {args.run_dir}: not a directory")
+    logging.basicConfig(level="INFO", format="%(asctime)s export %(levelname)s: %(message)s")
+    from asymptote.errors import ModelError
+    from services.learner.export import export
+
+    try:
+        print(export(args.run_dir, args.to, args.step, args.model))
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc
+    return 0
+
+
+def _plan(argv: list[str]) -> int:
+    from ops.plan import main as plan_main
+
+    return plan_main(argv)
+
+
 def _fit(argv: list[str]) -> int:
     from services.fitter.offline import main as fit_main
 
@@ -349,6 +382,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     **{name: _service(name) for name in ("broker", "generator", "learner", "fitter")},
     "up": _up,
     "fit": _fit,
+    "export": _export,
     "bench": _bench,
     "prepare-model": _prepare_model,
     "kube": _kube,

@@ -30,9 +30,22 @@ def test_parse_names_the_bad_entry() -> None:
         "b": Armed((1,), by_file=True),
         "c": Armed(by_file=True),
     }
-    for bad in ("a", "a:", ":3", "a:-1", "a:x", "a:files"):
+    assert parse("a:2:raise,b:file:raise") == {"a": Armed((2,), raises=True), "b": Armed(by_file=True, raises=True)}
+    for bad in ("a", "a:", ":3", "a:-1", "a:x", "a:files", "a:3:explode", "a:3:"):
         with pytest.raises(ValueError, match="is not name:N"):
             parse(bad)
+
+
+def test_a_raising_failpoint_raises_once_where_it_is_armed(tmp_path: Path) -> None:
+    script = SCRIPT.replace(
+        'failpoint("demo.point", progress)',
+        'try:\n        failpoint("demo.point", progress)\n    except RuntimeError as exc:\n        print("raised", exc)',
+    )
+    env = {**os.environ, "ASY_FAILPOINTS": "demo.point:3:raise", "ASY_FAILPOINT_DIR": str(tmp_path / "fp")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:4] == ["0", "1", "2", "raised failpoint demo.point at 3"] and len(lines) == 11
 
 
 def run(tmp_path: Path, spec: str) -> subprocess.CompletedProcess[str]:

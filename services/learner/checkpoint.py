@@ -1,30 +1,66 @@
-"""Durable learner checkpoints.
+"""Durable learner checkpoints, sharded and written while training goes on.
 
-Owns writing and finding checkpoints: model weights (safetensors), the
-optimizer and scheduler state, RNG state, the policy version, counters and
-the ids of the groups trained into the weights. A checkpoint holds the
-whole (consolidated) state, the optimizer's keyed by parameter name, so it
-resumes on any number of ranks in either layout (``sharding``).
-A checkpoint is written into a temporary folder, fsynced, then renamed, so
-a crash mid-write never leaves a checkpoint that looks complete. Only
-``ckpt-*`` folders with a ``DONE`` marker count.
+Owns writing and finding checkpoints. A checkpoint is a folder
+``ckpt-<version>``:
+
+- ``state/``: the model's parameters and AdamW's state in
+  ``torch.distributed.checkpoint`` (DCP) format. Every rank writes its own
+  shards (FSDP2) or its share of the replicated tensors (DDP, one process),
+  keyed by parameter name, so any number of ranks in either layout resumes it
+  (DCP reshards on load) and no rank ever gathers the whole model;
+- ``trainer.json``: the policy version, the step, the counters, the ids of
+  the groups trained into the weights, the learning-rate scheduler's state;
+- ``rng.pt``: rank 0's random-number generator states;
+- ``DONE``: the marker that makes it count.
+
+A save is asynchronous (``dcp.async_save``): each rank copies its state to
+host memory (the staging copy, the only pause the training loop sees) and a
+background thread writes and fsyncs the files, over a process group of its
+own so that its collectives never interleave with training's. When DCP's
+metadata is written every rank has written its part; rank 0 then writes
+``trainer.json``, fsyncs, marks the folder ``DONE`` and renames it into
+place. A crash at any moment leaves the previous checkpoints as they were:
+only ``ckpt-*`` folders with ``DONE`` count. Batches are acked to the broker
+only once the checkpoint that holds them is ``DONE`` (``loop``).
+
+On several nodes every rank must see the same checkpoint folder (a shared
+volume), as DCP writes each rank's files into it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass
+import warnings
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from asymptote.errors import ModelError
 from asymptote.faults import failpoint
+
+log = logging.getLogger(__name__)
+# One process without a process group reads and writes checkpoints on its own, as meant (DCP warns,
+# from its writer thread too).
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+
+STATE = "state"
+"""The DCP folder inside a checkpoint."""
+META = "trainer.json"
+RNG = "rng.pt"
+LEGACY_WEIGHTS = "model.safetensors"
+"""The whole-model file of the consolidated format written before checkpoints were sharded."""
 
 
 @dataclass(frozen=True)
@@ -36,18 +72,29 @@ class Restored:
     """The newest group ids trained into these weights (redelivered copies are skipped)."""
     step: int = 0
     """Optimizer steps taken (the version can run ahead of it after a restart)."""
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    """The learning-rate scheduler's state dict."""
+    stepped: bool = True
+    """Whether the optimizer has state (False: saved before its first step; a fresh optimizer then)."""
+
+    @property
+    def legacy(self) -> bool:
+        """Written in the consolidated format (one ``model.safetensors`` and ``trainer.pt``)."""
+        return (self.path / LEGACY_WEIGHTS).exists()
 
 
 @dataclass(frozen=True)
-class TrainingState:
-    """The whole state a step needs, as ``sharding.full_state`` gathers it onto rank 0."""
+class Meta:
+    """What ``trainer.json`` holds."""
 
-    weights: dict[str, torch.Tensor]
-    """Parameters and buffers by state-dict name, a tied weight under its first name only."""
-    optimizer: dict[str, Any]
-    """The optimizer's state dict, keyed by parameter name."""
+    version: int
+    step: int
+    samples_trained: int
+    trained_group_ids: list[str]
     scheduler: dict[str, Any]
-    """The learning-rate scheduler's state dict."""
+    stepped: bool
+    world_size: int
+    layout: str
 
 
 def _fsync_dir(path: Path) -> None:
@@ -58,44 +105,120 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(
-    root: Path,
-    version: int,
-    state: TrainingState,
-    samples_trained: int,
-    keep: int,
-    trained_group_ids: Sequence[str] = (),
-    step: int | None = None,
-) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"ckpt-{version:08d}"
-    tmp = root / f".ckpt-{version:08d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in state.weights.items()}, str(tmp / "model.safetensors"))
-    torch.save(
-        {
-            "optimizer": state.optimizer,
-            "scheduler": state.scheduler,
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-        },
-        tmp / "trainer.pt",
-    )
-    steps_done = version if step is None else step
-    meta = {
-        "version": version,
-        "step": steps_done,
-        "samples_trained": samples_trained,
-        "trained_group_ids": list(trained_group_ids),
-    }
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    failpoint("learner.checkpoint.written", steps_done)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def final_path(root: Path, version: int) -> Path:
+    return root / f"ckpt-{version:08d}"
+
+
+def tmp_path(root: Path, version: int) -> Path:
+    return root / f".ckpt-{version:08d}.tmp"
+
+
+@dataclass
+class _Pending:
+    version: int
+    tmp: Path
+    future: Future[Any]
+    meta: Meta | None
+    """Rank 0's: what ``trainer.json`` gets once every rank's shards are written."""
+
+
+class Checkpointer:
+    """Each rank's side of the checkpoints in ``root``: at most one save in flight.
+
+    Every rank calls ``begin`` with the same version (a collective); rank 0
+    alone calls ``finish`` (or ``poll``) to commit it once the shards are
+    durable. Create on every rank in the same order (it makes a process
+    group for the writes when there are several ranks).
+    """
+
+    def __init__(self, root: Path, keep: int, *, distributed: bool, rank: int, pin_staging: bool = False) -> None:
+        self.root = root
+        self.keep = keep
+        self.rank = rank
+        # The writer's collectives (gathering plans and results) run in a background thread: on a
+        # group of their own (gloo on the CPU) they cannot cross the training loop's.
+        self._group = dist.new_group(backend="gloo") if distributed else None
+        self._pin_staging = pin_staging
+        self._pending: _Pending | None = None
+
+    @property
+    def in_flight(self) -> int | None:
+        """The version being written, if any."""
+        return None if self._pending is None else self._pending.version
+
+    def begin(self, version: int, state: dict[str, Any], meta: Meta | None = None) -> None:
+        """Start writing ``state`` (``Trainer.state_dict``) as checkpoint ``version``; every rank calls it.
+
+        Waits for the previous save first. Returns once this rank's state is
+        staged in host memory; the files are written in the background.
+        ``meta``: rank 0's ``trainer.json`` (ignored on the other ranks).
+        """
+        self.wait_written()
+        tmp = tmp_path(self.root, version)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        if self._group is not None:
+            dist.barrier(group=self._group)  # the folder exists before any rank writes into it
+        writer = FileSystemWriter(tmp / STATE, sync_files=True, cache_staged_state_dict=self._pin_staging)
+        future = dcp.async_save(state, storage_writer=writer, process_group=self._group, no_dist=self._group is None)
+        assert isinstance(future, Future), "a thread-based async_save returns a Future"
+        self._pending = _Pending(version, tmp, future, meta if self.rank == 0 else None)
+        # The shards are being written now, in the background: a crash here leaves a folder without DONE.
+        failpoint("learner.checkpoint.writing", version if meta is None else meta.step)
+
+    def wait_written(self) -> None:
+        """Block until this rank's part of the save in flight is written (raises what the writer raised)."""
+        if self._pending is not None:
+            self._pending.future.result()
+            if self.rank != 0:
+                self._pending = None
+
+    def ready(self) -> bool:
+        """Rank 0: the save in flight is written by every rank and can be committed without waiting."""
+        return self._pending is not None and self._pending.future.done()
+
+    def finish(self) -> Path | None:
+        """Rank 0: wait for the save in flight, commit it (``DONE``, renamed into place) and prune old ones.
+
+        Returns the committed checkpoint, or None when nothing was in flight.
+        """
+        pending = self._pending
+        if pending is None:
+            return None
+        pending.future.result()  # DCP writes its metadata after every rank's files are written
+        self._pending = None
+        assert pending.meta is not None, "rank 0 commits"
+        return commit(self.root, pending.version, pending.tmp, pending.meta, self.keep)
+
+    def close(self) -> None:
+        """Finish what is in flight (rank 0 commits it) and leave the writers' process group."""
+        if self.rank == 0:
+            self.finish()
+        else:
+            self.wait_written()
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+
+def commit(root: Path, version: int, tmp: Path, meta: Meta, keep: int) -> Path:
+    """Write ``trainer.json`` and the RNG states into ``tmp``, fsync, mark it DONE, rename it into place."""
+    (tmp / META).write_text(json.dumps(asdict(meta)))
+    torch.save({"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / RNG)
+    failpoint("learner.checkpoint.written", meta.step)
+    for f in (tmp / META, tmp / RNG):
+        _fsync_file(f)
+    _fsync_dir(tmp / STATE)
     (tmp / "DONE").touch()
     _fsync_dir(tmp)
+    final = final_path(root, version)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(root)
@@ -109,19 +232,86 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path) -> tuple[Restored, TrainingState]:
-    """The checkpoint in ``path``: its counters and its training state (and this process's RNG state from it)."""
-    trainer = torch.load(path / "trainer.pt", weights_only=False)  # our own file, written above
-    torch.set_rng_state(trainer["torch_rng"])
-    random.setstate(trainer["python_rng"])
-    meta = json.loads((path / "meta.json").read_text())
-    restored = Restored(
-        int(meta["version"]),
-        int(meta["samples_trained"]),
-        path,
-        tuple(meta.get("trained_group_ids", ())),
-        int(meta.get("step", meta["version"])),
+def read(path: Path) -> Restored:
+    """The counters of the checkpoint in ``path``, and this process's RNG state from it.
+
+    Reads the sharded format and the consolidated one before it; ModelError
+    when the folder holds neither.
+    """
+    if (path / META).exists():
+        meta = json.loads((path / META).read_text())
+        rng = torch.load(path / RNG, weights_only=False)  # our own file, written by commit
+    elif (path / LEGACY_WEIGHTS).exists():
+        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        meta = json.loads((path / "meta.json").read_text())
+        meta["scheduler"] = trainer["scheduler"]
+        meta["stepped"] = bool(trainer["optimizer"].get("state"))
+        rng = trainer
+    else:
+        raise ModelError(f"{path}: marked DONE but holds neither {META} nor {LEGACY_WEIGHTS}")
+    torch.set_rng_state(rng["torch_rng"])
+    random.setstate(rng["python_rng"])
+    return Restored(
+        version=int(meta["version"]),
+        samples_trained=int(meta["samples_trained"]),
+        path=path,
+        trained_group_ids=tuple(meta.get("trained_group_ids", ())),
+        step=int(meta.get("step", meta["version"])),
+        scheduler=dict(meta["scheduler"]),
+        stepped=bool(meta["stepped"]),
     )
-    return restored, TrainingState(
-        load_file(str(path / "model.safetensors")), trainer["optimizer"], trainer["scheduler"]
-    )
+
+
+def load_state(path: Path, state: dict[str, Any]) -> None:
+    """Fill ``state`` (``Trainer.state_dict``'s layout, allocated where it lives) from checkpoint ``path``.
+
+    Each rank reads only what its own tensors hold (its shards under FSDP2).
+    A collective when the process group is up. ModelError naming what does
+    not fit when the checkpoint is another model's.
+    """
+    try:
+        dcp.load(state, checkpoint_id=path / STATE, no_dist=not dist.is_initialized())
+    except (CheckpointException, RuntimeError, ValueError) as exc:
+        raise ModelError(f"checkpoint {path} does not fit the model: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, CheckpointException):  # each rank's failure, wrapped with its traceback
+        exc = next((inner for inner, _ in exc.failures.values()), exc)
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def weight_names(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The model tensors a checkpoint holds: name -> (shape, dtype), from its metadata alone."""
+    metadata = FileSystemReader(path / STATE).read_metadata()
+    out = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata):
+            out[key.removeprefix("model.")] = (tuple(md.size), md.properties.dtype)
+    return out
+
+
+def read_weights(path: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Whole model tensors of the checkpoint in ``path`` (all, or ``names``), on the CPU, in one process.
+
+    Reads only the tensors asked for, whatever the number of ranks that wrote
+    them: a tool (``asymptote export``, a test) reads a big model a group of
+    tensors at a time.
+    """
+    stored = weight_names(path)
+    wanted = list(stored) if names is None else names
+    missing = [n for n in wanted if n not in stored]
+    if missing:
+        raise ModelError(f"checkpoint {path} holds no weights named {missing[:5]}")
+    tensors = {n: torch.empty(stored[n][0], dtype=stored[n][1]) for n in wanted}
+    dcp.load({"model": tensors}, checkpoint_id=path / STATE, no_dist=True)
+    return tensors
+
+
+def load_legacy(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The consolidated format's whole weights and optimizer state (keyed by parameter name)."""
+    from safetensors.torch import load_file
+
+    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    return load_file(str(path / LEGACY_WEIGHTS)), trainer["optimizer"]

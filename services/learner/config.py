@@ -148,9 +148,12 @@ class LearnerConfig(MeteredServiceSettings):
     seed: int = 0
     """torch seed."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL on GPUs, else gloo)."""
-    dist_timeout_s: float = Field(default=86_400.0, gt=0.0)
-    """How long a rank waits in a collective: ranks > 0 wait there while rank 0 waits for data."""
+    """torch.distributed backend when launched by torchrun with several ranks (auto: NCCL when the
+    learner's ``device`` is a GPU, else gloo)."""
+    dist_timeout_s: float = Field(default=600.0, ge=60.0)
+    """How long a rank waits in one collective before it fails and the group restarts. Ranks > 0 wait
+    in one while rank 0 waits for data, so rank 0 sends them a heartbeat every ``batch_wait_s``; a
+    step's own collectives take far less. Raise it only if one step's slowest collective can take longer."""
     parallelism: Literal["auto", "fsdp", "ddp"] = "auto"
     """How several torchrun ranks share the model: ddp keeps a whole replica (weights, gradients, AdamW
     state) on every rank; fsdp (FSDP2) shards them over the ranks, one group per decoder layer plus the

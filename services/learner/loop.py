@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 from collections import OrderedDict
@@ -36,11 +37,13 @@ from asymptote.policy import current_policy, publish_policy
 from asymptote.rpc import channel, start_server
 from asymptote.runtime import Runtime, service_runtime, supervise
 from services.learner import checkpoint
+from services.learner.checkpoint import Checkpointer
 from services.learner.config import LearnerConfig
-from services.learner.distributed import DataParallel
+from services.learner.distributed import DataParallel, DrainWatch, NodeHealth, failing_fast, mark_draining
+from services.learner.export import keep_model_files
 from services.learner.metrics import LearnerMetrics
 from services.learner.minibatch import collate_mini_batches
-from services.learner.model import Precision, load_model, load_tokenizer
+from services.learner.model import Precision, empty_model, load_tokenizer
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.trainer import StepInputs, Trainer, collate
 from services.learner.weights import Version, WeightStore
@@ -136,9 +139,10 @@ class BrokerClient:
 
 
 def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedModel, Trainer]:
-    """The policy on this rank's device, and its trainer."""
+    """The policy on this rank's device (its own shards of it under FSDP2), allocated, its weights not
+    read yet (``Trainer.start``), and its trainer with the checkpoints' writer."""
     precision = Precision.resolve(config.device, config.dtype)
-    model = load_model(config.model_dir, precision, config.trust_remote_code)
+    model = empty_model(config.model_dir, precision, config.trust_remote_code)
     log.info(
         "rank %d: %s on %s, computing in %s with an FP32 head",
         dp.rank,
@@ -155,6 +159,13 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         parallelism=config.parallelism,
         micro_batch_tokens=config.micro_batch_tokens,
         activation_checkpointing=config.activation_checkpointing,
+    )
+    trainer.checkpointer = Checkpointer(
+        config.run_dir / "checkpoints",
+        config.keep_checkpoints,
+        distributed=dp.distributed,
+        rank=dp.rank,
+        pin_staging=precision.device.type == "cuda",
     )
     if dp.distributed:
         log.info("rank %d: %s over %d ranks", dp.rank, "FSDP2" if trainer.sharded else "DDP", dp.world_size)
@@ -188,20 +199,27 @@ class Learner:
         self.meter = ComputeMeter("learner", rt.instance_id, config.device_kind, config.num_devices)
         self.metrics_path = config.run_dir / "metrics.jsonl"
         self.done = asyncio.Event()
-        self.restored_state: checkpoint.TrainingState | None = None
-        """The checkpoint's state until ``Trainer.sync_from_main`` has loaded it."""
+        self.acking: list[services_pb2.AckedBatch] = []
+        """The batches the checkpoint being written holds: acked once it is committed."""
 
-    def resume(self) -> None:
-        path = checkpoint.latest(self.ckpt_root)
-        if path is None:
-            log.info("no checkpoint in %s: starting from %s at version 0", self.ckpt_root, self.config.model_dir)
+    async def start(self) -> None:
+        """Every rank reads its weights: the newest checkpoint's (with its counters), else the model directory's."""
+        found = checkpoint.latest(self.ckpt_root)
+        started = time.perf_counter()
+        restored = await asyncio.to_thread(self.trainer.start, self.config.model_dir, found)
+        if restored is None:
+            log.info(
+                "no checkpoint in %s: started from %s at version 0 (%.1fs)",
+                self.ckpt_root,
+                self.config.model_dir,
+                time.perf_counter() - started,
+            )
             return
-        restored, self.restored_state = checkpoint.load(path)
         self.version = restored.version
         self.step = restored.step
         self.samples_trained = restored.samples_trained
         self.trained_ids = OrderedDict.fromkeys(restored.trained_group_ids)
-        log.info("resumed from %s at version %d", path, self.version)
+        log.info("resumed from %s at version %d (%.1fs)", restored.path, self.version, time.perf_counter() - started)
 
     def gauges(self) -> dict[str, float]:
         return {
@@ -231,23 +249,31 @@ class Learner:
         self.metrics.policy_version.set(v.version)
         self.meter.policy_version = v.version
 
-    async def checkpoint_and_ack(self, broker: BrokerClient) -> None:
+    def _meta(self) -> checkpoint.Meta:
+        return self.trainer.meta(self.version, self.step, self.samples_trained, list(self.trained_ids))
+
+    async def begin_checkpoint(self, broker: BrokerClient) -> None:
+        """Start a checkpoint of the current weights (training goes on while it is written); the batches
+        trained into them are acked once it is committed (``commit_checkpoint``)."""
+        await self.commit_checkpoint(broker)  # one in flight at a time: the previous one first
         started = time.perf_counter()
-        state = await asyncio.to_thread(self.trainer.full_state)
-        await asyncio.to_thread(
-            checkpoint.save,
-            self.ckpt_root,
-            self.version,
-            state,
-            self.samples_trained,
-            self.config.keep_checkpoints,
-            list(self.trained_ids),
-            self.step,
-        )
-        log.info("checkpoint at version %d in %.2fs", self.version, time.perf_counter() - started)
-        if self.unacked:
-            await broker.ack(self.unacked)
-            self.unacked = []
+        await asyncio.to_thread(self.trainer.save, self.version, self._meta())
+        self.acking, self.unacked = self.unacked, []
+        self.metrics.checkpoint_stall_s.inc(time.perf_counter() - started)
+        log.info("checkpoint of version %d staged in %.2fs", self.version, time.perf_counter() - started)
+
+    async def commit_checkpoint(self, broker: BrokerClient, wait: bool = True) -> None:
+        """Commit the checkpoint in flight and ack the batches it holds; ``wait`` False: only if it is written."""
+        writer = self.trainer.checkpointer
+        assert writer is not None, "build_trainer sets the checkpointer"
+        if writer.in_flight is None or not (wait or writer.ready()):
+            return
+        started = time.perf_counter()
+        path = await asyncio.to_thread(writer.finish)
+        log.info("checkpoint %s committed (waited %.2fs)", path, time.perf_counter() - started)
+        if self.acking:
+            await broker.ack(self.acking)
+            self.acking = []
 
     async def train_loop(self, broker: BrokerClient, stop: asyncio.Event) -> None:
         c = self.config
@@ -268,6 +294,9 @@ class Learner:
             finally:
                 waited += time.perf_counter() - t0
             if got is None:
+                # The other ranks wait in a collective meanwhile: a message keeps it within its timeout.
+                await asyncio.to_thread(self.trainer.heartbeat)
+                await self.commit_checkpoint(broker, wait=False)
                 if time.monotonic() - last_wait_log > 30.0:
                     log.info("waiting for data at version %d (%.0fs so far)", self.version, waited)
                     last_wait_log = time.monotonic()
@@ -303,9 +332,11 @@ class Learner:
             for i, inputs in enumerate(minis):
                 await self._train_step(inputs, header, waited, first=i == 0, announce=i == len(minis) - 1)
                 waited = 0.0
+            await self.commit_checkpoint(broker, wait=False)
             if self.step % c.checkpoint_every_steps == 0 or self.step >= c.max_steps:
-                await self.checkpoint_and_ack(broker)
+                await self.begin_checkpoint(broker)
         if self.step >= c.max_steps:
+            await self.commit_checkpoint(broker)
             log.info("reached max_steps=%d; serving the final weights until stopped", c.max_steps)
             await asyncio.to_thread(self.trainer.release_followers)
             self.done.set()
@@ -350,9 +381,8 @@ class Learner:
     async def run(self, stop: asyncio.Event) -> None:
         c = self.config
         c.run_dir.mkdir(parents=True, exist_ok=True)
-        self.resume()
-        await asyncio.to_thread(self.trainer.sync_from_main, self.restored_state)
-        self.restored_state = None
+        keep_model_files(c.model_dir, c.run_dir)  # what `asymptote export` writes beside the weights
+        await self.start()
         self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket, replicas=self.rt.names.replicas)
         announced = await current_policy(self.kv, self.rt.names)
         if announced is not None and announced.version > self.version:
@@ -377,6 +407,7 @@ class Learner:
         await self.announce(v)
         broker = BrokerClient(c.broker_endpoint, self.rt.health, c.grpc_tls)
         await self.rt.health.unblock("starting")
+        draining = asyncio.create_task(self._mark_draining(stop))
         try:
             await supervise(
                 stop,
@@ -386,17 +417,28 @@ class Learner:
                 },
                 grace_s=60.0,
             )
+        except Exception:
+            # Fail fast: no collective after a failure (the other ranks may be inside another one). The
+            # batches not acked are delivered again to the learner torchrun restarts.
+            self.rt.health.live = False
+            raise
         finally:
+            draining.cancel()
             await self.rt.health.shutting_down()
+        try:
             if self.unacked:
-                try:
-                    await self.checkpoint_and_ack(broker)
-                except Exception as exc:  # the batches are redelivered after restart
-                    log.warning("final checkpoint/ack failed: %s", exc)
+                await self.begin_checkpoint(broker)
+            await self.commit_checkpoint(broker)
+        finally:
             await broker.close()
             await server.stop(grace=2.0)
-            await asyncio.to_thread(self.trainer.release_followers)
-            self.trainer.close()
+        await asyncio.to_thread(self.trainer.release_followers)
+        self.trainer.close()
+
+    async def _mark_draining(self, stop: asyncio.Event) -> None:
+        """When a stop is asked: tell the other ranks (through torchrun's store) that rank 0 drains."""
+        await stop.wait()
+        await asyncio.to_thread(mark_draining, self.dp)
 
 
 async def serve(config: LearnerConfig, stop: asyncio.Event, dp: DataParallel | None = None) -> None:
@@ -404,29 +446,42 @@ async def serve(config: LearnerConfig, stop: asyncio.Event, dp: DataParallel | N
     torch.manual_seed(config.seed)
     metrics = LearnerMetrics()
     dp = dp or DataParallel()
-    try:
+    with failing_fast(dp, "rank 0"):
         async with service_runtime("learner", config.nats, config.prefix, config.http, metrics.registry) as rt:
             await Learner(config, rt, metrics, dp).run(stop)
-    finally:
-        dp.close()
+    dp.close()
 
 
 def follow(config: LearnerConfig, dp: DataParallel) -> int:
     """Ranks > 0 of a torchrun launch: take rank 0's steps until it releases them.
 
-    SIGTERM and SIGINT are left to rank 0, which drains, checkpoints and
-    then releases the other ranks; a rank that dies takes the launch down
-    (torchrun), and the restarted launch resumes from rank 0's checkpoint.
+    SIGTERM and SIGINT are rank 0's to act on: it drains, checkpoints and
+    then releases the other ranks, which follow meanwhile. A follower that
+    gets one while rank 0 is not draining (rank 0 died: torchrun stops the
+    group) exits. Any exception ends the process at once, non-zero, so
+    torchrun stops every rank and the restarted group resumes from the last
+    checkpoint; no rank is left waiting in a collective its peers never
+    enter. The first rank of each node beyond rank 0's serves ``/healthz``
+    and ``/readyz`` on the learner's HTTP port for that node's probes.
     """
+    watchdog = DrainWatch(dp)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    torch.set_num_threads(config.num_threads)
-    torch.manual_seed(config.seed)
-    _, trainer = build_trainer(config, dp)
-    trainer.sync_from_main()
-    log.info("rank %d of %d following rank 0", dp.rank, dp.world_size)
-    steps = trainer.follow()
-    log.info("rank %d released by rank 0 after %d steps", dp.rank, steps)
-    trainer.close()
+        signal.signal(sig, watchdog.on_signal)
+    health = (
+        NodeHealth.start(config.http.host, config.http.port) if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None
+    )
+    with failing_fast(dp, f"rank {dp.rank}"):
+        torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        _, trainer = build_trainer(config, dp)
+        trainer.start(config.model_dir)
+        if health is not None:
+            health.ready = True
+        log.info("rank %d of %d following rank 0", dp.rank, dp.world_size)
+        steps = trainer.follow()
+        log.info("rank %d released by rank 0 after %d steps", dp.rank, steps)
+        trainer.close()
+    if health is not None:
+        health.stop()
     dp.close()
     return 0

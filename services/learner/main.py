@@ -11,11 +11,12 @@ its steps (services/learner/distributed.py).
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
-from asymptote.lifecycle import run_until_stopped
+from asymptote.lifecycle import die_with_launcher, run_until_stopped
 from asymptote.logs import setup_logging
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     from services.learner.distributed import DataParallel
     from services.learner.loop import follow, serve
 
-    dp = DataParallel.from_env(config.dist_backend, config.dist_timeout_s)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it ends with its launcher
+        die_with_launcher()
+    dp = DataParallel.from_env(config.dist_backend, config.dist_timeout_s, config.device)
     if not dp.is_main:
         return follow(config, dp)
     return run_until_stopped(lambda stop: serve(config, stop, dp))

@@ -20,6 +20,11 @@ class LearnerMetrics:
             registry=r,
         )
         self.compute_s = Counter("asymptote_learner_compute_seconds", "Time spent computing steps", registry=r)
+        self.checkpoint_stall_s = Counter(
+            "asymptote_learner_checkpoint_stall_seconds",
+            "Time the training loop spent starting checkpoints (staging the state; the writes go on behind it)",
+            registry=r,
+        )
         self.staleness = Gauge(
             "asymptote_learner_staleness_tokens",
             "Tokens of the last batch by staleness (learner version minus token version)",

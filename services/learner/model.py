@@ -18,15 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from asymptote.errors import ConfigError, ModelError
+from asymptote.codec import safetensors_files
+from asymptote.errors import ConfigError, ModelError, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -93,46 +94,29 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> PreTrain
     return tokenizer
 
 
-def load_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_code: bool = False) -> PreTrainedModel:
-    """The causal LM in ``model_dir`` with float32 parameters on ``precision.device``.
+def empty_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM in ``model_dir`` built on the meta device: its modules, nothing allocated.
 
-    ModelError if a checkpoint tensor has no parameter to go to, a
-    parameter has no checkpoint tensor (a tied LM head aside), a shape
-    differs, or the head applies a transform the FP32 head does not.
+    Checked against the directory's stored tensors first: ModelError if a
+    stored tensor has no parameter to go to, a parameter has no stored
+    tensor (a tied LM head aside), a shape differs, or the head applies a
+    transform the FP32 head does not. ``materialize`` then allocates it
+    where it will live (each rank its own shards, after ``sharding.shard``)
+    and ``fill_from_dir`` reads the weights into it.
     """
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
-    # Eager attention on the CPU is exact and fastest at small sizes; SDPA on GPUs.
-    attention = "sdpa" if precision.device.type == "cuda" else "eager"
-    # transformers' own load report and progress bar are replaced by the ModelError below.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            str(model_dir),
+    config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(
+            config,
             dtype=torch.float32,
-            attn_implementation=attention,
+            # Eager attention on the CPU is exact and fastest at small sizes; SDPA on GPUs.
+            attn_implementation="sdpa" if precision.device.type == "cuda" else "eager",
             trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            ignore_mismatched_sizes=True,  # reported below, by name, as a ModelError
         )
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    model: PreTrainedModel = loaded[0]
-    info: dict[str, Any] = loaded[1]
-    problems = []
-    for key, what in (
-        ("missing_keys", "model weights the checkpoint lacks"),
-        ("unexpected_keys", "checkpoint weights the model does not take"),
-        ("mismatched_keys", "weights whose shapes differ"),
-    ):
-        names = sorted(_describe(k) for k in info.get(key) or ())
-        if names:
-            problems.append(f"{len(names)} {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
-    if problems:
-        raise ModelError(f"{model_dir} does not fit {type(model).__name__}: {'; '.join(problems)}")
+    _check_fits(model, model_dir)
     for option in _UNSUPPORTED_HEAD_OPTIONS:
         if getattr(model.config, option, None) not in (None, 0, 0.0, 1, 1.0):
             raise ModelError(
@@ -140,7 +124,133 @@ def load_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_co
             )
     if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
         raise ModelError(f"{model_dir}: {type(model).__name__} has no linear LM head to run in float32")
-    return model.float().to(precision.device)
+    return model
+
+
+def load_model(model_dir: Path, precision: Precision = CPU_FP32, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM in ``model_dir`` with float32 parameters on ``precision.device`` (one process, whole).
+
+    Built on the meta device and filled one stored tensor at a time, so the
+    host holds the float32 model and one tensor beside it; ModelError as
+    ``empty_model`` says.
+    """
+    model = empty_model(model_dir, precision, trust_remote_code)
+    materialize(model, precision.device)
+    fill_from_dir(model, Path(model_dir))
+    return model
+
+
+def aliases(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict names that are another name's tensor (a tied LM head): alias -> the first name."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        key = id(tensor)
+        if key in first:
+            out[name] = first[key]
+        else:
+            first[key] = name
+    return out
+
+
+def _stored_tensors(model_dir: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Each stored tensor's file and shape, from the safetensors headers (nothing read)."""
+    from safetensors import safe_open
+
+    stored: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    try:
+        files = safetensors_files(model_dir)
+    except WeightsError as exc:
+        raise ModelError(str(exc)) from exc
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                stored[name] = (path, tuple(int(d) for d in f.get_slice(name).get_shape()))
+    return stored
+
+
+def _check_fits(model: PreTrainedModel, model_dir: Path) -> None:
+    """ModelError naming every parameter or buffer the stored tensors lack, every stored tensor the model
+    does not take, and every shape that differs (the names transformers itself ignores aside)."""
+    stored = _stored_tensors(model_dir)
+    tied = aliases(model)
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    ignored_missing = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
+    ignored_extra = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
+    ignored_extra.append(re.compile(r"rotary_emb\.inv_freq"))  # a buffer older checkpoints stored
+    missing = [k for k in wanted if k not in stored and not any(p.search(k) for p in ignored_missing)]
+    extra = [k for k in stored if k not in wanted and k not in tied and not any(p.search(k) for p in ignored_extra)]
+    mismatched = [(k, stored[k][1], wanted[k]) for k in wanted if k in stored and stored[k][1] != wanted[k]]
+    problems = []
+    for keys, what in (
+        (missing, "model weights the checkpoint lacks"),
+        (extra, "checkpoint weights the model does not take"),
+        (mismatched, "weights whose shapes differ"),
+    ):
+        names = sorted(_describe(k) for k in keys)
+        if names:
+            problems.append(f"{len(names)} {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    if problems:
+        raise ModelError(f"{model_dir} does not fit {type(model).__name__}: {'; '.join(problems)}")
+
+
+def materialize(model: PreTrainedModel, device: torch.device) -> None:
+    """Allocate a model built on the meta device on ``device``, uninitialised, its ties and computed buffers kept.
+
+    Under FSDP2 (``sharding.shard`` first) each rank allocates only its own
+    shards. Buffers that no checkpoint holds (the rotary embedding's
+    frequencies) are computed as the model's constructor computes them.
+    A model already allocated is left as it is.
+    """
+    if not any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        return
+    tied = aliases(model)
+    model.to_empty(device=device)
+    for alias, name in tied.items():  # to_empty gives each module a tensor of its own
+        owner, _, leaf = alias.rpartition(".")
+        first = model.get_parameter(name)
+        if model.get_submodule(owner)._parameters.get(leaf) is not first:
+            setattr(model.get_submodule(owner), leaf, first)
+    with torch.no_grad():
+        for module in model.modules():
+            if getattr(module, "_non_persistent_buffers_set", None):
+                model._init_weights(module)
+
+
+def fill_from_dir(model: torch.nn.Module, model_dir: Path) -> None:
+    """Read the stored tensors of ``model_dir`` into ``model``'s parameters and buffers, one at a time.
+
+    A sharded parameter (FSDP2's DTensor) gets only this rank's rows, read
+    as a slice of the stored tensor, so no rank ever holds a whole tensor it
+    does not own; the stored dtype is converted to the parameter's.
+    """
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    stored = _stored_tensors(model_dir)
+    tied = aliases(model)
+    by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
+    for name, target in model.state_dict().items():
+        if name in tied:
+            continue
+        if name not in stored:
+            continue  # a name transformers ignores (checked by empty_model)
+        by_file.setdefault(stored[name][0], []).append((name, target))
+    with torch.no_grad():
+        for path, targets in by_file.items():
+            with safe_open(str(path), framework="pt") as f:
+                for name, target in targets:
+                    if isinstance(target, DTensor):
+                        local = target.to_local()
+                        shape, offset = compute_local_shape_and_global_offset(
+                            target.shape, target.device_mesh, target.placements
+                        )
+                        if local.numel():
+                            index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+                            local.copy_(f.get_slice(name)[index])
+                    else:
+                        target.copy_(f.get_tensor(name))
 
 
 def _describe(key: object) -> str:

@@ -39,7 +39,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from asymptote.errors import ModelError
-from services.learner.model import Precision
+from services.learner.model import Precision, aliases
 
 Parallelism = Literal["auto", "fsdp", "ddp"]
 Layout = Literal["fsdp", "ddp"]
@@ -164,19 +164,6 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     total = full_tensor(total)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return float(total)
-
-
-def aliases(model: torch.nn.Module) -> dict[str, str]:
-    """State-dict names that are another name's tensor (a tied LM head): alias -> the first name."""
-    first: dict[int, str] = {}
-    out: dict[str, str] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        key = id(tensor)
-        if key in first:
-            out[name] = first[key]
-        else:
-            first[key] = name
-    return out
 
 
 def full_state(

@@ -16,17 +16,28 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.optim.optimizer import _get_scalar_dtype
 from transformers import PreTrainedModel
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
-from services.learner.checkpoint import TrainingState
+from asymptote.faults import failpoint
+from services.learner import checkpoint
+from services.learner.checkpoint import Checkpointer, Restored
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.losses import aggregation_weights, batch_counts, group_advantages, log_ratio, policy_loss
-from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, pack
+from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, fill_from_dir, materialize, pack
 from services.learner.sharding import (
     Parallelism,
     checkpoint_activations,
@@ -37,6 +48,18 @@ from services.learner.sharding import (
     resolve_parallelism,
     shard,
 )
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """The whole state a step needs, gathered onto rank 0 (``Trainer.full_state``)."""
+
+    weights: dict[str, torch.Tensor]
+    """Parameters and buffers by state-dict name, a tied weight under its first name only."""
+    optimizer: dict[str, Any]
+    """The optimizer's state dict, keyed by parameter name."""
+    scheduler: dict[str, Any]
+    """The learning-rate scheduler's state dict."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +180,6 @@ class _Scored:
         )
 
 
-def _materialize(model: PreTrainedModel, device: torch.device) -> None:
-    """Allocate a model built on the meta device and initialise it as its constructor would have."""
-    if any(p.is_meta for p in model.parameters()):
-        model.to_empty(device=device)
-        model.init_weights()
-
-
 def _no_sync(policy: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
     """DDP: keep a micro-batch's gradients local until the last one (FSDP2 reduce-scatters each into its shards)."""
     if isinstance(policy, torch.nn.parallel.DistributedDataParallel):
@@ -214,16 +230,18 @@ class Trainer:
             checkpoint_activations(model)
         self.sharded = self.dp.distributed and resolve_parallelism(parallelism, precision.device) == "fsdp"
         policy = PolicyForward(model, precision)
-        # A model built on the meta device (random initialisation, as benchmarks do) is allocated
-        # after sharding, so each rank only ever holds its own shards.
+        # A model built on the meta device (``model.empty_model``) is allocated after sharding, so
+        # each rank only ever holds its own shards; ``start`` then reads its weights.
         if self.sharded:
             shard(policy, model, precision)
-            _materialize(model, precision.device)
+            materialize(model, precision.device)
             self.policy: torch.nn.Module = policy
         else:
-            _materialize(model, precision.device)
+            materialize(model, precision.device)
             self.policy = self.dp.wrap(policy)
         self._released = False
+        self.checkpointer: Checkpointer | None = None
+        """Where ``save`` writes (set on every rank by the learner before the first save)."""
         self.loss_settings = loss
         self.opt_settings = opt
         # After sharding: the optimizer holds (and keeps float32 state for) this rank's shards.
@@ -240,43 +258,97 @@ class Trainer:
     # Rank 0 broadcasts what it is about to do before every collective piece
     # of work: a step; under FSDP2 also gathering the weights or the state.
 
-    def sync_from_main(self, state: TrainingState | None = None) -> None:
-        """Every rank takes rank 0's weights, optimizer and scheduler state; rank 0 first loads ``state``
-        (a checkpoint's, written by any number of ranks) when given. Ranks > 0 pass nothing."""
-        if state is not None and not (self.sharded and self.dp.is_main):
-            self._load(state, from_rank0=False)
-        if not self.dp.distributed:
-            return
-        if self.sharded:
-            # The scheduler's state, and whether there is optimizer state (none before the first step).
-            mine = None if state is None else (state.scheduler, bool(state.optimizer.get("state")))
-            shared = self.dp.broadcast(mine)
-            if shared is not None:
-                scheduler, stepped = shared
-                self._load(state if state is not None else TrainingState({}, {}, scheduler), True, stepped)
-            return
-        synced = self.dp.broadcast(
-            (self.model.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict())
-            if self.dp.is_main
-            else None
-        )
-        if not self.dp.is_main:
-            model_state, opt_state, sched_state = synced
-            self.model.load_state_dict(model_state)
-            self.optimizer.load_state_dict(opt_state)
-            self.scheduler.load_state_dict(sched_state)
+    def start(self, model_dir: Path | None, resume: Path | None = None) -> Restored | None:
+        """Every rank: the weights to start from, rank 0 deciding which.
 
-    def _load(self, state: TrainingState, from_rank0: bool, stepped: bool | None = None) -> None:
-        if state.optimizer.get("state") and all(isinstance(k, int) for k in state.optimizer["state"]):
-            # A checkpoint from before optimizer state was keyed by name: one rank's own layout.
-            if from_rank0:
-                raise ValueError("this checkpoint's optimizer state is keyed by index; resume it unsharded")
-            self.model.load_state_dict({**self.model.state_dict(), **state.weights})
-            self.optimizer.load_state_dict(state.optimizer)
+        Rank 0 names a checkpoint (``resume``) or none; every rank then reads
+        its own part: of the checkpoint (its shards, with AdamW and scheduler
+        state), else of ``model_dir``'s stored tensors (``model_dir`` None: the
+        model's weights as they are, e.g. random). Nothing whole is gathered or
+        sent between ranks. Returns the checkpoint's counters when one was read.
+        """
+        named = self.dp.broadcast(None if resume is None else str(resume)) if self.dp.distributed else resume
+        if named is None:
+            if model_dir is not None:
+                fill_from_dir(self.model, model_dir)
+            return None
+        restored = checkpoint.read(Path(named))
+        if restored.legacy:
+            weights, optimizer = checkpoint.load_legacy(restored.path)
+            load_full_state(self.model, self.optimizer, weights, optimizer, False, restored.stepped)
         else:
-            stepped = bool(state.optimizer.get("state")) if stepped is None else stepped
-            load_full_state(self.model, self.optimizer, state.weights, state.optimizer, from_rank0, stepped)
-        self.scheduler.load_state_dict(state.scheduler)
+            if restored.stepped:
+                self._allocate_optimizer_state()
+            state = self.state_dict(with_optimizer=restored.stepped)
+            checkpoint.load_state(restored.path, state)
+            set_model_state_dict(self.model, state["model"])
+            if restored.stepped:
+                set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        self.scheduler.load_state_dict(restored.scheduler)
+        return restored
+
+    def _allocate_optimizer_state(self) -> None:
+        """AdamW's state for every parameter, zero, as its first step would make it (for a checkpoint to
+        load into). torch's own way takes a step with zero gradients, which allocates a gradient per
+        parameter on the way: a third more memory at a resume than training ever holds."""
+        for group in self.optimizer.param_groups:
+            on_device = group["capturable"] or group["fused"]  # where AdamW keeps its step count
+            for param in group["params"]:
+                if not param.requires_grad or param in self.optimizer.state:
+                    continue
+                state = {
+                    "step": torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=param.device)
+                    if on_device
+                    else torch.tensor(0.0, dtype=_get_scalar_dtype()),
+                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+                }
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                self.optimizer.state[param] = state
+
+    def init_random(self) -> None:
+        """Initialise the weights as the model's constructor would (a model built on the meta device)."""
+        self.model.init_weights()
+
+    def state_dict(self, with_optimizer: bool | None = None) -> dict[str, Any]:
+        """This rank's model and AdamW state by parameter name, as a checkpoint holds them (its shards
+        under FSDP2). ``with_optimizer`` None: when the optimizer has taken a step."""
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if with_optimizer if with_optimizer is not None else bool(self.optimizer.state):
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        return state
+
+    def meta(
+        self, version: int, step: int, samples_trained: int = 0, trained_group_ids: Sequence[str] = ()
+    ) -> checkpoint.Meta:
+        """What a checkpoint of the current weights records beside them."""
+        return checkpoint.Meta(
+            version=version,
+            step=step,
+            samples_trained=samples_trained,
+            trained_group_ids=list(trained_group_ids),
+            scheduler=self.scheduler.state_dict(),
+            stepped=bool(self.optimizer.state),
+            world_size=self.dp.world_size,
+            layout="fsdp" if self.sharded else "ddp" if self.dp.distributed else "single",
+        )
+
+    def save(self, version: int, meta: checkpoint.Meta) -> None:
+        """Rank 0: start checkpoint ``version`` on every rank (``Checkpointer.begin``); commit it with
+        ``checkpointer.finish`` once written."""
+        if self.dp.distributed:
+            self.dp.broadcast(("checkpoint", version))
+        self._save(version, meta)
+
+    def _save(self, version: int, meta: checkpoint.Meta | None = None) -> None:
+        assert self.checkpointer is not None, "the learner sets a checkpointer before the first save"
+        self.checkpointer.begin(version, self.state_dict(), meta)
+
+    def heartbeat(self) -> None:
+        """Rank 0: let the other ranks know it is alive while it waits for data (their collective returns)."""
+        if self.dp.distributed:
+            self.dp.broadcast(("heartbeat",))
 
     def follow(self) -> int:
         """Ranks > 0: do what rank 0 broadcasts (steps; under FSDP2 also gathers) until it releases them;
@@ -292,6 +364,10 @@ class Trainer:
                     pass
             elif kind == "state":
                 full_state(self.model, self.optimizer)
+            elif kind == "checkpoint":
+                self._save(*args)
+            elif kind == "heartbeat":
+                pass
             else:
                 raise AssertionError(f"rank 0 sent an unknown message {kind!r}")
         return steps
@@ -303,12 +379,16 @@ class Trainer:
             self._released = True
 
     def close(self) -> None:
-        """Drop the DDP wrapper: it must be gone before the process group is destroyed."""
+        """Finish the checkpoint in flight (rank 0 commits it), and drop the DDP wrapper and the
+        checkpoints' process group: they must be gone before the process group is destroyed."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.policy = PolicyForward(self.model, self.precision)
         gc.collect()
 
     def full_state(self) -> TrainingState:
-        """Rank 0: the whole training state on the CPU, for a checkpoint (FSDP2 ranks join the gathers)."""
+        """Rank 0: the whole training state on the CPU (FSDP2 ranks join the gathers): for tests and tools
+        that compare whole weights; checkpoints never gather (``save``)."""
         if self.sharded:
             self.dp.broadcast(("state",))
         weights, optimizer = full_state(self.model, self.optimizer)
@@ -408,6 +488,8 @@ class Trainer:
                 if train:
                     # DDP and FSDP2 average gradients over ranks; the batch's loss is the sum of the shards'.
                     (loss * self.dp.world_size).backward()
+                if i == 0:  # mid-step on every rank: the collectives of the step are under way
+                    failpoint(f"learner.step.backward.rank{self.dp.rank}", learner_version)
             parts.append(
                 _Scored(
                     loss=loss.detach(),

@@ -4,8 +4,10 @@ The local stack supervises its processes as Kubernetes would. This test
 kills the broker, nats-server (file storage), the learner and the generator
 with SIGKILL, and stops the broker, learner, generator and fitter with
 SIGTERM (graceful drain); failpoints kill the generator with its engine
-paused mid-swap, the learner with a checkpoint half written and the learner
-mid-step. Each fault strikes REPEATS times, in a seeded random order at seeded
+paused mid-swap, the learner while its ranks write a checkpoint, with a
+checkpoint written but not committed and mid-step, and raise an exception
+mid-step on each of the learner's two ranks (every rank must be gone within
+FAIL_FAST_S). Each fault strikes REPEATS times, in a seeded random order at seeded
 steps (``ASY_FAULT_SEED`` replays one). The stack restarts what died; then
 the ledger is audited: every issued train task is trained exactly once into
 the weights that continue, filtered with a reason, dead-lettered, or still
@@ -64,9 +66,18 @@ SIGNALS = [
 FAILPOINTS = {
     # Faults inside windows a signal from outside rarely hits (asymptote/faults.py).
     "generator.swap.paused": "generator-0",  # engine paused mid-swap, requests held
+    "learner.checkpoint.writing": "learner",  # every rank's shards being written in the background
     "learner.checkpoint.written": "learner",  # checkpoint files written, not yet committed
     "learner.step.trained": "learner",  # weights stepped in memory, nothing announced
+    # An exception (a bug) in the middle of a step on one rank, the others inside the step's collectives.
+    "learner.step.backward.rank0": "learner",
+    "learner.step.backward.rank1": "learner",
 }
+RAISING = {"learner.step.backward.rank0", "learner.step.backward.rank1"}
+"""Failpoints that raise instead of killing: the learner must fail fast, every rank gone within FAIL_FAST_S."""
+FAIL_FAST_S = 60.0
+LEARNER_RANKS = 2
+"""The learner runs as two torchrun ranks (gloo), so that every learner fault meets a rank that follows."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,7 @@ class Fault:
 
 
 def schedule(seed: int) -> list[Fault]:
-    """Every fault REPEATS times, in a seeded order, each a seeded 2 to 5 steps after the last recovery.
+    """Every fault REPEATS times, in a seeded order, each a seeded 2 to 4 steps after the last recovery.
 
     Faults are paced by recovery, not by fixed steps: while a service
     restarts the learner may train a backlog the broker holds (30 steps in
@@ -96,7 +107,7 @@ def schedule(seed: int) -> list[Fault]:
     ]
     order = faults * REPEATS
     rng.shuffle(order)
-    return [Fault(rng.randint(2, 5), service, how) for service, how in order]
+    return [Fault(rng.randint(2, 4), service, how) for service, how in order]
 
 
 @dataclass
@@ -261,7 +272,8 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         eval_every_versions=22,
         eval_num_samples=1,  # eval tasks ride through the faults too; one sample a prompt is enough for that
         checkpoint_every_steps=4,
-        failpoints=",".join(f"{name}:file" for name in FAILPOINTS),
+        failpoints=",".join(f"{name}:file" + (":raise" if name in RAISING else "") for name in FAILPOINTS),
+        learner_ranks=LEARNER_RANKS,
         # Kubernetes never gives up on a pod. Faults here come seconds apart and
         # may strike one service several times in a row, each soon after its
         # restart: allow each service its share of the plan, no more.
@@ -306,13 +318,24 @@ def test_faults_lose_nothing_and_train_nothing_twice(launch: Callable[..., Any],
         assert injection.error is None, injection.error
         assert followed, progress.outcome
         assert [f for f, _ in struck] == plan, "a fault was not injected"
-        assert learner.popen.returncode == 0, learner.tail()
+        # torchrun stopped by SIGTERM exits 128 + 15 once its ranks are done (one rank: the learner, 0).
+        assert learner.popen.returncode == (0 if LEARNER_RANKS == 1 else 128 + signal.SIGTERM), learner.tail()
+        # The final checkpoint is durable: it holds every step trained (checked against the ledger below).
+        final = json.loads(max((stack.run_dir / "checkpoints").glob("ckpt-*/trainer.json")).read_text())
+        assert final["step"] == int(read_jsonl(stack.run_dir / "metrics.jsonl")[-1]["step"])
         expected_kinds = {f.kind for f in plan}
         assert set(kinds) == expected_kinds and all(row["faults_injected"] == REPEATS for row in kinds.values())
         # Each fault struck a running pipeline: some groups were in flight.
         assert all(row["groups_in_flight"] > 0 for row in kinds.values()), kinds
-        restarts = Counter(r["service"] for r in read_jsonl(stack.run_dir / "restarts.jsonl"))
+        exits = read_jsonl(stack.run_dir / "restarts.jsonl")
+        restarts = Counter(r["service"] for r in exits)
         assert restarts == Counter(f.service for f in plan)
+        # Fail fast: a rank's exception ends every rank (torchrun exits, non-zero) within FAIL_FAST_S.
+        for fault, at in struck:
+            if fault.how.removeprefix("failpoint ") in RAISING:
+                exit_row = next(r for r in exits if r["service"] == "learner" and r["unix_s"] >= at)
+                print(f"{fault.kind}: every rank gone {exit_row['unix_s'] - at:.1f}s after the exception")
+                assert exit_row["exit_code"] != 0 and exit_row["unix_s"] - at <= FAIL_FAST_S, (fault, exit_row)
 
         rows = read_jsonl(stack.run_dir / "metrics.jsonl")
         versions = [r["policy_version"] for r in rows]

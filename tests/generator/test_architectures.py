@@ -11,7 +11,9 @@ rewards changes the learner's weights; the new version goes through the
 generator's own path (the signature check, staging as safetensors, the
 in-flight reload with the tied-head fix-up) and the engine samples again.
 Its log-probs must match the stepped learner's, and differ from the
-pre-step learner's, so the swap is known to have happened.
+pre-step learner's, so the swap is known to have happened. The bf16 engine
+serves a model as ``asymptote export`` writes it from a learner checkpoint
+(safetensors shards and their index): vLLM loads what users take out.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from services.generator.config import EngineSettings
 from services.generator.engine import Engine, Sample
 from services.generator.weights import check_signature, stage
 from services.learner.build import Family, cast_model_dir, create_test_model_dir
+from services.learner.checkpoint import Checkpointer
 from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.export import export, keep_model_files
 from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
 from services.learner.trainer import Trainer, collate
 from services.learner.weights import WeightStore
@@ -181,9 +185,25 @@ rounding of the weights and through the body. Measured largest gaps: 0.005
 before the step, 0.017 to 0.027 after it; the pre-step model is 1.7 to 2.4 nats away."""
 
 
+def exported(source: Path, out: Path) -> Path:
+    """``source`` as ``asymptote export`` writes it from a learner checkpoint (sharded DCP in, safetensors
+    shards with their index out): what a user takes out of a run and serves."""
+    run = out.parent / f"{out.name}-run"
+    keep_model_files(source, run)
+    trainer = Trainer(load_model(source), LossSettings(), OptimizerSettings())
+    trainer.checkpointer = Checkpointer(run / "checkpoints", keep=1, distributed=False, rank=0)
+    trainer.save(0, trainer.meta(0, 0))
+    trainer.checkpointer.finish()
+    return export(run, out, shard_bytes=1_000_000)
+
+
 @pytest.fixture
 async def bf16_engine(tmp_path: Path) -> AsyncIterator[tuple[Path, Engine]]:
-    model_dir = cast_model_dir(create_test_model_dir("qwen3", False, tmp_path / "qwen3-bf16"), torch.bfloat16)
+    # The engine serves an export of a learner checkpoint of the bf16 model (vLLM loads the export).
+    source = cast_model_dir(create_test_model_dir("qwen3", False, tmp_path / "qwen3-bf16"), torch.bfloat16)
+    model_dir = exported(source, tmp_path / "qwen3-bf16-exported")
+    assert len(list(model_dir.glob("model-*-of-*.safetensors"))) > 1
+    assert read_signature(model_dir) == read_signature(source)
     settings = EngineSettings(
         model_dir=model_dir, dtype="bfloat16", max_num_seqs=16, kv_cache_memory_bytes=32 * 1024 * 1024
     )

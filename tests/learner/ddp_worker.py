@@ -26,8 +26,7 @@ from asymptote.contracts.v1 import rollout_pb2
 from services.learner import checkpoint
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
-from services.learner.model import TORCH_DTYPES, Precision
-from services.learner.sharding import aliases
+from services.learner.model import TORCH_DTYPES, Precision, aliases
 from services.learner.trainer import Trainer, collate
 from services.learner.weights import WeightStore
 
@@ -130,13 +129,15 @@ def main() -> None:
         )
         report["sharded"] = trainer.sharded
         report["master_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
-        start, state = 0, None
+        trainer.checkpointer = checkpoint.Checkpointer(
+            args.out / "checkpoints" / name, keep=1, distributed=dp.distributed, rank=dp.rank
+        )
+        found = None
         if args.resume is not None and dp.is_main:
             found = checkpoint.latest(args.resume / "checkpoints" / name)
             assert found is not None, f"no checkpoint for {name} in {args.resume}"
-            restored, state = checkpoint.load(found)
-            start = restored.step
-        trainer.sync_from_main(state)
+        restored = trainer.start(None, found)  # rank 0 names the checkpoint; every rank reads its part
+        start = 0 if restored is None else restored.step
         if dp.is_main:
             rng = random.Random(7)
             metrics = []
@@ -150,9 +151,8 @@ def main() -> None:
                     continue
                 metrics.append(trainer.step(collate(groups, pad_id=0), learner_version=step))
                 if args.checkpoint_after == step + 1:
-                    checkpoint.save(
-                        args.out / "checkpoints" / name, step + 1, trainer.full_state(), 0, keep=1, step=step + 1
-                    )
+                    trainer.save(step + 1, trainer.meta(step + 1, step + 1))
+                    trainer.checkpointer.finish()
             signature = served_signature(tiny_model())
             store = WeightStore(signature)
             served = store.snapshot_tensors(1, trainer.served_tensors(store.names))

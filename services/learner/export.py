@@ -1,0 +1,166 @@
+"""``asymptote export``: a learner checkpoint as a Hugging Face model directory.
+
+The learner keeps a copy of its model directory's small files (config,
+tokenizer, chat template, generation config) and of its tensors' names,
+dtypes and shapes in ``<run>/model/`` (``keep_model_files``). Export reads a
+checkpoint's weights a group of tensors at a time (``checkpoint.read_weights``:
+whatever the number of ranks that wrote it), casts each to the dtype the
+model directory stored it in (the dtype generators serve), and writes
+safetensors shards with their index beside those files: a folder that
+transformers' ``from_pretrained`` and vLLM load as they loaded the original.
+The folder is written beside its destination and renamed into place, so an
+interrupted export leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from asymptote.codec import PICKLE_SUFFIXES, read_signature
+from asymptote.errors import ConfigError, ModelError
+from services.learner import checkpoint
+from services.learner.model import TORCH_DTYPES
+
+log = logging.getLogger(__name__)
+
+MODEL_FILES = "model"
+"""The run directory's copy of the model directory's small files."""
+SIGNATURE = "signature.json"
+"""Tensor name -> [dtype, shape] of the model directory's stored tensors."""
+SHARD_BYTES = 5 * 1024**3
+"""Largest safetensors shard written (Hugging Face's default for save_pretrained)."""
+INDEX = "model.safetensors.index.json"
+_WEIGHT_FILES = (".safetensors", *PICKLE_SUFFIXES)
+
+
+def keep_model_files(model_dir: Path, run_dir: Path) -> Path:
+    """Copy ``model_dir``'s files other than weights, and its tensors' signature, into ``run_dir/model``.
+
+    Idempotent: a run resumed keeps the copy it made first.
+    """
+    out = run_dir / MODEL_FILES
+    if (out / SIGNATURE).exists():
+        return out
+    tmp = run_dir / f".{MODEL_FILES}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in sorted(model_dir.iterdir()):
+        if f.is_file() and not f.name.endswith(_WEIGHT_FILES) and f.name != INDEX:
+            shutil.copy2(f, tmp / f.name)
+    signature = {name: [dtype, list(shape)] for name, (dtype, shape) in read_signature(model_dir).items()}
+    (tmp / SIGNATURE).write_text(json.dumps(signature))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The run's newest committed checkpoint, or the one holding ``step``; ConfigError saying what there is."""
+    root = run_dir / "checkpoints"
+    done = sorted(p for p in root.glob("ckpt-*") if (p / "DONE").exists())
+    if not done:
+        raise ConfigError(f"{run_dir}: no committed checkpoint in {root}")
+    if step is None:
+        return done[-1]
+    steps = {}
+    for path in done:
+        meta = json.loads((path / checkpoint.META).read_text()) if (path / checkpoint.META).exists() else {}
+        steps[int(meta.get("step", -1))] = path
+    if step not in steps:
+        raise ConfigError(f"--step {step}: the run's checkpoints hold steps {sorted(steps)}")
+    return steps[step]
+
+
+def export(
+    run_dir: Path, to: Path, step: int | None = None, model_dir: Path | None = None, shard_bytes: int = SHARD_BYTES
+) -> Path:
+    """Write checkpoint ``step`` (newest: None) of ``run_dir`` as a model directory ``to``; returns ``to``.
+
+    ``model_dir``: where the config and tokenizer come from when the run
+    kept no copy of them. Tensors go in safetensors shards of at most
+    ``shard_bytes`` (one file when they fit). ConfigError for a destination
+    that exists and is not empty, or a run without what export needs.
+    """
+    run_dir, to = run_dir.resolve(), to.resolve()
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise ConfigError(f"--to {to}: exists and is not an empty directory")
+    source = model_dir if model_dir is not None else run_dir / MODEL_FILES
+    if not (source / "config.json").is_file():
+        raise ConfigError(f"{source}: no config.json; name the model directory the run started from with --model")
+    signature = _signature(source)
+    path = find_checkpoint(run_dir, step)
+    stored = checkpoint.weight_names(path)
+    missing = sorted(set(signature) - set(stored))
+    if missing:
+        raise ModelError(f"checkpoint {path} lacks {len(missing)} of the model's tensors: {missing[:5]}")
+    started = time.perf_counter()
+    tmp = to.parent / f".{to.name}.export-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shards = _plan_shards(signature, shard_bytes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, names in enumerate(shards):
+        file = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = checkpoint.read_weights(path, names)
+        out = {n: tensors[n].to(TORCH_DTYPES[signature[n][0]]).contiguous() for n in names}
+        save_file(out, str(tmp / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in out.values())
+        weight_map.update(dict.fromkeys(names, file))
+        log.info("export: %s (%d of %d shards)", file, i + 1, len(shards))
+        del tensors, out
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / INDEX).write_text(json.dumps(index, indent=2))
+    for f in sorted(source.iterdir()):
+        if f.is_file() and f.name != SIGNATURE and not f.name.endswith(_WEIGHT_FILES) and f.name != INDEX:
+            shutil.copy2(f, tmp / f.name)
+    meta = json.loads((path / checkpoint.META).read_text()) if (path / checkpoint.META).exists() else {}
+    provenance = {
+        "run_dir": str(run_dir),
+        "checkpoint": path.name,
+        "step": meta.get("step"),
+        "policy_version": meta.get("version"),
+        "bytes": total,
+    }
+    (tmp / "asymptote-export.json").write_text(json.dumps(provenance, indent=2))
+    if to.exists():
+        to.rmdir()
+    tmp.rename(to)
+    log.info("exported %s (%.2f GB) to %s in %.1fs", path.name, total / 1e9, to, time.perf_counter() - started)
+    return to
+
+
+def _signature(source: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    kept = source / SIGNATURE
+    if kept.exists():
+        return {name: (dtype, tuple(shape)) for name, (dtype, shape) in json.loads(kept.read_text()).items()}
+    return read_signature(source)
+
+
+def _plan_shards(signature: dict[str, tuple[str, tuple[int, ...]]], shard_bytes: int) -> list[list[str]]:
+    """Tensor names in shards of at most ``shard_bytes`` in the served dtype (a bigger tensor alone)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, (dtype, shape) in signature.items():
+        nbytes = torch.empty((), dtype=TORCH_DTYPES[dtype]).element_size() * _numel(shape)
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
