@@ -41,6 +41,15 @@ log = logging.getLogger(__name__)
 Backend = Literal["auto", "gloo", "nccl"]
 
 
+def choose_backend(backend: Backend, device: str, cuda_available: bool) -> Literal["gloo", "nccl"]:
+    """``backend`` unless ``auto``: NCCL when the learner trains on GPUs (``device`` cuda, or auto with
+    CUDA available), else gloo, so a CPU learner on a GPU machine never gets NCCL."""
+    if backend != "auto":
+        return backend
+    on_gpu = device == "cuda" or (device == "auto" and cuda_available)
+    return "nccl" if on_gpu else "gloo"
+
+
 @dataclass(frozen=True)
 class DataParallel:
     """This process's place among the learner's ranks (one rank: no collectives at all)."""
@@ -59,8 +68,7 @@ class DataParallel:
         if world <= 1:
             return cls()
         if not dist.is_initialized():
-            on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-            chosen = ("nccl" if on_gpu else "gloo") if backend == "auto" else backend
+            chosen = choose_backend(backend, device, torch.cuda.is_available())
             if chosen == "nccl":  # one GPU per rank, before NCCL creates its communicators
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))

@@ -8,7 +8,9 @@ FAIL_FAST_S of the exception: torchrun then restarts the group, which
 resumes from the last checkpoint (the service end to end, the ledger
 audited: tests/e2e/test_restarts.py). The must-fail twin swallows rank 0's
 exception as the learner once did and enters a collective its peer never
-enters: the same check must fail.
+enters: the same check must fail. And a wait for data longer than the
+collectives' timeout is no failure while rank 0 sends heartbeats; without
+them the other rank times out.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ TWIN_WAIT_S = 20.0
 """How long the twin is watched: a hang shows within it (a fail-fast exit measured takes 1-3 s)."""
 
 
-def launch(out: Path, fail_rank: int, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+def launch(out: Path, fail_rank: int | None, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
     out.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
-        "ASY_FAILPOINTS": f"learner.step.backward.rank{fail_rank}:2:raise",
+        "ASY_FAILPOINTS": "" if fail_rank is None else f"learner.step.backward.rank{fail_rank}:2:raise",
         "ASY_FAILPOINT_DIR": str(out / "failpoints"),
     }
     proc = subprocess.Popen(
@@ -91,3 +93,25 @@ def test_the_check_fails_when_rank0_swallows_the_exception(tmp_path: Path) -> No
             exits_within(proc, marker, TWIN_WAIT_S)
     finally:
         stop(proc)
+
+
+@pytest.mark.slow  # torchrun
+@pytest.mark.parametrize("heartbeat_s", [1.0, 0.0], ids=["heartbeats", "silent"])
+def test_a_wait_for_data_longer_than_the_timeout_is_no_failure_with_heartbeats(
+    tmp_path: Path, heartbeat_s: float
+) -> None:
+    timeout_s = 5.0
+    proc, _ = launch(
+        tmp_path / "run",
+        None,
+        *("--wait-s", str(3 * timeout_s), "--heartbeat-s", str(heartbeat_s), "--timeout-s", str(timeout_s)),
+    )
+    try:
+        proc.wait(timeout=120)
+    finally:
+        stop(proc)
+    log = (tmp_path / "run" / "log").read_text(errors="replace")
+    if heartbeat_s:
+        assert proc.returncode == 0, log[-3000:]
+    else:  # the other rank's collective timed out (gloo's words for it): the launch failed
+        assert proc.returncode != 0 and "Timed out waiting" in log, log[-3000:]
