@@ -187,11 +187,19 @@ def image() -> dict[str, Any]:
     )
 
 
-def persistence() -> dict[str, Any]:
+def persistence(sized: bool = False) -> dict[str, Any]:
+    """A volume claim's values; ``sized``: an empty size is computed by the chart (asymptote.sizing)."""
+    size = QUANTITY
+    if sized:
+        size = {
+            "type": "string",
+            "pattern": "^$|" + QUANTITY["pattern"],
+            "description": '"" = sized for the checkpoints kept (asymptote.sizing)',
+        }
     return obj(
         {
             "enabled": BOOL,
-            "size": QUANTITY,
+            "size": size,
             "storageClassName": STR,
             "accessModes": {
                 "type": "array",
@@ -379,7 +387,7 @@ def values_schema() -> dict[str, Any]:
                 },
                 description="NCCL between the learner's ranks: interfaces, InfiniBand HCAs, debug, other NCCL_* settings",
             ),
-            "persistence": persistence(),
+            "persistence": persistence(sized=True),
             "startupProbe": startup_probe(),
         },
     )

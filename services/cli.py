@@ -46,6 +46,7 @@ local and offline:
   export       a run's checkpoint as a Hugging Face model directory (transformers, vLLM)
   bench        every performance figure against its baseline, side by side (bench.json, bench.md)
   prepare-model  build and warm-start the tiny local model (cached)
+  plan         GPU, host and disk memory of a run before it starts (learner, generators, checkpoints)
   kube         a deployed run: status, scale generators, gRPC health
 """
 
@@ -385,6 +386,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "export": _export,
     "bench": _bench,
     "prepare-model": _prepare_model,
+    "plan": _plan,
     "kube": _kube,
 }
 

@@ -18,6 +18,7 @@ from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.lifecycle import die_with_launcher, run_until_stopped
 from asymptote.logs import setup_logging
+from services.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="asymptote learner", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_LEARNER__...)")
     args = parser.parse_args(argv)
-    from services.learner.config import LearnerConfig
-
     config = load_config(LearnerConfig, args.config, "ASY_LEARNER")
     setup_logging("learner", config.log_format)
     log_resolved(config, "learner")
@@ -39,10 +38,33 @@ def main(argv: list[str] | None = None) -> int:
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it ends with its launcher
         die_with_launcher()
+    _check_fits(config)
     dp = DataParallel.from_env(config.dist_backend, config.dist_timeout_s, config.device)
     if not dp.is_main:
         return follow(config, dp)
     return run_until_stopped(lambda stop: serve(config, stop, dp))
+
+
+def _check_fits(config: LearnerConfig) -> None:
+    """On a GPU, before anything is allocated: the memory planner's check of this rank (``asymptote plan``'s
+    formula); ConfigError in one line, naming the setting to change, when it does not fit."""
+    import torch
+
+    from services.learner.model import Precision
+    from services.learner.plan import learner_fits
+
+    precision = Precision.resolve(config.device, config.dtype)
+    if precision.device.type != "cuda":
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = learner_fits(
+        config.model_dir,
+        config,
+        world_size=world,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+        gpu_memory_bytes=torch.cuda.get_device_properties(precision.device).total_memory,
+    )
+    log.info("memory plan of this rank: %.1f GiB, %.0f%% of its GPU", plan.total_bytes / 2**30, 100 * plan.fraction)
 
 
 def _num_parameters(model_dir: Path) -> int | None:

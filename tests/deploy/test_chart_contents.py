@@ -10,6 +10,7 @@ it installs.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -276,10 +277,14 @@ def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> Non
     assert not [d for d in rendered.of_kind("Deployment") if "learner" in d["metadata"]["name"]]
     mounts = {m["name"]: m["mountPath"] for m in container(rendered, "learner")["volumeMounts"]}
     assert mounts["run"] == "/var/lib/asymptote/run"
-    if render_values(value_set)["learner"]["persistence"]["enabled"]:
+    values = render_values(value_set)
+    if values["learner"]["persistence"]["enabled"]:
         (claim,) = learner["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "run"
-        assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
+        # Unset, sized for the checkpoints kept (12 bytes a parameter: 6 x sizeGiB) and the one being written.
+        kept = values["learner"]["config"]["keep_checkpoints"]
+        sized = f"{math.ceil(6 * values['model']['sizeGiB']) * (kept + 1) + 8}Gi"
+        assert claim["spec"]["resources"]["requests"]["storage"] == (values["learner"]["persistence"]["size"] or sized)
         assert learner["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
     per_node = render_values(value_set)["learner"]["gpusPerNode"]
     assert container(rendered, "learner")["resources"]["limits"]["nvidia.com/gpu"] == per_node
@@ -322,13 +327,9 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
             "limits"
         ].keys()
     main = container(rendered, component)
-    if component == "learner" and workload_["spec"]["replicas"] > 1:
-        # Only pod 0 (rank 0, the service) serves /healthz and /readyz; the other nodes' probes pass.
-        assert "NODE_RANK" in main["livenessProbe"]["exec"]["command"][-1]
-        assert "/readyz" in main["readinessProbe"]["exec"]["command"][-1]
-    else:
-        assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-        assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # Every pod answers for itself: on each learner pod its LOCAL_RANK 0 process serves /healthz and /readyz.
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     # Writable places on the read-only root: /tmp (HOME) and, per service, its run or shm volume.
     assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
     assert {"name": "HOME", "value": "/tmp"} in main["env"]

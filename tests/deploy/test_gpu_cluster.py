@@ -30,14 +30,22 @@ def render_values(values: dict[str, Any]) -> list[dict[str, Any]]:
 def torchrun_args(args: list[str]) -> argparse.Namespace:
     """torchrun's own flags, as its parser (torch.distributed.run) reads them, without importing torch."""
     parser = argparse.ArgumentParser()
-    for flag in ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port", "--max-restarts"):
+    for flag in (
+        "--nnodes",
+        "--nproc-per-node",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--max-restarts",
+        "--shutdown-timeout",
+    ):
         parser.add_argument(flag)
     parser.add_argument("-m", dest="module")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     return parser.parse_args(args)
 
 
-@pytest.mark.parametrize(("value_set", "nodes", "per_node"), [("defaults", 1, 1), ("two-node-learner", 2, 8)])
+@pytest.mark.parametrize(("value_set", "nodes", "per_node"), [("defaults", 1, 8), ("two-node-learner", 2, 8)])
 def test_the_learners_world_is_nodes_times_gpus(value_set: str, nodes: int, per_node: int) -> None:
     rendered = render(value_set)
     learner = rendered.component("StatefulSet", "learner")
@@ -136,11 +144,14 @@ def test_pods_hold_a_swaps_measured_peak_for_a_16_gib_model() -> None:
         assert memory - base_gib * GIB >= peak_bytes and memory >= shm + base_gib * GIB
         assert tmp - 8 * GIB >= peak_bytes  # caches, and a version staged on disk (weightsOn: disk)
         sized[name] = (shm // GIB, memory // GIB, tmp // GIB)
-    # The one formula (asymptote.sizing): peak = ceil(1.10 x 16) = 18 GiB.
+    # The one formula (asymptote.sizing): peak = ceil(1.10 x 16) = 18 GiB. The learner's memory also holds
+    # a load (8 ranks x a float32 tenth of the model), 2 served versions and checkpoint staging (6 x sizeGiB):
+    # test_chart_sizing.py checks those against services/learner/plan.py.
     peak_gib = math.ceil(1.10 * size_gib)
+    load_served_staging = math.ceil(8 * 2 * size_gib / 10) + 2 * size_gib + 6 * size_gib
     assert sized == {
         "generator-main": (peak_gib + 2, 16 + peak_gib + 2, 8 + peak_gib),
-        "learner": (peak_gib + 8, 32 + peak_gib + 8, 8 + peak_gib),
+        "learner": (peak_gib + 8, 32 + peak_gib + 8 + load_served_staging, 8 + peak_gib),
     }
     # Twice the model, twice the room (less rounding): the formula scales.
     bigger = render_values({"model": {"sizeGiB": 2 * size_gib}})

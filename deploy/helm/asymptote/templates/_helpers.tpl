@@ -358,9 +358,9 @@ and CA, the gRPC certificate, the user's extraVolumes.
 {{/*
 Ports, probes and security of a service's main container. With "command"
 (a list) the container runs it with "args" instead of the image's
-`asymptote <component>`; "extraPorts" adds named ports. With "probeRank0Only",
-the probes ask /readyz and /healthz only on the pod whose NODE_RANK is 0 (the
-learner's other nodes run ranks that serve nothing).
+`asymptote <component>`; "extraPorts" adds named ports. Every pod answers its
+own probes on its http port (each learner pod's LOCAL_RANK 0 process serves
+/healthz and /readyz, on pod 0 the learner service itself).
 */}}
 {{- define "asymptote.containerCommon" -}}
 {{- $values := fromYaml (include "asymptote.values" .) -}}
@@ -384,36 +384,24 @@ ports:
   - {{- toYaml . | nindent 4 }}
   {{- end }}
 livenessProbe:
-  {{- include "asymptote.probeAction" (dict "path" "/healthz" "rank0" .probeRank0Only "port" $values.ports.http) | nindent 2 }}
+  httpGet: {path: /healthz, port: http}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
 readinessProbe:
-  {{- include "asymptote.probeAction" (dict "path" "/readyz" "rank0" .probeRank0Only "port" $values.ports.http) | nindent 2 }}
+  httpGet: {path: /readyz, port: http}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 3
 {{- with $values.startupProbe }}
 startupProbe:
-  {{- include "asymptote.probeAction" (dict "path" "/readyz" "rank0" $.probeRank0Only "port" $values.ports.http) | nindent 2 }}
+  httpGet: {path: /readyz, port: http}
   periodSeconds: {{ .periodSeconds }}
   failureThreshold: {{ .failureThreshold }}
   timeoutSeconds: 5
 {{- end }}
 securityContext:
   {{- toYaml .ctx.Values.containerSecurityContext | nindent 2 }}
-{{- end }}
-
-{{- define "asymptote.probeAction" -}}
-{{- if .rank0 }}
-exec:
-  command:
-    - python
-    - -c
-    - {{ printf "import os, urllib.request; os.environ['NODE_RANK'] == '0' and urllib.request.urlopen('http://127.0.0.1:%v%s', timeout=4)" .port .path | quote }}
-{{- else }}
-httpGet: {path: {{ .path }}, port: http}
-{{- end }}
 {{- end }}
 
 {{/* Pod-level settings every service shares. */}}
@@ -523,11 +511,11 @@ annotations:
 {{- end }}
 
 {{/*
-Host memory, /dev/shm and /tmp of the GPU pods, from model.sizeGiB: the one
-place the chart sizes them. (dict "ctx" $ "component" "generator"|"learner")
-A weight swap's measured peak extra memory is 1.10x the model's bytes (396.5 MB
-model: tmpfs 396.6 MB + ~40 MB of pull buffers in the generator) and a swap
-stages one version at most, so:
+Host memory, /dev/shm and /tmp of the GPU pods, and the learner's volume, from
+model.sizeGiB: the one place the chart sizes them. (dict "ctx" $ "component"
+"generator"|"learner") A weight swap's measured peak extra memory is 1.10x the
+model's bytes (396.5 MB model: tmpfs 396.6 MB + ~40 MB of pull buffers in the
+generator) and a swap stages one version at most, so:
   swapPeakGiB = ceil(1.10 x sizeGiB)
   shmGiB      = swapPeakGiB + 2     generator (weightsOn: memory): the staged
                                     version, and vLLM's worker IPC
@@ -537,17 +525,46 @@ stages one version at most, so:
                                     process without the model's host copies
   tmpGiB      = 8 + swapPeakGiB     torch.compile's, Triton's and vLLM's caches,
                                     and a staged version under weightsOn: disk
+The learner's memory adds what services/learner/plan.py counts on the host
+(sizeGiB is 2 bytes a parameter, bf16), and its volume holds the checkpoints:
+  loadGiB       = gpusPerNode x 2 x max(sizeGiB / 10, 1)
+                                    each rank reads one stored tensor at a time
+                                    in float32; the largest (the embeddings) is
+                                    taken as a tenth of the model (6.5-7.6% at 7-8B)
+  servedGiB     = served_versions_kept x sizeGiB      versions rank 0 serves
+  stagingGiB    = ceil(6 x sizeGiB / nodes)           this pod's ranks staging
+                                    their shards of an async checkpoint (float32
+                                    weights and AdamW moments: 12 bytes a parameter)
+  memoryGiB    += loadGiB + servedGiB + stagingGiB
+  checkpointGiB = ceil(6 x sizeGiB)                   one checkpoint, all ranks
+  persistenceGiB = checkpointGiB x (keep_checkpoints + 1) + 8
+                                    the kept ones, the one being written, metrics
 Returns YAML with these keys.
 */}}
 {{- define "asymptote.sizing" -}}
 {{- $size := float64 .ctx.Values.model.sizeGiB }}
 {{- $peak := int (ceil (mulf $size 1.10)) }}
-{{- $shm := add $peak (ternary 8 2 (eq .component "learner")) }}
-{{- $base := ternary 32 16 (eq .component "learner") }}
+{{- $learner := eq .component "learner" }}
+{{- $shm := add $peak (ternary 8 2 $learner) }}
+{{- $base := ternary 32 16 $learner }}
 swapPeakGiB: {{ $peak }}
 shmGiB: {{ $shm }}
-memoryGiB: {{ add $base $shm }}
 tmpGiB: {{ add 8 $peak }}
+{{- if $learner }}
+{{- $l := .ctx.Values.learner }}
+{{- $load := int (ceil (mulf (float64 $l.gpusPerNode) 2.0 (maxf (divf $size 10.0) 1.0))) }}
+{{- $served := int (ceil (mulf (float64 (default 2 $l.config.served_versions_kept)) $size)) }}
+{{- $staging := int (ceil (divf (mulf 6.0 $size) (float64 $l.nodes))) }}
+{{- $checkpoint := int (ceil (mulf 6.0 $size)) }}
+loadGiB: {{ $load }}
+servedGiB: {{ $served }}
+stagingGiB: {{ $staging }}
+checkpointGiB: {{ $checkpoint }}
+persistenceGiB: {{ add (mul $checkpoint (add1 (int (default 2 $l.config.keep_checkpoints)))) 8 }}
+memoryGiB: {{ add $base $shm $load $served $staging }}
+{{- else }}
+memoryGiB: {{ add $base $shm }}
+{{- end }}
 {{- end }}
 
 {{/* requests and limits of a GPU container: cpu as given, memory as given or sized, the GPUs. (dict "values" ... "sizing" ... "gpus" N) */}}

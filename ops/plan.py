@@ -1,0 +1,363 @@
+"""``asymptote plan``: what a run holds in GPU, host and disk memory, before it starts.
+
+Reads the model directory's ``config.json`` and the run's settings, plans
+them with ``services.learner.plan`` and prints the figures as tables: one
+learner rank, one generator GPU, a learner pod's host memory, the
+checkpoints. ``--config`` is a Helm values file, read over the chart's own
+values.yaml (when this checkout has it) as ``helm install`` merges them (the learner's settings from
+``learner.config``, its GPUs from ``learner.gpusPerNode`` and ``nodes``, the
+completion cap from ``broker.config.sampling.max_tokens``, the engine from
+``generator.config.engine``), or a learner config file (LearnerConfig's
+fields) in place of the chart's ``learner.config``. Exit 0 when a learner
+rank fits; a user's mistake, or a rank that does not fit, is one line on
+stderr naming the setting, and exit 2 (the table is printed first). This
+module knows the chart's value names, not how the figures are computed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from asymptote.cli_args import ArgumentParser
+from asymptote.errors import ConfigError
+from services.generator.config import EngineSettings
+from services.learner.activations import ModelShape
+from services.learner.config import LearnerConfig
+from services.learner.plan import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_PROMPT_TOKENS,
+    GENERATOR_RESERVE_BYTES,
+    GIB,
+    USABLE_FRACTION,
+    GeneratorSettings,
+    RunPlan,
+    check_generator,
+    check_learner,
+    plan_run,
+)
+
+CHART_VALUES = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "asymptote" / "values.yaml"
+"""The chart's defaults: a values file given to ``asymptote plan`` is read over them, as ``helm install`` does."""
+HELM_SECTIONS = ("run", "model", "generator", "generatorPools", "learner", "broker", "fitter")
+"""Top-level keys that make a ``--config`` file a Helm values file rather than a learner config."""
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What ``asymptote plan`` plans, resolved from its flags, ``--config`` and the chart's defaults."""
+
+    shape: ModelShape
+    learner: LearnerConfig
+    engine: GeneratorSettings
+    gpus_per_node: int
+    nodes: int
+    gpu_memory_gib: float
+    prompt_tokens: int
+    max_tokens: int
+    max_tokens_from: str
+    """Where max_tokens was read: the flag, or the values key and file."""
+    group_size: int
+    learner_key: str
+    """Where the learner's settings live in --config: "learner.config." in a values file, "" in a learner config."""
+
+    def plan(self) -> RunPlan:
+        """The run's plan: every learner rank, every generator GPU, each learner pod's host and disk."""
+        return plan_run(
+            self.shape,
+            self.learner,
+            self.engine,
+            gpus_per_node=self.gpus_per_node,
+            nodes=self.nodes,
+            gpu_memory_gib=self.gpu_memory_gib,
+            prompt_tokens=self.prompt_tokens,
+            max_tokens=self.max_tokens,
+            group_size=self.group_size,
+        )
+
+
+def _merge_values(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Helm's merge of a values file over defaults: maps key by key, a null deletes, anything else replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge_values(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _dig(tree: Mapping[str, Any], *keys: str) -> Any:
+    """``tree[k1][k2]...``, or None where a key is missing."""
+    node: Any = tree
+    for key in keys:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _read_yaml(path: Path, flag: str) -> dict[str, Any]:
+    """The mapping in a YAML file; ConfigError naming ``flag`` otherwise."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{flag} {path}: not valid YAML ({' '.join(str(exc).split())})") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{flag} {path}: must hold a mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def _problems(exc: ValidationError, prefix: str) -> str:
+    """Every error of ``exc`` as ``<prefix><field>: <what was wrong>, got <input>``, on one line."""
+    problems = []
+    for err in exc.errors():
+        what = str(err["msg"]).removeprefix("Value error, ")
+        got = f", got {err['input']!r}" if err["type"] != "missing" and not isinstance(err["input"], Mapping) else ""
+        problems.append(f"{prefix}{'.'.join(map(str, err['loc']))}: {what[:1].lower()}{what[1:]}{got}")
+    return "; ".join(problems)
+
+
+def plan_inputs(argv: list[str]) -> PlanInputs:
+    """``asymptote plan argv`` resolved: the model's shape and every setting the plan reads, checked."""
+    parser = ArgumentParser(
+        prog="asymptote plan",
+        description="GPU, host and disk memory of a run before it starts; exit 2 when a learner rank does not fit.",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model directory (reads config.json)")
+    parser.add_argument("--gpus-per-node", type=int, help="learner GPUs per node (default: learner.gpusPerNode)")
+    parser.add_argument("--nodes", type=int, help="learner nodes (default: learner.nodes, else 1)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of one GPU (default 80)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="a Helm values file (read over the chart's values.yaml) or a learner config YAML",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=DEFAULT_PROMPT_TOKENS,
+        help=f"padded prompt length in tokens (default {DEFAULT_PROMPT_TOKENS})",
+    )
+    parser.add_argument("--max-tokens", type=int, help="completion cap (default: broker.config.sampling.max_tokens)")
+    args = parser.parse_args(argv)
+    for flag, value in (
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--nodes", args.nodes),
+        ("--prompt-tokens", args.prompt_tokens),
+        ("--max-tokens", args.max_tokens),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: must be at least 1")
+    if not args.gpu_memory > 0:
+        raise ConfigError(f"--gpu-memory {args.gpu_memory:g}: must be more than 0 GiB")
+    try:
+        shape = ModelShape.read(args.model)
+    except ConfigError as exc:
+        raise ConfigError(f"--model {exc}") from exc
+
+    chart = _read_yaml(CHART_VALUES, "the chart's") if CHART_VALUES.is_file() else {}
+    given = _read_yaml(args.config, "--config") if args.config is not None else {}
+    helm_file = args.config is None or any(key in given for key in HELM_SECTIONS)
+    if helm_file:
+        values = _merge_values(chart, given)
+        learner_settings = dict(_dig(values, "learner", "config") or {})
+        if _dig(values, "run", "batchPrompts") is not None:
+            learner_settings["batch_prompts"] = values["run"]["batchPrompts"]  # the chart owns it
+        learner_key = "learner.config."
+    else:  # a learner config: the service's own file, in place of the chart's learner.config
+        values = chart
+        learner_settings, learner_key = dict(given), ""
+    where = f"--config {args.config}" if args.config is not None else "the chart's values.yaml"
+    try:
+        learner = LearnerConfig.model_validate({**learner_settings, "model_dir": args.model})
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: " + _problems(exc, learner_key)) from exc
+
+    def setting(*keys: str) -> tuple[Any, str]:
+        """A value of the merged values, and which file it came from."""
+        source = args.config if _dig(given, *keys) is not None and helm_file else "the chart's values.yaml"
+        return _dig(values, *keys), f"{'.'.join(keys)} in {source}"
+
+    gpus_per_node = args.gpus_per_node or _dig(values, "learner", "gpusPerNode")
+    if gpus_per_node is None:
+        raise ConfigError("--gpus-per-node: needed (the learner's GPUs per node; a learner config does not say)")
+    nodes = args.nodes or _dig(values, "learner", "nodes") or 1
+    if args.max_tokens is not None:
+        max_tokens, max_tokens_from = args.max_tokens, "--max-tokens"
+    else:
+        max_tokens, max_tokens_from = setting("broker", "config", "sampling", "max_tokens")
+        if max_tokens is None:
+            raise ConfigError("--max-tokens: needed (the completion cap, the broker's sampling.max_tokens)")
+    sequence = args.prompt_tokens + max_tokens
+    budget = learner.micro_batch_tokens
+    if budget is not None and budget < sequence:
+        raise ConfigError(
+            f"{where}: {learner_key}micro_batch_tokens {budget} is below one sequence: prompt {args.prompt_tokens} "
+            f"(--prompt-tokens) + max_tokens {max_tokens} ({max_tokens_from}) = {sequence} tokens; set at least {sequence}"
+        )
+    engine_values = dict(_dig(values, "generator", "config", "engine") or {})
+    tp = _dig(values, "generator", "tensorParallelSize") or _dig(values, "generator", "gpus")
+    engine = GeneratorSettings()
+    if engine_values or tp:
+        try:
+            settings = EngineSettings.model_validate(
+                {**engine_values, "model_dir": args.model, **({"tensor_parallel_size": tp} if tp else {})}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: " + _problems(exc, "generator.config.engine.")) from exc
+        engine = GeneratorSettings(
+            dtype=settings.dtype,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            max_num_seqs=settings.max_num_seqs,
+            fp32_lm_head=settings.fp32_lm_head,
+        )
+    return PlanInputs(
+        shape=shape,
+        learner=learner,
+        engine=engine,
+        gpus_per_node=int(gpus_per_node),
+        nodes=int(nodes),
+        gpu_memory_gib=args.gpu_memory,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=int(max_tokens),
+        max_tokens_from=max_tokens_from,
+        group_size=int(_dig(values, "broker", "config", "sampling", "group_size") or DEFAULT_GROUP_SIZE),
+        learner_key=learner_key,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Plan, print, and refuse in one line (ConfigError) what does not fit."""
+    inputs = plan_inputs(argv)
+    run = inputs.plan()
+    print_plan(run, inputs)
+    check_generator(run.generator)
+    check_learner(
+        inputs.shape,
+        inputs.learner,
+        gpus_per_node=inputs.gpus_per_node,
+        nodes=inputs.nodes,
+        gpu_memory_gib=inputs.gpu_memory_gib,
+        sequence_tokens=inputs.prompt_tokens + inputs.max_tokens,
+        group_size=inputs.group_size,
+        settings_key=inputs.learner_key,
+    )
+    return 0
+
+
+def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
+    """``run`` as tables: a learner rank, a generator GPU, a learner pod's host memory, the checkpoints."""
+    console = Console(width=max(110, shutil.get_terminal_size().columns))
+    shape, learner, generator, host = run.shape, run.learner, run.generator, run.host
+    console.print(
+        f"{inputs.learner.model_dir}: {shape.model_type}, {shape.num_parameters / 1e9:.2f}B parameters "
+        f"({shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_heads} heads and "
+        f"{shape.num_kv_heads} KV heads of {shape.head_dim}, vocabulary {shape.vocab_size:,}, "
+        f"{'tied' if shape.tie_word_embeddings else 'untied'} head)",
+        highlight=False,
+    )
+    console.print(
+        f"sequences: prompt {run.prompt_tokens} (--prompt-tokens) + max_tokens {run.max_tokens} "
+        f"({inputs.max_tokens_from}) = {learner.sequence_tokens:,} tokens",
+        highlight=False,
+    )
+
+    def gib(num_bytes: int) -> str:
+        return f"{num_bytes / GIB:,.2f}"
+
+    def table(title: str, *columns: str) -> Table:
+        t = Table(title=title, title_justify="left", highlight=False)
+        for column in columns:
+            t.add_column(column, justify="right" if column == "GiB" else "left")
+        return t
+
+    layout = {"fsdp": "FSDP2", "ddp": "DDP", "single": "one rank"}[learner.layout]
+    rank = table(
+        f"Learner rank: 1 of {learner.world_size} ({inputs.nodes} x {inputs.gpus_per_node} GPUs, {layout}), "
+        f"micro_batch_tokens {learner.micro_batch_tokens:,}, activation_checkpointing "
+        f"{str(learner.activation_checkpointing).lower()}",
+        "when",
+        "",
+        "GiB",
+        "how it is counted",
+    )
+    for when, items in (("always", learner.held), ("forward, backward", learner.training), ("step", learner.stepping)):
+        for item in items:
+            rank.add_row(when, item.name, gib(item.num_bytes), item.note)
+    verdict = "fits" if learner.fits else "does NOT fit"
+    rank.add_row(
+        "",
+        "total",
+        gib(learner.total_bytes),
+        f"always + the larger of forward-backward and step: {learner.fraction:.0%} of "
+        f"{inputs.gpu_memory_gib:g} GiB, {verdict} (at most {USABLE_FRACTION:.0%})",
+        style="bold",
+    )
+    console.print(rank)
+
+    engine = inputs.engine
+    gen = table(
+        f"Generator GPU: {engine.dtype}, tensor parallel {engine.tensor_parallel_size}, KV cache by {generator.sized_by}",
+        "",
+        "GiB",
+        "how it is counted",
+    )
+    head = ", and the LM head in float32 (fp32_lm_head)" if engine.fp32_lm_head else ""
+    gen.add_row("weights", gib(generator.weights_bytes), f"the parameters in {engine.dtype}{head}")
+    gen.add_row(
+        "KV cache",
+        gib(max(0, generator.kv_cache_bytes)),
+        f"{generator.kv_tokens:,} tokens of {generator.kv_bytes_per_token:,} bytes: {generator.sequences:,} sequences "
+        f"of {generator.sequence_tokens:,} at once (max_num_seqs {generator.max_num_seqs})",
+    )
+    gen.add_row("reserve", gib(GENERATOR_RESERVE_BYTES), "CUDA context, profiled activations, CUDA graphs")
+    gen.add_row(
+        "total",
+        gib(generator.total_bytes),
+        f"{generator.total_bytes / generator.gpu_memory_bytes:.0%} of the {inputs.gpu_memory_gib:g} GiB GPU",
+        style="bold",
+    )
+    console.print(gen)
+
+    pod = table(
+        f"Learner pod host memory ({inputs.gpus_per_node} ranks), beside the processes' own",
+        "",
+        "GiB",
+        "how it is counted",
+    )
+    pod.add_row("load", gib(host.load_bytes), "each rank one stored tensor at a time, in float32")
+    pod.add_row(
+        "served versions", gib(host.served_bytes), f"served_versions_kept x the model in {shape.stored_dtype} (rank 0)"
+    )
+    pod.add_row(
+        "checkpoint staging", gib(host.staging_bytes), "the pod's ranks' shards of float32 weights and AdamW moments"
+    )
+    pod.add_row("total", gib(host.host_bytes), "load + served + staging", style="bold")
+    console.print(pod)
+
+    disk = table("Checkpoints", "", "GiB", "how it is counted")
+    disk.add_row("one checkpoint", gib(host.checkpoint_bytes), "12 bytes a parameter: float32 weights, AdamW moments")
+    disk.add_row(
+        "on the volume",
+        gib(host.disk_bytes),
+        f"keep_checkpoints {inputs.learner.keep_checkpoints} + the one being written",
+        style="bold",
+    )
+    console.print(disk)
