@@ -269,5 +269,6 @@ def log_resolved(config: BaseModel, service: str) -> None:
 
 
 def dump_config(config: BaseModel, path: Path) -> None:
-    """Write a config model as YAML (used by the local stack)."""
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    """Write a config model as YAML (used by the local stack), nulls included: a field whose default is not
+    None but whose value is (a GPU engine's ``kv_cache_memory_bytes``) must read back as None."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -458,7 +458,7 @@ def scaling_sweep(out: Path, steps: int, base: StackRun | None) -> list[dict[str
     rows = []
     points = [(n, 8) for n in SCALING_GENERATORS] + [(1, g) for g in SCALING_GROUP_SIZES if g != 8]
     for n, g in points:
-        if base is not None and (n, g) == (1, base.config.group_size) and base.config.num_generators == 1:
+        if base is not None and (n, g) == (1, base.config.group_size) and (base.config.num_generators or 1) == 1:
             rows.append(scaling_row(base, n, g))
             continue
         console.print(f"[bold]scaling: {n} generator(s), group size {g}[/bold]")

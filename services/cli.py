@@ -57,6 +57,9 @@ UP_FLAGS = {
     "max_tokens": "--max-tokens",
     "num_generators": "--generators",
     "learner_ranks": "--learner-ranks",
+    "gpus": "--gpus",
+    "tensor_parallel_size": "--tensor-parallel",
+    "learner_gpus": "--learner-gpus",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
 DATASET_FLAGS = {
@@ -183,7 +186,14 @@ def up_config(argv: list[str]) -> StackConfig:
     )
     parser.add_argument("--max-tokens", type=int, help="completion length cap")
     parser.add_argument("--generators", type=int, help="generator processes")
-    parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks (torchrun)")
+    parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks on the CPU (torchrun)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        help="GPUs to place the services on (default: every visible GPU; 0: the CPU build even where GPUs are)",
+    )
+    parser.add_argument("--tensor-parallel", type=int, help="on GPUs: GPUs per generator engine (default 1)")
+    parser.add_argument("--learner-gpus", type=int, help="on GPUs: the learner's ranks, one GPU each (default: half)")
     parser.add_argument(
         "--dataset", type=Path, help="train on this file (jsonl, parquet, csv, or a save_to_disk folder); needs --model"
     )

@@ -65,10 +65,21 @@ class StackConfig(Frozen):
     Qwen2/Qwen2.5, Qwen3, ...); None builds and warm-starts the tiny model (on a dataset task: a BPE
     tokenizer and a warm start on the rows' worked ``solution``). Either way the services read it the
     same way."""
-    num_generators: int = Field(default=1, ge=1, le=16)
-    """Generator processes (each one vLLM engine)."""
+    gpus: int | None = Field(default=None, ge=0)
+    """GPUs the stack places its processes on (services/local/placement.py): each generator on
+    ``tensor_parallel_size`` GPUs of its own, the learner's torchrun ranks one GPU each on the rest
+    (``learner_gpus``), bf16, the KV cache by memory fraction. None: every GPU visible to this process
+    (none: the CPU build, the embedded default); 0: the CPU even where GPUs are."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """On GPUs: the GPUs one generator's engine shards the model over."""
+    learner_gpus: int | None = Field(default=None, ge=1)
+    """On GPUs: the learner's ranks, one GPU each; None: half the GPUs (one GPU: shared with the generator)."""
+    num_generators: int | None = Field(default=None, ge=1, le=16)
+    """Generator processes (each one vLLM engine); None: one on the CPU, and on GPUs as many as the GPUs
+    beside the learner's hold."""
     learner_ranks: int = Field(default=1, ge=1, le=8)
-    """Data-parallel learner ranks (torchrun, gloo); rank 0 is the service, the others follow its steps."""
+    """Data-parallel learner ranks (torchrun, gloo) on the CPU; rank 0 is the service, the others follow its
+    steps. On GPUs the ranks are the learner's GPUs."""
     max_steps: int = Field(default=300, ge=1)
     """Learner steps (policy versions) of the RL run."""
     batch_prompts: int = Field(default=16, ge=1)

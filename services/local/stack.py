@@ -45,6 +45,7 @@ from services.generator.config import EngineSettings, GeneratorConfig
 from services.learner.config import LearnerConfig, OptimizerSettings
 from services.local import torchrun
 from services.local.config import StackConfig
+from services.local.placement import Gpu, Placement, place, visible_gpus
 from services.local.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class LocalStack:
         self.nats_user = "asymptote" if config.nats_auth else None
         self.nats_password = new_password() if config.nats_auth else None
         self.progress = Progress(self.run_dir, config.max_steps)
+        self.placement: Placement | None = None
+        """Which GPUs each process sees; None: the CPU (``resolve_placement`` at start)."""
 
     def __enter__(self) -> Self:
         return self
@@ -158,18 +161,26 @@ class LocalStack:
             )
         return path
 
-    def _spawn(self, name: str, argv: list[str], cpus: set[int] | None = None, http_port: int | None = None) -> Proc:
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
+    def process_env(self, name: str) -> dict[str, str]:
+        """The environment process ``name`` starts with: this one's, its failpoints, its GPUs (on GPUs; none
+        for the services that use none) and, for a service, the run's NATS credentials."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         role = name.split("-")[0]
         if self.config.failpoints:
             env[FAILPOINTS_ENV] = self.config.failpoints
             env[FAILPOINT_DIR_ENV] = str(self.run_dir / "failpoints")
+        if self.placement is not None:  # each process sees its own GPUs, numbered from 0; the others none
+            env["CUDA_VISIBLE_DEVICES"] = self.placement.visible_devices(name)
         if self.nats_user and self.nats_password and role in SERVICE_ORDER:
             env[f"ASY_{role.upper()}__NATS__USER"] = self.nats_user
             env[f"ASY_{role.upper()}__NATS__PASSWORD"] = self.nats_password
+        return env
+
+    def _spawn(self, name: str, argv: list[str], cpus: set[int] | None = None, http_port: int | None = None) -> Proc:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        env = self.process_env(name)
 
         def pin() -> None:
             if cpus:
@@ -266,6 +277,33 @@ class LocalStack:
         self._pin_nats(server.process.pid)
         self.procs.append(Proc("nats-server", server.process, logs / "nats-server.log"))
 
+    def resolve_placement(self, gpus: list[Gpu] | None = None) -> Placement | None:
+        """The GPUs of each process (``config.gpus``; ``gpus``: the machine's, found when None); None on the CPU."""
+        c = self.config
+        if c.gpus == 0:
+            return None
+        found = visible_gpus() if gpus is None else gpus
+        if c.gpus is None and not found:
+            return None
+        wanted = len(found) if c.gpus is None else c.gpus
+        if wanted > len(found):
+            raise ConfigError(f"gpus {wanted}: only {len(found)} GPUs are visible to this process")
+        self.placement = place(
+            found[:wanted],
+            tensor_parallel_size=c.tensor_parallel_size,
+            num_generators=c.num_generators,
+            learner_gpus=c.learner_gpus,
+        )
+        return self.placement
+
+    @property
+    def num_generators(self) -> int:
+        return len(self.placement.generators) if self.placement else self.config.num_generators or 1
+
+    @property
+    def learner_ranks(self) -> int:
+        return len(self.placement.learner) if self.placement else self.config.learner_ranks
+
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
         c = self.config
         # No credentials here: services get them in their environment (see _spawn).
@@ -302,6 +340,8 @@ class LocalStack:
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
         )
+        if self.placement is not None:
+            learner = self.learner_on_gpus(learner, model_dir, self.placement)
         if c.model_dir is not None:
             for warning in learner.warnings(count_stored_parameters(model_dir)):
                 log.warning("%s", warning)
@@ -317,27 +357,72 @@ class LocalStack:
         for name, cfg in (("broker", broker), ("learner", learner), ("fitter", fitter)):
             paths[name] = cfg_dir / f"{name}.yaml"
             dump_config(cfg, paths[name])
-        for i in range(c.num_generators):
+        for i in range(self.num_generators):
             gen = GeneratorConfig(
                 nats=nats,
                 log_format="text",
                 grpc=ListenSettings(port=free_port()),
                 http=ListenSettings(port=free_port()),
-                engine=EngineSettings(model_dir=model_dir, max_num_seqs=256),
+                engine=self.engine_settings(model_dir),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
                 task=c.task,
+                device_kind="gpu" if self.placement else "cpu-core",
+                num_devices=c.tensor_parallel_size if self.placement else 1,
             )
             self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
             paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"
             dump_config(gen, paths[f"generator-{i}"])
         return paths
 
+    def engine_settings(self, model_dir: Path) -> EngineSettings:
+        """A generator's engine: the CPU build's float32 and fixed KV cache, or on GPUs bf16 with the FP32
+        head, tensor parallel as set and the KV cache by memory fraction (what the engine leaves beside
+        the weights), CUDA graphs on."""
+        if self.placement is None:
+            return EngineSettings(model_dir=model_dir, max_num_seqs=256)
+        return EngineSettings(
+            model_dir=model_dir,
+            max_num_seqs=256,
+            dtype="bfloat16",
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            gpu_memory_utilization=self.placement.generator_fraction,
+            kv_cache_memory_bytes=None,
+            enforce_eager=False,
+        )
+
+    def learner_on_gpus(self, learner: LearnerConfig, model_dir: Path, placement: Placement) -> LearnerConfig:
+        """The learner on its GPUs: bf16, FSDP2 over its ranks, activation checkpointing, and the largest
+        round ``micro_batch_tokens`` the memory planner fits (of the GPU's share the engine leaves when
+        they share one); ConfigError naming what to change when not one sequence fits."""
+        from services.learner.activations import ModelShape
+        from services.learner.plan import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
+
+        gpu = placement.learner[0].memory_bytes * (1 - placement.generator_fraction if placement.shared else 1)
+        on_gpus = learner.model_copy(
+            update={
+                "device": "cuda",
+                "activation_checkpointing": True,
+                "device_kind": "gpu",
+                "num_devices": len(placement.learner),
+            }
+        )
+        shape = ModelShape.read(model_dir)
+        where: dict[str, Any] = {
+            "gpus_per_node": len(placement.learner),
+            "gpu_memory_gib": gpu / 2**30,
+            "sequence_tokens": DEFAULT_PROMPT_TOKENS + self.config.max_tokens,
+        }
+        tokens = suggest_micro_batch_tokens(shape, on_gpus, **where)
+        fitted = on_gpus.model_copy(update={"micro_batch_tokens": tokens or where["sequence_tokens"]})
+        check_learner(shape, fitted, **where)  # the planner's own refusal when not one sequence fits
+        return fitted
+
     def start_services(self, paths: dict[str, Path]) -> None:
         for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):
             role = name.split("-")[0]
             target = ["-m", "services.cli", role, "--config", str(path)]
-            if role == "learner" and self.config.learner_ranks > 1:  # torchrun, its store on loopback
-                cmd = torchrun.command(self.config.learner_ranks, *target)
+            if role == "learner" and self.learner_ranks > 1:  # torchrun, its store on loopback
+                cmd = torchrun.command(self.learner_ranks, *target)
             else:
                 cmd = [sys.executable, *target]
             self._spawn(
@@ -353,8 +438,8 @@ class LocalStack:
         nats-server, so a weight swap's hops between the generator's
         processes never wait behind another service."""
         cores = os.cpu_count() or 1
-        if not self.config.pin_cores or cores < 2 or not hasattr(os, "sched_setaffinity"):
-            return None
+        if not self.config.pin_cores or cores < 2 or not hasattr(os, "sched_setaffinity") or self.placement:
+            return None  # on GPUs the host's cores are not the bottleneck: no pinning
         return set(range(cores - 1)) if role == "generator" else {cores - 1}
 
     # -- running -----------------------------------------------------------
@@ -464,6 +549,9 @@ class LocalStack:
         """Prepare the model, then start nats-server and every service."""
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        placement = self.resolve_placement()
+        if placement is not None:
+            print(f"GPUs: {placement.describe()}", flush=True)
         model_dir = self.prepare_model()
         (self.run_dir / "stack.json").write_text(json.dumps(c.model_dump(mode="json"), indent=2))
         self.progress.started = time.monotonic()  # the run's clock starts once the model is ready
