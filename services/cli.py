@@ -60,6 +60,9 @@ UP_FLAGS = {
     "gpus": "--gpus",
     "tensor_parallel_size": "--tensor-parallel",
     "learner_gpus": "--learner-gpus",
+    "lr": "--lr",
+    "batch_prompts": "--batch-prompts",
+    "group_size": "--group-size",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
 DATASET_FLAGS = {
@@ -184,7 +187,10 @@ def up_config(argv: list[str]) -> StackConfig:
         help="the embedded task: words (default: word problems, thinking, math-verify, length control) or "
         "arithmetic (four-token answers, for the quickest smoke runs)",
     )
-    parser.add_argument("--max-tokens", type=int, help="completion length cap")
+    parser.add_argument("--max-tokens", type=int, help="completion length cap (with --model: the size preset's)")
+    parser.add_argument("--lr", type=float, help="learner peak learning rate (with --model: the size preset's)")
+    parser.add_argument("--batch-prompts", type=int, help="prompt groups per step (with --model: the size preset's)")
+    parser.add_argument("--group-size", type=int, help="completions per prompt (with --model: the size preset's)")
     parser.add_argument("--generators", type=int, help="generator processes")
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks on the CPU (torchrun)")
     parser.add_argument(
@@ -211,6 +217,7 @@ def up_config(argv: list[str]) -> StackConfig:
         )
     given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in UP_FLAGS.items()}
     overrides = {field: value for field, value in given.items() if value is not None}
+    user_set = set(config.model_fields_set) | set(overrides)  # what a preset for --model must not change
     # A dataset task the config names is the base the flags edit; the default word problems are not.
     task = dataset_task(config.task if "task" in config.model_fields_set else None, args)
     if task is not None and config.model_dir is None and args.model is None:
@@ -243,6 +250,30 @@ def up_config(argv: list[str]) -> StackConfig:
     if config.model_dir is not None and not (config.model_dir / "config.json").is_file():
         flag = "--model" if args.model is not None else "--config model_dir"
         raise ConfigError(f"{flag} {config.model_dir}: no config.json here (not a Hugging Face model directory)")
+    if config.model_dir is not None:
+        config = with_preset(config, user_set, "--model" if args.model is not None else "--config model_dir")
+    return config
+
+
+def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConfig:
+    """``config`` with the size preset of its own model in the fields ``user_set`` leaves (printed, with any
+    warning); ConfigError naming ``flag`` when the model directory holds no readable weights."""
+    from asymptote.codec import count_stored_parameters
+    from asymptote.errors import WeightsError
+    from services.local.presets import apply_preset, describe
+
+    assert config.model_dir is not None
+    try:
+        num_parameters = count_stored_parameters(config.model_dir)
+    except (OSError, WeightsError) as exc:
+        raise ConfigError(f"{flag} {config.model_dir}: {exc}") from exc
+    try:
+        config, preset, warnings = apply_preset(config, user_set, num_parameters)
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc, lambda loc: ".".join(map(str, loc)) or flag)) from exc
+    print(describe(config, preset, num_parameters), flush=True)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return config
 
 
@@ -268,15 +299,16 @@ def prepare_request(text: str) -> dict[str, Any]:
 
 
 def _check_model_dir(model_dir: Path) -> Path:
-    """A user's model directory, loaded once the way the learner loads it; ConfigError saying what does not fit."""
+    """A user's model directory, built as the learner builds it (on the meta device, checked against the
+    stored tensors' names and shapes); ConfigError saying what does not fit."""
     from asymptote.errors import ModelError
-    from services.learner.model import count_parameters, load_model, load_tokenizer
+    from services.learner.model import count_parameters, empty_model, load_tokenizer
 
     if not model_dir.is_dir():
         raise ConfigError(f"--request model_dir {model_dir}: not a directory")
     try:
         tokenizer = load_tokenizer(model_dir)
-        model = load_model(model_dir)
+        model = empty_model(model_dir)  # on the meta device: names and shapes checked, nothing allocated
     except ModelError as exc:
         raise ConfigError(f"--request model_dir: {exc}") from exc
     except (OSError, ValueError) as exc:  # transformers' answer to a directory it cannot read

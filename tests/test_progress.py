@@ -131,3 +131,22 @@ def test_the_summary_keeps_whether_the_fit_is_determined(tmp_path: Path) -> None
     summary = json.loads((tmp_path / "summary.json").read_text())["fit"]
     assert summary["determined"] is True and summary["why_not_determined"] == "" and summary["not_determined"] == []
     assert summary["a_interval"] == fit["a_interval"] and summary["c_mid_interval"] == fit["c_mid_interval"]
+
+
+def test_the_line_shows_tokens_per_second_an_eta_and_warns_of_truncation(tmp_path: Path) -> None:
+    rows = [
+        {"step": s, "policy_version": s, "unix_s": 100.0 + 4.0 * s, "batch/samples": 128.0, "batch/tokens": 8000.0,
+         "reward/pass_rate": 0.5, "rollout/completions": 128.0, "rollout/truncation_rate": 0.95 if s == 10 else 0.1}
+        for s in range(1, 11)
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    progress = Progress(tmp_path, max_steps=100)
+    now = progress.snapshot()
+    # Nine steps of 8,000 tokens in 36 s; 90 steps left at 4 s each.
+    assert now["tokens_per_s"] == pytest.approx(2000.0) and now["eta_s"] == pytest.approx(360.0)
+    line = progress.line(now)
+    assert "2,000 tokens/s" in line and "ETA 6m" in line
+    assert "warning: 95% of completions truncated: raise max_tokens" in line
+    rows[-1]["rollout/truncation_rate"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "warning" not in progress.line(progress.snapshot())

@@ -155,6 +155,28 @@ def length_rates(steps: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+TRUNCATION_WARNING = 0.9
+"""A share of truncated completions from which the live line warns: max_tokens is too short for the task."""
+
+
+def truncated_share(recent: list[dict[str, Any]]) -> float | None:
+    """The share of the completions generated for the last batch that hit max_tokens (before any filter:
+    a batch whose groups all truncated is mostly flat and dropped); None before the first."""
+    for row in reversed(recent):
+        if row.get("rollout/completions"):
+            return float(row.get("rollout/truncation_rate", 0.0))
+    return None
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for a reader: 45s, 12m, 3h05m."""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
 class Progress:
     """One run's progress as the run directory shows it, and how it ended (set by the stack)."""
 
@@ -177,11 +199,17 @@ class Progress:
         recent = steps[-10:]
         span = (recent[-1]["unix_s"] - recent[0]["unix_s"]) if len(recent) > 1 else 0.0
         samples = sum(r["batch/samples"] for r in recent[1:])
+        tokens = sum(r.get("batch/tokens", 0.0) for r in recent[1:])
+        step = steps[-1]["step"] if steps else 0
+        per_step = span / (len(recent) - 1) if span > 0 else None
         return {
-            "step": steps[-1]["step"] if steps else 0,
+            "step": step,
             "policy_version": steps[-1]["policy_version"] if steps else 0,
             "batch_pass_rate": steps[-1]["reward/pass_rate"] if steps else None,
             "samples_per_s": samples / span if span > 0 else None,
+            "tokens_per_s": tokens / span if span > 0 else None,
+            "eta_s": per_step * max(0, self.max_steps - step) if per_step is not None else None,
+            "truncated": truncated_share(recent),
             "staleness": steps[-1].get("staleness/mean") if steps else None,
             "evals": evals,
             "fit": fit,
@@ -218,6 +246,15 @@ class Progress:
             t.add_row("batch pass rate", f"{snap['batch_pass_rate']:.3f}")
         if snap["samples_per_s"]:
             t.add_row("trained samples/s", f"{snap['samples_per_s']:.1f}")
+        if snap.get("tokens_per_s"):
+            t.add_row("trained tokens/s", f"{snap['tokens_per_s']:,.0f}")
+        if snap.get("eta_s") is not None and snap["step"] < self.max_steps:
+            t.add_row("time left", f"about {duration(snap['eta_s'])} at this pace")
+        if (snap.get("truncated") or 0.0) >= TRUNCATION_WARNING:
+            t.add_row(
+                "[yellow]warning[/yellow]",
+                f"{snap['truncated']:.0%} of the last batch's completions hit max_tokens: raise max_tokens",
+            )
         if snap["staleness"] is not None:
             t.add_row("mean staleness", f"{snap['staleness']:.2f} versions")
         evals = snap["evals"]
@@ -250,6 +287,12 @@ class Progress:
             parts.append(f"held-out {snap['evals'][-1]['pass_rate']:.3f}@v{snap['evals'][-1]['policy_version']}")
         if snap["samples_per_s"]:
             parts.append(f"{snap['samples_per_s']:.1f} samples/s")
+        if snap.get("tokens_per_s"):
+            parts.append(f"{snap['tokens_per_s']:,.0f} tokens/s")
+        if snap.get("eta_s") is not None and snap["step"] < self.max_steps:
+            parts.append(f"ETA {duration(snap['eta_s'])}")
+        if (snap.get("truncated") or 0.0) >= TRUNCATION_WARNING:
+            parts.append(f"warning: {snap['truncated']:.0%} of completions truncated: raise max_tokens")
         a = a_text(snap["fit"], brief=True)
         if a is not None:
             parts.append(a)
