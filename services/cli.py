@@ -257,7 +257,8 @@ def up_config(argv: list[str]) -> StackConfig:
 
 def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConfig:
     """``config`` with the size preset of its own model in the fields ``user_set`` leaves (printed, with any
-    warning); ConfigError naming ``flag`` when the model directory holds no readable weights."""
+    warning). A directory whose weights cannot be read is left to the model check at start, which names
+    what is wrong."""
     from asymptote.codec import count_stored_parameters
     from asymptote.errors import WeightsError
     from services.local.presets import apply_preset, describe
@@ -265,8 +266,8 @@ def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConf
     assert config.model_dir is not None
     try:
         num_parameters = count_stored_parameters(config.model_dir)
-    except (OSError, WeightsError) as exc:
-        raise ConfigError(f"{flag} {config.model_dir}: {exc}") from exc
+    except (OSError, WeightsError):
+        return config
     try:
         config, preset, warnings = apply_preset(config, user_set, num_parameters)
     except ValidationError as exc:
