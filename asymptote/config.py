@@ -219,11 +219,12 @@ def env_overrides(prefix: str, environ: Mapping[str, str] | None = None) -> dict
     return tree
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` key by key, mappings recursively; ``over`` wins elsewhere."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -252,7 +253,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
         data = loaded
-    data = _merge(data, env_overrides(env_prefix, environ))
+    data = merge(data, env_overrides(env_prefix, environ))
     try:
         return model.model_validate(data)
     except ValidationError as exc:

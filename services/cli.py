@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from asymptote.tasks import ArithmeticSettings, DatasetSettings
     from services.local.config import StackConfig
 
-USAGE = """asymptote <command> [options]
+USAGE = """asymptote <command> [options]   (asymptote <command> --help; asymptote --version)
 
 services:
   broker       curriculum, admission, batching (JetStream + gRPC)
@@ -45,7 +45,6 @@ local and offline:
   fit          fit eval.jsonl files offline, print a table, write a plot
   export       a run's checkpoint as a Hugging Face model directory (transformers, vLLM)
   bench        every performance figure against its baseline, side by side (bench.json, bench.md)
-  prepare-model  build and warm-start the tiny local model (cached)
   plan         GPU, host and disk memory of a run before it starts (learner, generators, checkpoints)
   kube         a deployed run: status, scale generators, gRPC health
 """
@@ -179,6 +178,13 @@ def up_config(argv: list[str]) -> StackConfig:
     parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR with the config it recorded (its checkpoints, ledger, curve); "
+        "flags such as --max-steps change it",
+    )
     parser.add_argument("--model", type=Path, help="Hugging Face model directory to train (default: the tiny model)")
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument(
@@ -209,6 +215,8 @@ def up_config(argv: list[str]) -> StackConfig:
         "--preset", choices=["none", "gsm8k"], help="a known layout (default: gsm8k for question/answer rows)"
     )
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        return resumed_config(args)
     config = load_config(StackConfig, args.config, "ASY_UP")
     if args.workload is not None:
         # Over the fields the config gives, not its defaults: the workload fills the ones it does not.
@@ -253,6 +261,50 @@ def up_config(argv: list[str]) -> StackConfig:
     if config.model_dir is not None:
         config = with_preset(config, user_set, "--model" if args.model is not None else "--config model_dir")
     return config
+
+
+def resumed_config(args: argparse.Namespace) -> StackConfig:
+    """The config a run recorded in ``stack.json``, in its own directory, with the flags given over it.
+
+    ConfigError for a directory that holds no run, or flags that would make
+    another run of it (a model, a dataset, another run directory, a config file).
+    """
+    from services.local.config import StackConfig
+
+    run_dir: Path = args.resume.resolve()
+    recorded = run_dir / "stack.json"
+    if not recorded.is_file():
+        raise ConfigError(f"--resume {run_dir}: no stack.json here (not a run directory asymptote up wrote)")
+    clashing = [
+        flag
+        for flag, value in (
+            ("--config", args.config),
+            ("--run-dir", args.run_dir),
+            ("--model", args.model),
+            ("--dataset", args.dataset),
+            ("--eval-dataset", args.eval_dataset),
+            ("--workload", args.workload),
+            ("--holdout-fraction", args.holdout_fraction),
+            ("--preset", args.preset),
+        )
+        if value is not None
+    ]
+    if clashing:
+        raise ConfigError(f"--resume: {', '.join(clashing)} would start another run; the run keeps its own")
+    overrides = {
+        field: getattr(args, flag[2:].replace("-", "_"))
+        for field, flag in UP_FLAGS.items()
+        if field not in ("run_dir", "model_dir") and getattr(args, flag[2:].replace("-", "_")) is not None
+    }
+    try:
+        data = json.loads(recorded.read_text())
+        return StackConfig.model_validate({**data, **overrides, "run_dir": run_dir})
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume {recorded}: not valid JSON ({exc})") from exc
+    except ValidationError as exc:
+        raise ConfigError(
+            validation_problems(exc, lambda loc: UP_FLAGS.get(str(loc[0]) if loc else "") or f"--resume {recorded}")
+        ) from exc
 
 
 def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConfig:
@@ -457,7 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if argv else 2
+        return 0
+    if argv[0] == "--version":
+        from asymptote import __version__
+
+        print(f"asymptote {__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
     run = COMMANDS.get(command)
     if run is None:

@@ -158,3 +158,21 @@ def test_a_mistake_is_one_line_naming_the_flag(case: str, files: dict[str, Path]
     assert lines[0].startswith(said_by) and named in lines[0], lines[0]
     heavy = ast.literal_eval(proc.stdout.splitlines()[-1])
     assert heavy == [], f"{heavy} imported before refusing {argv}"
+
+
+def test_the_command_s_conventions(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bare ``asymptote`` prints the commands and exits 0; ``--version``; no abbreviated flags;
+    internal commands stay out of the list; help says a flag's default."""
+    from asymptote import __version__
+    from services.cli import main
+
+    assert main([]) == 0 and "asymptote <command>" in capsys.readouterr().out
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"asymptote {__version__}"
+    with pytest.raises(SystemExit) as refused:
+        main(["up", "--max", "5"])  # --max-steps is not guessed from a prefix
+    assert refused.value.code == 2 and "unrecognized arguments: --max 5" in capsys.readouterr().err
+    main(["--help"])
+    assert "prepare-model" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--help"])
+    assert done.value.code == 0 and "(default: 0.02)" in capsys.readouterr().out  # --margin's

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from asymptote.config import Frozen
+from asymptote.config import Frozen, merge
 from asymptote.faults import parse as parse_failpoints
 from asymptote.tasks import DatasetSettings, LengthControlSettings, TaskSettings, words
 from services.broker.config import ZeroVariance
@@ -47,6 +47,56 @@ def words_task() -> DatasetSettings:
         template="chat",
         length_control=LengthControlSettings(thinking_budget_tokens=(16, 64), answer_budget_tokens=16),
     )
+
+
+STACK_OWNED: dict[str, tuple[str, ...]] = {
+    "broker": ("nats", "grpc", "http", "log_format", "task"),
+    "learner": ("nats", "grpc", "http", "log_format", "model_dir", "run_dir", "broker_endpoint", "advertise_host"),
+    "generator": ("nats", "grpc", "http", "log_format", "task"),
+    "fitter": ("nats", "grpc", "http", "log_format", "run_dir", "run_name"),
+}
+"""Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""
+
+
+class ServiceSections(Frozen):
+    """Settings of each service's own config (docs/configuration.md), merged over what the stack derives
+    for it and recorded under ``config/``: every knob of the recipe, e.g. ``learner: {optimizer: {eps:
+    1.0e-15}, loss: {eps_max: 4.0}}``, ``broker: {sampling: {temperature: 0.9}}``, ``generator: {engine:
+    {max_model_len: 4096}}``, ``fitter: {planned_compute: 1.0e+6}``. They win over the stack's own dials
+    (lr, batch_prompts, ...). The stack's wiring (STACK_OWNED) is refused."""
+
+    broker: dict[str, Any] = Field(default_factory=dict)
+    learner: dict[str, Any] = Field(default_factory=dict)
+    generator: dict[str, Any] = Field(default_factory=dict)
+    """Applied to every generator."""
+    fitter: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSections:
+        from services.broker.config import BrokerConfig
+        from services.fitter.config import FitterConfig
+        from services.generator.config import GeneratorConfig
+        from services.learner.config import LearnerConfig
+
+        placeholder = Path(".")  # what the stack fills in: only the sections' own fields are checked here
+        required: dict[str, tuple[type[Frozen], dict[str, Any]]] = {
+            "broker": (BrokerConfig, {}),
+            "learner": (LearnerConfig, {"model_dir": placeholder}),
+            "generator": (GeneratorConfig, {"engine": {"model_dir": placeholder}}),
+            "fitter": (FitterConfig, {}),
+        }
+        for name, (model, base) in required.items():
+            section: dict[str, Any] = getattr(self, name)
+            owned = sorted(set(section) & set(STACK_OWNED[name]))
+            if owned or "model_dir" in section.get("engine", {}):
+                keys = owned or ["engine.model_dir"]
+                raise ValueError(f"{name}.{keys[0]} is set by the stack (its wiring, or StackConfig's own field)")
+            try:
+                model.model_validate(merge(base, section))
+            except ValidationError as exc:
+                where = ", ".join(f"{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise ValueError(where) from None
+        return self
 
 
 class StackConfig(Frozen):
@@ -121,6 +171,8 @@ class StackConfig(Frozen):
     warmstart: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the supervised warm start's settings (for a dataset task, over
     services.learner.warmstart.DATASET_WARMSTART)."""
+    services: ServiceSections = ServiceSections()
+    """Each service's own settings, over what the stack derives (ServiceSections)."""
     pin_cores: bool = True
     """Generators on every core but the last; the learner, broker, fitter and nats-server on the last (Linux, 2+ cores)."""
     nats_auth: bool = True

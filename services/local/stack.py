@@ -27,13 +27,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from rich.live import Live
 
 from asymptote.codec import count_stored_parameters
-from asymptote.config import ListenSettings, NatsSettings, dump_config
+from asymptote.config import ListenSettings, NatsSettings, dump_config, merge
 from asymptote.errors import ConfigError
 from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
@@ -80,6 +80,19 @@ class Proc:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
         except OSError:
             return ""
+
+
+SERVICE_ENV_PREFIXES = tuple(f"ASY_{role.upper()}__" for role in ("broker", "learner", "generator", "fitter"))
+"""The environment overrides of the services' configs (asymptote.config.load_config): never passed on."""
+
+ServiceConfig = TypeVar("ServiceConfig", bound=BaseModel)
+
+
+def with_section(config: ServiceConfig, section: dict[str, Any]) -> ServiceConfig:
+    """``config`` with a StackConfig ``services`` section merged over it (checked when the stack config was)."""
+    if not section:
+        return config
+    return type(config).model_validate(merge(config.model_dump(), section))
 
 
 class LocalStack:
@@ -164,7 +177,10 @@ class LocalStack:
     def process_env(self, name: str) -> dict[str, str]:
         """The environment process ``name`` starts with: this one's, its failpoints, its GPUs (on GPUs; none
         for the services that use none) and, for a service, the run's NATS credentials."""
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # A service reads ASY_<SERVICE>__... over its config file: the caller's would change what the run
+        # does behind the configs recorded under config/. The stack's own settings are in those files.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SERVICE_ENV_PREFIXES)}
+        env["PYTHONUNBUFFERED"] = "1"
         role = name.split("-")[0]
         if self.config.failpoints:
             env[FAILPOINTS_ENV] = self.config.failpoints
@@ -353,6 +369,9 @@ class LocalStack:
             run_dir=self.run_dir,
             run_name=self.run_dir.name,
         )
+        broker = with_section(broker, c.services.broker)
+        learner = with_section(learner, c.services.learner)
+        fitter = with_section(fitter, c.services.fitter)
         paths = {}
         for name, cfg in (("broker", broker), ("learner", learner), ("fitter", fitter)):
             paths[name] = cfg_dir / f"{name}.yaml"
@@ -369,6 +388,7 @@ class LocalStack:
                 device_kind="gpu" if self.placement else "cpu-core",
                 num_devices=c.tensor_parallel_size if self.placement else 1,
             )
+            gen = with_section(gen, c.services.generator)
             self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
             paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"
             dump_config(gen, paths[f"generator-{i}"])
@@ -642,5 +662,9 @@ class LocalStack:
                 self.start()
                 return self.follow(until)
             except KeyboardInterrupt:
-                print("\ninterrupted: stopping every service...", flush=True)
+                print(
+                    f"\ninterrupted: stopping every service (the learner checkpoints what it trained)...\n"
+                    f"resume with: asymptote up --resume {self.run_dir}",
+                    flush=True,
+                )
                 return INTERRUPTED

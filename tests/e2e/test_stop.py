@@ -1,4 +1,5 @@
-"""``asymptote up`` and ``asymptote bench`` stopped by SIGTERM mid-run leave no process behind.
+"""``asymptote up`` and ``asymptote bench`` stopped by SIGTERM mid-run leave no process behind, and
+``asymptote up --resume`` continues the stopped run.
 
 Python's default for SIGTERM ends a process without running its ``finally``
 blocks, so a command that started services in sessions of their own would
@@ -6,11 +7,16 @@ leave them all running (nats-server, broker, fitter, learner ranks,
 generators and their vLLM engines). Each command here runs with a marker in
 its environment, which every process it starts inherits; after SIGTERM the
 command must exit with 130 and no process on the machine may still carry
-the marker.
+the marker. ``up`` is stopped after its first eval round, as Ctrl-C stops
+it, and resumed from what it says: the run then ends with one continuous
+curve (eval rounds at increasing versions, before and after the stop, one
+fit over all of them), every step trained once, and the ledger at 0 lost,
+0 trained twice.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -21,6 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 from waiting import wait_until
+
+from services.local.progress import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "ASY_TEST_STOP_MARKER"
@@ -53,7 +61,7 @@ def engine_running(token: str) -> bool:
 @pytest.mark.parametrize("command", ["up", "bench"])
 def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
     argv = {
-        "up": ["up", "--run-dir", str(tmp_path / "run"), "--workload", "arithmetic", "--max-steps", "990"],
+        "up": ["up", "--run-dir", str(tmp_path / "run"), "--workload", "arithmetic", "--max-steps", str(MAX_STEPS)],
         "bench": ["bench", "--output", str(tmp_path / "bench"), "--quick", "--only", "stack"],
     }[command]
     token = secrets.token_hex(8)
@@ -73,6 +81,8 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
         started = {p.pid for p in marked(token)} - {main.pid}
         # nats-server, broker, fitter, learner (torchrun and its rank), generator and its engine
         assert len(started) >= 6, started
+        if command == "up":  # mid-run: past the first eval round, steps going on
+            wait_until(lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, "step 35")
         main.send_signal(signal.SIGTERM)
         assert main.wait(timeout=120) == 130, (tmp_path / "out.log").read_text()[-3000:]
         wait_until(lambda: not marked(token), 60, "every process the command started to end")
@@ -81,3 +91,45 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
             os.killpg(main.pid, signal.SIGKILL)
         for proc in marked(token):
             proc.kill()
+    if command == "up":
+        said = (tmp_path / "out.log").read_text()
+        assert f"resume with: asymptote up --resume {tmp_path / 'run'}" in said, said[-2000:]
+        resume_and_check(tmp_path / "run", token)
+
+
+STOP_AFTER = 35
+"""The step after which ``up`` is stopped: past its first eval round (arithmetic: every 30 versions)."""
+MAX_STEPS = 60
+
+
+def trained_past(run_dir: Path, step: int) -> bool:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    return bool(rows) and int(rows[-1]["step"]) >= step and bool(read_jsonl(run_dir / "eval.jsonl"))
+
+
+def resume_and_check(run_dir: Path, token: str) -> None:
+    """``up --resume`` the stopped run to its end; one continuous curve, every step once, nothing lost."""
+    stopped_at = int(read_jsonl(run_dir / "metrics.jsonl")[-1]["step"])
+    evals_before = len(read_jsonl(run_dir / "eval.jsonl"))
+    with (run_dir.parent / "resume.log").open("wb") as out:
+        resumed = subprocess.run(
+            [sys.executable, "-m", "services.cli", "up", "--resume", str(run_dir)],
+            cwd=REPO,
+            env=dict(os.environ, **{MARKER: token}),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=600,
+        )
+    assert resumed.returncode == 0, (run_dir.parent / "resume.log").read_text()[-3000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    # The stop drained: its final checkpoint held every step, so none was trained twice.
+    assert [int(r["step"]) for r in rows] == list(range(1, MAX_STEPS + 1)), stopped_at
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    versions = [int(e["policy_version"]) for e in evals]
+    assert versions == sorted(set(versions)) and len(evals) > evals_before >= 1
+    assert versions[0] == 0 and versions[-1] >= MAX_STEPS
+    fit = json.loads((run_dir / "fit.json").read_text())
+    assert fit["num_points"] == len(evals)  # one fit over the rounds of both parts
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert (ledger["lost"], ledger["trained_twice"]) == (0, 0), ledger
