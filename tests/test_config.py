@@ -191,11 +191,10 @@ def test_broker_rejects_bad_literal_and_bounds() -> None:
         load_config(BrokerConfig, None, "ASY_BROKER", {"ASY_BROKER__SAMPLING__GROUP_SIZE": "1"})
 
 
-def test_stack_rejects_max_steps_not_a_multiple_of_eval_interval() -> None:
-    with pytest.raises(ConfigError, match=r"max_steps \(15\) must be a multiple of eval_every_versions \(10\)"):
-        load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "10"})
-    ok = load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "5"})
-    assert (ok.max_steps, ok.eval_every_versions) == (15, 5)
+def test_max_steps_need_not_be_a_multiple_of_the_eval_interval() -> None:
+    # The broker evaluates the final version whatever the interval (PolicyVersion.final).
+    ok = load_config(StackConfig, None, "ASY_UP", {"ASY_UP__MAX_STEPS": "15", "ASY_UP__EVAL_EVERY_VERSIONS": "10"})
+    assert (ok.max_steps, ok.eval_every_versions) == (15, 10)
 
 
 def test_digits_only_secret_stays_a_string() -> None:

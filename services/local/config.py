@@ -223,12 +223,3 @@ class StackConfig(Frozen):
                 f"eval_every_versions ({self.eval_every_versions}) must be a multiple of updates_per_batch ({k})"
             )
         return self
-
-    @model_validator(mode="after")
-    def _final_eval(self) -> StackConfig:
-        if self.max_steps % self.eval_every_versions:
-            raise ValueError(
-                f"max_steps ({self.max_steps}) must be a multiple of eval_every_versions "
-                f"({self.eval_every_versions}) so the final policy is evaluated"
-            )
-        return self

@@ -29,8 +29,8 @@ from services.local import torchrun as launcher
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = "tests.learner.failfast_worker"
 FAIL_FAST_S = 60.0
-TWIN_WAIT_S = 20.0
-"""How long the twin is watched: a hang shows within it (a fail-fast exit measured takes 1-3 s)."""
+TWIN_WAIT_S = 10.0
+"""How long the twin is watched: a hang shows within it (a fail-fast exit measured takes about 1 s)."""
 
 
 def launch(out: Path, fail_rank: int | None, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
