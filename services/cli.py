@@ -62,6 +62,7 @@ UP_FLAGS = {
     "lr": "--lr",
     "batch_prompts": "--batch-prompts",
     "group_size": "--group-size",
+    "report_to": "--report-to",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
 DATASET_FLAGS = {
@@ -197,6 +198,11 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--lr", type=float, help="learner peak learning rate (with --model: the size preset's)")
     parser.add_argument("--batch-prompts", type=int, help="prompt groups per step (with --model: the size preset's)")
     parser.add_argument("--group-size", type=int, help="completions per prompt (with --model: the size preset's)")
+    parser.add_argument(
+        "--report-to",
+        type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()),
+        help="mirror the run's metrics to tensorboard, wandb, or both (comma-separated)",
+    )
     parser.add_argument("--generators", type=int, help="generator processes")
     parser.add_argument("--learner-ranks", type=int, help="data-parallel learner ranks on the CPU (torchrun)")
     parser.add_argument(

@@ -171,6 +171,10 @@ class StackConfig(Frozen):
     warmstart: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the supervised warm start's settings (for a dataset task, over
     services.learner.warmstart.DATASET_WARMSTART)."""
+    report_to: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """Experiment trackers to mirror metrics.jsonl and eval.jsonl to as they grow (services/local/trackers.py):
+    tensorboard (event files in <run>/tensorboard), wandb (project WANDB_PROJECT, default asymptote). None
+    by default."""
     services: ServiceSections = ServiceSections()
     """Each service's own settings, over what the stack derives (ServiceSections)."""
     pin_cores: bool = True

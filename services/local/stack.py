@@ -47,6 +47,7 @@ from services.local import torchrun
 from services.local.config import StackConfig
 from services.local.placement import Gpu, Placement, place, visible_gpus
 from services.local.progress import Progress
+from services.local.trackers import Mirror
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class LocalStack:
         self.nats_user = "asymptote" if config.nats_auth else None
         self.nats_password = new_password() if config.nats_auth else None
         self.progress = Progress(self.run_dir, config.max_steps)
+        self.mirror: Mirror | None = None
+        """The run's metrics mirrored to the trackers of ``report_to`` (started with the services)."""
         self.placement: Placement | None = None
         """Which GPUs each process sees; None: the CPU (``resolve_placement`` at start)."""
 
@@ -577,6 +580,8 @@ class LocalStack:
         self.progress.started = time.monotonic()  # the run's clock starts once the model is ready
         self.start_nats()
         self.start_services(self.write_configs(model_dir))
+        if c.report_to:
+            self.mirror = Mirror(self.run_dir, c.report_to, self.run_dir.name, c.model_dump(mode="json"))
         print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
 
     def follow(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
@@ -610,6 +615,8 @@ class LocalStack:
                     progress.outcome = f"failed: {', '.join(p.name for p in failed)} exited"
                     return 1
                 snap = progress.snapshot()
+                if self.mirror is not None:
+                    self.mirror.poll()
                 ready = {p.name: p.ready for p in self.procs}
                 details = {p.name: str(p.extra.get("detail", "")) for p in self.procs}
                 if progress.rl_started is None and snap["step"] > 0:
@@ -652,6 +659,8 @@ class LocalStack:
             if any(p.name == "nats-server" for p in self.procs):
                 self.audit_ledger()
             self.stop()
+        if self.mirror is not None:
+            self.mirror.close()
         if self.run_dir.exists():
             self.progress.finish({p.name: p.restarts for p in self.procs})
 
