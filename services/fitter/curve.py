@@ -59,6 +59,10 @@ class FitError(AsymptoteError, ValueError):
     """The data cannot support a curve fit; the message names the reason."""
 
 
+class TooFewPointsError(FitError):
+    """A run too young to fit: fewer eval points than the fit needs (a longer run will have them)."""
+
+
 class CurveFitSettings(Frozen):
     """How the curve is fitted and how its uncertainty is estimated."""
 
@@ -262,14 +266,14 @@ def _prepare(
     if c.ndim != 1 or y.ndim != 1 or c.shape != y.shape:
         raise FitError(f"compute and pass_rate must be 1-D arrays of equal length, got shapes {c.shape} and {y.shape}")
     if c.size == 0:
-        raise FitError("too few points: no points given")
+        raise TooFewPointsError("too few points: no points given")
     _check_points(c, y, r0)
 
     cutoff = early_cutoff(c, settings)
     used = c >= cutoff
     num_used = int(used.sum())
     if num_used < settings.min_num_points:
-        raise FitError(
+        raise TooFewPointsError(
             f"too few points after the early cutoff at compute {cutoff:g}: "
             f"{num_used} left, at least {settings.min_num_points} needed"
         )

@@ -37,6 +37,7 @@ from services.fitter.curve import (
     FitError,
     Interval,
     Intervals,
+    TooFewPointsError,
     bootstrap_intervals,
     fit_curve,
 )
@@ -93,6 +94,8 @@ class RunResult:
     """Continue, stop or compare at the planned budget (``decision.recommend``)."""
     determination: Determination | None = None
     """Whether the fit is determined (``decision.determination``) and if not why; None without a fit."""
+    young: bool = False
+    """Not fitted only because it has too few points yet: a run to continue, not bad input."""
 
 
 def resolve_eval_path(path: Path) -> Path:
@@ -147,7 +150,8 @@ def fit_run(
         fit = fit_curve(data.compute, data.pass_rate, data.r0, settings)
         intervals = bootstrap_intervals(data.compute, data.pass_rate, data.r0, settings, fit, run_targets)
     except FitError as error:
-        return RunResult(data=data, targets=run_targets, error=str(error), half_run=check)
+        young = isinstance(error, TooFewPointsError)
+        return RunResult(data=data, targets=run_targets, error=str(error), half_run=check, young=young)
     advice = recommend(fit, intervals, float(data.compute.max()), planned_compute)
     return RunResult(
         data=data,
@@ -416,7 +420,10 @@ def main_fit(
     except OSError as error:
         return refuse(f"cannot write the report to {out}: {error}")
     console.print(f"wrote {out / FIT_FILE_NAME} and {out / PLOT_FILE_NAME}")
-    failed = [r for r in results if r.fit is None]
+    failed = [r for r in results if r.fit is None and not r.young]
+    for result in results:
+        if result.fit is None and result.young:
+            console.print(f"fit: run {result.data.name!r} is too young to fit ({result.error}): run it longer")
     for result in failed:
         error_console.print(f"[red]fit: run {result.data.name!r} ({result.data.eval_path}): {result.error}[/red]")
     return EXIT_BAD_INPUT if failed else EXIT_OK

@@ -215,7 +215,7 @@ def test_r0_is_step_zero_else_smallest_compute_and_repeated_steps_keep_the_last(
     assert run.compute.tolist() == [20.0]
 
 
-def test_a_run_that_cannot_be_fitted_is_reported_and_others_still_written(tmp_path: Path) -> None:
+def test_a_run_too_young_to_fit_is_reported_and_others_still_written(tmp_path: Path) -> None:
     good = tmp_path / "good"
     _write_run(good)
     short = tmp_path / "short"
@@ -225,13 +225,16 @@ def test_a_run_that_cannot_be_fitted_is_reported_and_others_still_written(tmp_pa
         '{"step": 1, "policy_version": 1, "compute": 100, "pass_rate": 0.3}\n'
     )
     console, output = _console()
-    assert main_fit([good, short], tmp_path / "out", SETTINGS, [], console=console) == EXIT_BAD_INPUT
+    # Too few points is a young run, not bad input: said, and the command succeeds.
+    assert main_fit([good, short], tmp_path / "out", SETTINGS, [], console=console) == EXIT_OK
     report = json.loads((tmp_path / "out" / "fit.json").read_text())
     assert "too few points" in report["runs"]["short"]["error"]
     assert report["runs"]["short"]["half_run_projection"]["reason"] == "needs at least two curve points after R0, got 1"
     assert report["runs"]["good"]["a"] == pytest.approx(A, abs=0.02)
     assert "fit failed" in output.getvalue()
-    assert "fit: run 'short'" in output.getvalue() and "too few points after the early cutoff" in output.getvalue()
+    said = " ".join(output.getvalue().split())
+    assert "fit: run 'short' is too young to fit (too few points after the early cutoff" in said
+    assert "run it longer" in said
     assert (tmp_path / "out" / "curve.png").exists()
 
 
@@ -330,7 +333,7 @@ def _degenerate_log(path: Path, case: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "case", ["nan", "inf", "negative_compute", "decreasing_compute", "r0_above_one", "constant", "too_few", "no_gain"]
+    "case", ["nan", "inf", "negative_compute", "decreasing_compute", "r0_above_one", "constant", "no_gain"]
 )
 def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_path: Path, case: str) -> None:
     path = tmp_path / case / "eval.jsonl"
@@ -416,3 +419,20 @@ def test_bench_reports_times_and_the_target() -> None:
     assert report["target_s"] == 2.0
     assert 0.0 < report["fit_s"] < report["total_s"]
     assert report["total_s"] == pytest.approx(report["fit_s"] + report["bootstrap_s"])
+
+
+def test_command_line_says_a_young_run_is_young_and_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "young" / "eval.jsonl"
+    path.parent.mkdir()
+    expected = _degenerate_log(path, "too_few")
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(tmp_path / "out")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
+    )
+    assert result.returncode == EXIT_OK, result.stderr
+    said = " ".join(result.stdout.split())
+    assert "is too young to fit" in said and expected in said and "Traceback" not in result.stderr
