@@ -24,6 +24,16 @@ from typing import Any, Literal
 from asymptote.errors import ConfigError
 
 FLOAT32 = 4
+HEAD_CHUNK_BYTES = 256 * 1024 * 1024
+"""The float32 logits of one chunk of tokens in the LM head (services.learner.head): its working set is a few
+times this, whatever the batch."""
+
+
+def chunk_rows(vocab_size: int, chunk_bytes: int = HEAD_CHUNK_BYTES) -> int:
+    """Tokens whose float32 logits fit ``chunk_bytes``."""
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
 INT64 = 8
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the floating dtypes a model computes, is served or is stored in."""
@@ -159,7 +169,8 @@ class Activations:
     head: int
     recomputed: int
     head_saved: int
-    """The part of ``head`` that is a saved tensor (the log-softmax), for the measured comparison."""
+    """What the head saves for its backward beyond its input (targets, inverse temperatures), for the
+    measured comparison."""
 
     @property
     def peak(self) -> int:
@@ -247,10 +258,12 @@ def activation_bytes(
         kept, recomputed = outside + held, layer
     else:
         kept, recomputed = outside + shape.num_layers * layer, 0
-    # The FP32 head (model.PolicyForward.forward) on [rows, T, vocab] float32: at its forward peak the
-    # scaled logits (a local that lives to the end of forward), log_softmax's output (saved for the backward),
-    # its exp and exp * log_softmax for the entropy: four at once. The unscaled matmul output is freed by
-    # then (the division by a temperature without grad saves only the divisor). The backward holds three:
-    # the saved log-softmax, gather's dense gradient and log_softmax's input gradient.
-    positions = completion_positions * shape.vocab_size * FLOAT32
-    return Activations(kept=kept, head=4 * positions, recomputed=recomputed, head_saved=positions)
+    # The head (services.learner.head) keeps each completion position's target and inverse temperature
+    # besides its input; its logits live one chunk of HEAD_CHUNK_BYTES at a time. At its forward peak a
+    # chunk's log-softmax, its exp and their product for the entropy (the logits are freed once the
+    # log-softmax is made): three float32 [rows, vocab]. The backward recomputes the logits and takes the
+    # softmax and its gradient in place: two.
+    saved = completion_positions * (INT64 + FLOAT32)
+    rows = min(completion_positions, chunk_rows(shape.vocab_size))
+    head = 3 * rows * shape.vocab_size * FLOAT32
+    return Activations(kept=kept, head=head, recomputed=recomputed, head_saved=saved)

@@ -113,6 +113,10 @@ class LearnerConfig(MeteredServiceSettings):
     """Compute dtype of the transformer body (auto: bfloat16 on GPUs, float32 on the CPU). Parameters,
     gradients and optimizer state stay float32, and the LM head's matmul and log-softmax always run in
     float32 (ScaleRL's FP32 head)."""
+    head_precision: Literal["auto", "fp32", "bf16_fp32_acc"] = "auto"
+    """The LM head's matmul: fp32 (float32 operands), or bf16_fp32_acc (bf16 operands, float32 accumulation,
+    logits and log-softmax; vLLM's FP32 head of a bf16 engine on GPUs). auto: as a generator computing in
+    ``dtype`` does (bf16_fp32_acc in bf16, fp32 in float32), so the importance ratio is 1 at version 0."""
     run_dir: Path = Path("runs/latest")
     """Where metrics.jsonl and checkpoints/ go."""
     loss: LossSettings = LossSettings()

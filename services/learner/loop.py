@@ -141,7 +141,7 @@ class BrokerClient:
 def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedModel, Trainer]:
     """The policy on this rank's device (its own shards of it under FSDP2), allocated, its weights not
     read yet (``Trainer.start``), and its trainer with the checkpoints' writer."""
-    precision = Precision.resolve(config.device, config.dtype)
+    precision = Precision.resolve(config.device, config.dtype, head=config.head_precision)
     model = empty_model(config.model_dir, precision, config.trust_remote_code)
     log.info(
         "rank %d: %s on %s, computing in %s with an FP32 head",

@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from asymptote.codec import safetensors_files
 from asymptote.errors import ConfigError, ModelError, WeightsError
+from services.learner.head import HeadPrecision, head_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,21 @@ class Precision:
 
     device: torch.device
     compute_dtype: torch.dtype
+    head: HeadPrecision = "fp32"
+    """The LM head's operands (``services.learner.head``): float32, or bf16 with float32 accumulation."""
 
     @classmethod
-    def resolve(cls, device: Device = "auto", dtype: DType = "auto", local_rank: int | None = None) -> Precision:
+    def resolve(
+        cls,
+        device: Device = "auto",
+        dtype: DType = "auto",
+        local_rank: int | None = None,
+        head: Literal["auto", "fp32", "bf16_fp32_acc"] = "auto",
+    ) -> Precision:
         """``auto`` device: the GPU numbered ``LOCAL_RANK`` when CUDA is available, else the CPU.
-        ``auto`` dtype: bfloat16 on a GPU, float32 on the CPU."""
+        ``auto`` dtype: bfloat16 on a GPU, float32 on the CPU. ``auto`` head: as a generator's engine
+        computing in the same dtype computes it (bf16 operands with float32 accumulation in bf16, float32
+        in float32)."""
         rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,7 +86,9 @@ class Precision:
             compute = torch.bfloat16 if where.type == "cuda" else torch.float32
         else:
             compute = TORCH_DTYPES[dtype]
-        return cls(where, compute)
+        if head == "auto":
+            head = "bf16_fp32_acc" if compute == torch.bfloat16 else "fp32"
+        return cls(where, compute, head)
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """The body's compute dtype for the ops in the block (no-op in float32)."""
@@ -331,26 +344,15 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     )
 
 
-def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head applied to ``hidden`` as a float32 matmul of float32 copies (ScaleRL's FP32 head).
-
-    A bf16 head would round the logits before the log-softmax; this one
-    matches vLLM's FP32 head whatever dtype the body computed in.
-    """
-    head = model.get_output_embeddings()
-    bias = None if head.bias is None else head.bias.float()
-    return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
-
-
 class PolicyForward(torch.nn.Module):
     """Per-token log-probs and entropies of completions, as the module data parallelism wraps.
 
     ``forward(batch, temperature)`` returns two [N, T] tensors: the log-prob
     of each completion token under the distribution the generator sampled
     from (logits divided by each row's temperature, log-softmax in float32)
-    and that distribution's entropy (no gradient). The body runs in
-    ``precision``'s compute dtype; only the positions that predict
-    completion tokens go through the head.
+    and that distribution's entropy (no gradient), 0 on padding. The body
+    runs in ``precision``'s compute dtype; only the real completion tokens go
+    through the head, in ``precision.head`` (services.learner.head).
     """
 
     def __init__(self, model: PreTrainedModel, precision: Precision = CPU_FP32) -> None:
@@ -367,14 +369,18 @@ class PolicyForward(torch.nn.Module):
                 position_ids=batch.position_ids,
                 use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
             )
-        # Logits at position L-1+t predict completion token t.
+        # Logits at position L-1+t predict completion token t; only real completion tokens go through the
+        # head (services.learner.head: a chunk of tokens at a time, recomputed in the backward pass).
         hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
-        logits = head_logits(self.model, hidden) / temperature.to(hidden.device, torch.float32)[:, None, None]
-        logsm = torch.log_softmax(logits, dim=-1)
-        targets = batch.input_ids[:, batch.prompt_len :]
-        logp = logsm.gather(-1, targets[..., None]).squeeze(-1)
-        with torch.no_grad():
-            entropy = -(logsm.exp() * logsm).sum(-1)
+        real = batch.completion_mask.bool()
+        targets = batch.input_ids[:, batch.prompt_len :][real]
+        inv_temperature = (1.0 / temperature.to(hidden.device, torch.float32))[:, None].expand(real.shape)[real]
+        head = self.model.get_output_embeddings()
+        logp_real, entropy_real = head_logprobs(
+            hidden[real], head.weight, head.bias, targets, inv_temperature, self.precision.head
+        )
+        logp = torch.zeros(real.shape, dtype=logp_real.dtype, device=hidden.device).masked_scatter(real, logp_real)
+        entropy = torch.zeros_like(logp).masked_scatter(real, entropy_real.detach())
         return logp, entropy
 
 

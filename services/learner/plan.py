@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asymptote.errors import ConfigError
-from services.learner.activations import DTYPE_BYTES, FLOAT32, ModelShape, activation_bytes
+from services.learner.activations import DTYPE_BYTES, FLOAT32, ModelShape, activation_bytes, chunk_rows
 from services.learner.config import LearnerConfig
 
 GIB = 1 << 30
@@ -198,7 +198,8 @@ def plan_learner(
             Item(
                 "LM head logits",
                 acts.head,
-                f"4 float32 [{tokens:,} x {shape.vocab_size:,}]: logits, log-softmax, its exp, their product",
+                f"3 float32 [{min(tokens, chunk_rows(shape.vocab_size)):,} x {shape.vocab_size:,}]: one chunk's "
+                "log-softmax, its exp, their product",
             )
         )
     stepping = [

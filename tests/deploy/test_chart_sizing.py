@@ -56,7 +56,7 @@ def test_the_learner_takes_every_gpu_of_its_node(planned: tuple[PlanInputs, RunP
     assert "--nproc-per-node=8" in main["args"]
     assert inputs.gpus_per_node == 8 and run.learner.world_size == 8 and run.learner.layout == "fsdp"
     config = yaml.safe_load(render(EXAMPLE).component("ConfigMap", "learner")["data"]["config.yaml"])
-    assert config["micro_batch_tokens"] == inputs.learner.micro_batch_tokens == 12288
+    assert config["micro_batch_tokens"] == inputs.learner.micro_batch_tokens == 32768
     assert config["activation_checkpointing"] is True
     assert run.learner.fits and run.learner.total_bytes <= 0.9 * 80 * GIB
 

@@ -198,7 +198,7 @@ def predicted(config: PretrainedConfig, batch: PackedBatch, **numerics: Any) -> 
         ModelShape.from_config(config.to_dict()),
         tokens=rows * width,
         width_tokens=width,
-        completion_positions=rows * batch.completion_mask.shape[1],
+        completion_positions=int(batch.completion_mask.sum()),  # the head takes the real completion tokens only
         **numerics,
     )
 
@@ -227,12 +227,12 @@ def test_activation_bytes_per_token_match_the_cpu_learner(family: str, checkpoin
     policy = PolicyForward(model, Precision(torch.device("cpu"), torch.float32))
     got = measure(policy, decoder_layers(model), batch, checkpointing, live=True)
     want = predicted(config, batch, compute_bytes=4, attention="eager", fsdp=False, checkpointing=checkpointing)
-    # What survives from the forward to the backward, the head's saved log-softmax included.
+    # What survives from the forward to the backward, the head's targets and temperatures included.
     kept = want.kept + want.head_saved
     print(report(f"{family} eager float32 {'checkpointed' if checkpointing else 'kept'}", tokens, got.kept_bytes, kept))
     assert kept == pytest.approx(got.kept_bytes, rel=TOLERANCE)
-    # The whole forward and backward: the kept tensors plus the head's four [positions, vocab] float32
-    # tensors (or a recomputed layer, whichever is larger), against the live tensors' measured peak.
+    # The whole forward and backward: the kept tensors plus the head's three [chunk, vocab] float32 tensors
+    # (or a recomputed layer, whichever is larger), against the live tensors' measured peak.
     assert got.peak_bytes is not None
     print(report("  peak", tokens, got.peak_bytes, want.peak))
     assert want.peak == pytest.approx(got.peak_bytes, rel=TOLERANCE)
@@ -325,7 +325,7 @@ def test_the_8b_preset_fits_a_node_of_eight_h100s(qwen3_8b: Path, capsys: pytest
     """The example values over the chart's defaults, as helm merges them, as ``asymptote plan`` reads them."""
     inputs = plan_inputs(["--model", str(qwen3_8b), "--config", str(EXAMPLE)])
     assert (inputs.gpus_per_node, inputs.nodes, inputs.gpu_memory_gib) == (8, 1, 80.0)
-    assert inputs.learner.activation_checkpointing and inputs.learner.micro_batch_tokens == 12288
+    assert inputs.learner.activation_checkpointing and inputs.learner.micro_batch_tokens == 32768
     assert (inputs.max_tokens, inputs.prompt_tokens, inputs.group_size) == (8192, 512, 16)
     assert inputs.max_tokens_from == f"broker.config.sampling.max_tokens in {EXAMPLE}"
     assert inputs.engine.kv_cache_memory_bytes is None and inputs.engine.gpu_memory_utilization == 0.9
@@ -342,7 +342,7 @@ def test_the_8b_preset_fits_a_node_of_eight_h100s(qwen3_8b: Path, capsys: pytest
     held = {item.name: item.num_bytes for item in rank.held}
     assert held["weights"] + held["gradients"] + held["AdamW moments"] == 16 * p // 8  # whole model, 8 shards
     assert rank.total_bytes <= 0.9 * 80 * GIB
-    assert rank.total_bytes == pytest.approx(61.3 * GIB, abs=0.05 * GIB)
+    assert rank.total_bytes == pytest.approx(47.9 * GIB, abs=0.05 * GIB)
     # A generator GPU: bf16 KV of 36 layers x 8 heads x 128 x (K, V) per token, by memory fraction.
     assert run.generator.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456
     assert run.generator.sequences == run.generator.kv_tokens // 8704 >= 32
@@ -359,36 +359,36 @@ def test_the_8b_preset_fits_a_node_of_eight_h100s(qwen3_8b: Path, capsys: pytest
     # The command prints it and says it fits.
     assert main(["plan", "--model", str(qwen3_8b), "--config", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
-    assert "61.30" in out and "fits" in out and "140.60" in out and "274.80" in out
+    assert "47.90" in out and "fits" in out and "140.60" in out and "274.80" in out
 
 
 def test_a_micro_batch_too_large_is_refused_with_one_that_fits(qwen3_8b: Path) -> None:
-    config = LearnerConfig(model_dir=qwen3_8b, micro_batch_tokens=65536, activation_checkpointing=True)
+    config = LearnerConfig(model_dir=qwen3_8b, micro_batch_tokens=131072, activation_checkpointing=True)
     gib80 = 80 * GIB
     with pytest.raises(ConfigError) as refused:
         learner_fits(qwen3_8b, config, world_size=8, local_world_size=8, gpu_memory_bytes=gib80, sequence_tokens=8704)
     message = str(refused.value)
-    assert "\n" not in message and "micro_batch_tokens 65536" in message
-    assert "set micro_batch_tokens: 16384" in message
+    assert "\n" not in message and "micro_batch_tokens 131072" in message
+    assert "set micro_batch_tokens: 65536" in message
     shape = ModelShape.from_config(QWEN3_8B)
     where: dict[str, Any] = dict(gpus_per_node=8, gpu_memory_gib=80.0, sequence_tokens=8704)
-    assert suggest_micro_batch_tokens(shape, config, **where) == 16384
-    # 16384 fits, and the next power of two does not.
-    fitting = check_learner(shape, config.model_copy(update={"micro_batch_tokens": 16384}), **where)
+    assert suggest_micro_batch_tokens(shape, config, **where) == 65536
+    # 65536 fits, and the next power of two does not.
+    fitting = check_learner(shape, config.model_copy(update={"micro_batch_tokens": 65536}), **where)
     assert fitting.total_bytes <= USABLE_FRACTION * gib80
     with pytest.raises(ConfigError):
-        check_learner(shape, config.model_copy(update={"micro_batch_tokens": 32768}), **where)
+        check_learner(shape, config.model_copy(update={"micro_batch_tokens": 131072}), **where)
     # Without activation checkpointing not one sequence fits: the message names that setting first.
-    with pytest.raises(ConfigError, match="set activation_checkpointing: true and micro_batch_tokens: 16384"):
+    with pytest.raises(ConfigError, match="set activation_checkpointing: true and micro_batch_tokens: 65536"):
         check_learner(shape, config.model_copy(update={"activation_checkpointing": False}), **where)
     # DDP keeps 16 bytes a parameter on every GPU: only sharding fits.
     with pytest.raises(ConfigError, match="set parallelism: fsdp, activation_checkpointing: true and"):
         check_learner(shape, config.model_copy(update={"parallelism": "ddp"}), **where)
     # The learner at start does not know max_tokens: rows are planned as wide as the micro-batch, so the
     # quadratic mask costs a little more and the largest round number that fits is a multiple of 1024.
-    preset = config.model_copy(update={"micro_batch_tokens": 12288})
+    preset = config.model_copy(update={"micro_batch_tokens": 32768})
     assert learner_fits(qwen3_8b, preset, world_size=8, local_world_size=8, gpu_memory_bytes=gib80).fits
-    with pytest.raises(ConfigError, match=r"set micro_batch_tokens: 15360 \(69.4 GiB\)"):
+    with pytest.raises(ConfigError, match=r"set micro_batch_tokens: 59392 \(71.4 GiB\)"):
         learner_fits(qwen3_8b, config, world_size=8, local_world_size=8, gpu_memory_bytes=gib80)
     # Two GPUs cannot hold the 8B model's states at all.
     with pytest.raises(ConfigError, match="not even one sequence of 8704 tokens fits"):
@@ -426,7 +426,7 @@ REFUSALS = {
     "below-one-sequence": "micro_batch_tokens 4096 is below one sequence: prompt 512 (--prompt-tokens) + "
     "max_tokens 8192 (--max-tokens) = 8704 tokens",
     "below-one-sequence-values": "learner.config.micro_batch_tokens 4096 is below one sequence",
-    "does-not-fit": "learner.config.micro_batch_tokens 65536: a learner rank needs",
+    "does-not-fit": "learner.config.micro_batch_tokens 131072: a learner rank needs",
 }
 """Each case and what its one line must say."""
 
@@ -439,7 +439,7 @@ def test_plan_answers_in_one_line(case: str, qwen3_8b: Path, tmp_path: Path) -> 
     small = tmp_path / "small.yaml"
     small.write_text("learner:\n  config:\n    micro_batch_tokens: 4096\n")
     large = tmp_path / "large.yaml"
-    large.write_text("learner:\n  config:\n    micro_batch_tokens: 65536\n")
+    large.write_text("learner:\n  config:\n    micro_batch_tokens: 131072\n")
     argv = {
         "no-gpus": ["--model", str(qwen3_8b), "--gpus-per-node", "0"],
         "no-config-json": ["--model", str(tmp_path), "--gpus-per-node", "8"],
@@ -464,7 +464,7 @@ def test_plan_answers_in_one_line(case: str, qwen3_8b: Path, tmp_path: Path) -> 
     if case == "no-config-json":
         assert line.startswith(f"asymptote plan: --model {tmp_path}")
     if case == "does-not-fit":
-        assert "set learner.config.micro_batch_tokens: 16384" in line
+        assert "set learner.config.micro_batch_tokens: 65536" in line
         assert "does NOT fit" in proc.stdout  # the plan is printed before the refusal
     # Pure arithmetic: neither torch nor transformers was imported.
     assert ast.literal_eval(proc.stdout.splitlines()[-1]) == []
@@ -484,7 +484,7 @@ def test_the_learner_refuses_at_start_what_does_not_fit(
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     config = tmp_path / "learner.yaml"
-    config.write_text(f"model_dir: {qwen3_8b}\nmicro_batch_tokens: 65536\nactivation_checkpointing: true\n")
+    config.write_text(f"model_dir: {qwen3_8b}\nmicro_batch_tokens: 131072\nactivation_checkpointing: true\n")
     assert cli(["learner", "--config", str(config)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the learner's log of its config
-    assert last.startswith("asymptote learner: micro_batch_tokens 65536") and "set micro_batch_tokens: 15360" in last
+    assert last.startswith("asymptote learner: micro_batch_tokens 131072") and "set micro_batch_tokens: 59392" in last

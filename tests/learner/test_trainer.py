@@ -262,7 +262,7 @@ def test_lm_head_runs_in_float32_for_a_bfloat16_body() -> None:
     spec = ModelSpec(init_seed=4)
     tok = build_tokenizer(ALPHABET, spec.vocab_multiple)
     model = build_model(spec, tok)
-    precision = Precision.resolve("cpu", "bfloat16")
+    precision = Precision.resolve("cpu", "bfloat16", head="fp32")
     batch = pack([[1, 5, 6, 7], [1, 8, 9]], [[10, 11, 2], [12, 2]], int(tok.pad_token_id))
     temperature = torch.ones(2)
     logp, _ = PolicyForward(model, precision)(batch, temperature)
@@ -284,6 +284,15 @@ def test_lm_head_runs_in_float32_for_a_bfloat16_body() -> None:
     # ...and the body did compute in bf16: float32 throughout gives other log-probs.
     logp32, _ = PolicyForward(model)(batch, temperature)
     assert (logp32.detach()[mask] - want[mask]).abs().max() > 1e-4
+    # A bf16 body's default head is a bf16 engine's FP32 head: bf16 operands, float32 accumulation.
+    auto = Precision.resolve("cpu", "bfloat16")
+    assert auto.head == "bf16_fp32_acc" and Precision.resolve("cpu", "float32").head == "fp32"
+    logp_acc, _ = PolicyForward(model, auto)(batch, temperature)
+    with torch.no_grad():
+        operands = hidden.to(torch.bfloat16).float() @ model.lm_head.weight.to(torch.bfloat16).float().T
+        vllm = torch.log_softmax(operands, -1).gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(logp_acc.detach()[mask], vllm[mask], rtol=0, atol=1e-6)
+    assert (logp_acc.detach()[mask] - want[mask]).abs().max() > 1e-5  # rounded operands: not the fp32 head
 
 
 # --------------------------------------------------------------------------
