@@ -321,11 +321,14 @@ class Batcher:
         # One record for every group of the call, stored before any message is acked.
         if self.ledger is not None:
             ledger = self.ledger
+            first = await self._first_outcomes(acked)
             await ledger.record(
                 *(
                     ledger.entry(
                         gid,
-                        Event.LEDGER_EVENT_DUPLICATE if gid in dups else Event.LEDGER_EVENT_TRAINED,
+                        Event.LEDGER_EVENT_DUPLICATE
+                        if gid in dups and gid not in first
+                        else Event.LEDGER_EVENT_TRAINED,
                         policy_version=self.learner_version,
                         batch_id=batch_id,
                     )
@@ -333,6 +336,8 @@ class Batcher:
                     for gid in (group_ids if batch is None else [h.group.group_id for h in batch.items])
                 )
             )
+            for _, _, _, dups in acked:
+                dups -= first
         num, unknown = 0, []
         for batch_id, batch, group_ids, dups in acked:
             if batch is None:
@@ -351,6 +356,31 @@ class Batcher:
                 "%d acked batches were handed out before this broker started; their groups are recorded", len(unknown)
             )
         return num, unknown
+
+    async def _first_outcomes(self, acked: Sequence[tuple[str, HandedOut | None, Sequence[str], set[str]]]) -> set[str]:
+        """Of the groups the learner calls already trained, those with no outcome in the ledger yet.
+
+        The learner skips a redelivered group it trained into the weights its
+        checkpoint holds. When its ack of the first copy never arrived (the
+        broker was gone when the learner stopped), this ack is the first the
+        ledger hears of the training: the group is recorded as trained, not as
+        a duplicate of an outcome that was never recorded.
+        """
+        assert self.ledger is not None
+        seqs: dict[str, int] = {}
+        named: list[str] = []
+        for _, batch, group_ids, dups in acked:
+            if batch is not None:
+                seqs.update(
+                    (h.group.group_id, int(h.group.task.ledger_seq)) for h in batch.items if h.group.group_id in dups
+                )
+            named += [
+                gid for gid in (group_ids if batch is None else [h.group.group_id for h in batch.items]) if gid in dups
+            ]
+        if not named:
+            return set()
+        ended = await self.ledger.ended([(gid, seqs.get(gid, 0)) for gid in named])
+        return {gid for gid, done in zip(named, ended, strict=True) if not done}
 
     async def release(self, batch_ids: Sequence[str] | None = None) -> int:
         """Put handed-out batches back at the front of the queue (learner restarted)."""

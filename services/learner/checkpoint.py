@@ -154,11 +154,14 @@ class Checkpointer:
     def begin(self, version: int, state: dict[str, Any], meta: Meta | None = None) -> None:
         """Start writing ``state`` (``Trainer.state_dict``) as checkpoint ``version``; every rank calls it.
 
-        Waits for the previous save first. Returns once this rank's state is
+        Waits for the previous save first (rank 0 commits it). Returns once this rank's state is
         staged in host memory; the files are written in the background.
         ``meta``: rank 0's ``trainer.json`` (ignored on the other ranks).
         """
-        self.wait_written()
+        if self.rank == 0:
+            self.finish()  # the previous one committed first (the learner does so itself before it acks)
+        else:
+            self.wait_written()
         tmp = tmp_path(self.root, version)
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -226,6 +226,43 @@ async def test_a_crash_between_the_trained_batch_and_its_acks_trains_nothing_twi
     assert result.filtered == {"zero_variance": 1} and result.trained_twice == [] and result.lost == []
 
 
+async def test_groups_trained_before_a_stop_whose_ack_never_arrived_are_recorded_trained(nc: NatsClient) -> None:
+    """The whole run stops at once: the learner checkpoints a batch, but the broker is gone before its ack.
+    After the restart the batch is redelivered and the learner, whose checkpoint holds those groups, acks
+    them as already trained: the ledger records them trained (its first outcome for them), none lost."""
+    names, js, ledger = await ledger_on(nc)
+    task_ids = [f"train-s{i}" for i in range(4)]
+    seq = await ledger.record(*issued(ledger, *task_ids))
+    batcher = Batcher(4, 8, ledger)
+    await batcher.admit_all([(group(t, seq), FakeMsg(t), False) for t in task_ids])
+    batch = await batcher.next_batch(0, 4, timeout_s=1.0)
+    assert batch is not None  # handed out and trained; the ack never arrives
+    stopped = tally(await read_entries(js, names), queued=set(task_ids))
+    assert (stopped.trained, stopped.in_flight, stopped.lost) == (0, 4, [])
+
+    restarted = Ledger(js, names, "broker")
+    await restarted.catch_up(seq + 1)
+    again = Batcher(4, 8, restarted)
+    redelivered = {t: FakeMsg(t) for t in task_ids}
+    assert await again.admit_all([(group(t, seq), redelivered[t], False) for t in task_ids]) == [None] * 4
+    second = await again.next_batch(0, 4, timeout_s=1.0)
+    assert second is not None
+    # The learner's trained ids hold every group: it skips them all and says so.
+    num, unknown = await again.ack([(second.batch_id, task_ids, task_ids)])
+    assert (num, unknown) == (4, []) and all(m.acked for m in redelivered.values())
+    result = tally(await read_entries(js, names), queued=set())
+    assert result.ok and (result.trained, result.duplicates_caught, result.lost, result.trained_twice) == (4, 0, [], [])
+    # A copy acked as a duplicate after that is one: the outcome is not recorded twice.
+    third = Batcher(4, 8, restarted)
+    late = {t: FakeMsg(t) for t in task_ids}
+    await third.admit_all([(group(t, seq), late[t], False) for t in task_ids])
+    again_batch = await third.next_batch(0, 4, timeout_s=1.0)
+    assert again_batch is not None
+    await third.ack([(again_batch.batch_id, task_ids, task_ids)])
+    final = tally(await read_entries(js, names), queued=set())
+    assert (final.trained, final.duplicates_caught, final.trained_twice) == (4, 4, [])
+
+
 async def test_a_failed_ledger_write_acks_nothing(nc: NatsClient, monkeypatch: pytest.MonkeyPatch) -> None:
     names, js, ledger = await ledger_on(nc)
     seq = await ledger.record(*issued(ledger, "train-x", "train-y"))
