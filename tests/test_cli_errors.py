@@ -82,7 +82,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "up-negative-max-steps": (["up", "--max-steps", "-5"], "--max-steps"),
     "up-no-generators": (["up", "--generators", "0"], "--generators"),
     "up-too-many-ranks": (["up", "--learner-ranks", "99"], "--learner-ranks"),
-    "up-steps-not-a-multiple-of-evals": (["up", "--max-steps", "7"], "--max-steps"),
+    "up-resume-not-a-run": (["up", "--resume", "{dir}"], "--resume"),
+    "up-unknown-tracker": (["up", "--report-to", "tensorbord"], "--report-to"),
     "up-run-dir-not-creatable": (["up", "--run-dir", "/proc/asymptote/run"], "--run-dir"),
     "up-missing-config": (["up", "--config", "{missing}"], "--config"),
     # Refused by the model-preparing child process; the stack says it once, as its own.
