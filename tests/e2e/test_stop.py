@@ -61,7 +61,7 @@ def engine_running(token: str) -> bool:
 @pytest.mark.parametrize("command", ["up", "bench"])
 def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
     argv = {
-        "up": ["up", "--run-dir", str(tmp_path / "run"), "--workload", "arithmetic", "--max-steps", str(MAX_STEPS)],
+        "up": ["up", "--run-dir", str(tmp_path / "run"), "--config", str(small_run(tmp_path))],
         "bench": ["bench", "--output", str(tmp_path / "bench"), "--quick", "--only", "stack"],
     }[command]
     token = secrets.token_hex(8)
@@ -101,6 +101,17 @@ STOP_AFTER = 35
 """The step after which ``up`` is stopped: past its first eval round (arithmetic: every 30 versions)."""
 MAX_STEPS = 50
 """Not a multiple of the eval interval (30): the final version is evaluated all the same."""
+
+
+def small_run(tmp_path: Path) -> Path:
+    """The stop-and-resume run: the arithmetic workload, MAX_STEPS steps, eval rounds of 50 prompts x 2
+    (the rounds are what the curve's continuity is checked on, not a pass rate)."""
+    path = tmp_path / "up.yaml"
+    path.write_text(
+        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\n"
+        "services:\n  broker:\n    eval: {num_prompts: 50, num_samples: 2}\n"
+    )
+    return path
 
 
 def trained_past(run_dir: Path, step: int) -> bool:
