@@ -332,6 +332,18 @@ def _degenerate_log(path: Path, case: str) -> str:
     return expected
 
 
+def fit_command(path: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """``asymptote fit PATH -o OUT`` as a user runs it, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
+    )
+
+
 @pytest.mark.parametrize(
     "case", ["nan", "inf", "negative_compute", "decreasing_compute", "r0_above_one", "constant", "no_gain"]
 )
@@ -339,14 +351,7 @@ def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_p
     path = tmp_path / case / "eval.jsonl"
     path.parent.mkdir()
     expected = _degenerate_log(path, case)
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(tmp_path / "out")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
-    )
+    result = fit_command(path, tmp_path / "out")
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     message = " ".join(result.stderr.split())  # rich may wrap a long message
@@ -425,14 +430,7 @@ def test_command_line_says_a_young_run_is_young_and_exits_0(tmp_path: Path) -> N
     path = tmp_path / "young" / "eval.jsonl"
     path.parent.mkdir()
     expected = _degenerate_log(path, "too_few")
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(tmp_path / "out")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
-    )
+    result = fit_command(path, tmp_path / "out")
     assert result.returncode == EXIT_OK, result.stderr
     said = " ".join(result.stdout.split())
     assert "is too young to fit" in said and expected in said and "Traceback" not in result.stderr
