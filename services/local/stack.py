@@ -420,7 +420,7 @@ class LocalStack:
         from services.learner.activations import ModelShape
         from services.learner.plan import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
 
-        gpu = placement.learner[0].memory_bytes * (1 - placement.generator_fraction if placement.shared else 1)
+        gpu = placement.gpu_memory_bytes * (1 - placement.generator_fraction if placement.shared else 1)
         on_gpus = learner.model_copy(
             update={
                 "device": "cuda",
