@@ -80,7 +80,13 @@ class _WandB:
         self.run.log({"eval/policy_version": version, **{f"eval/{k}": v for k, v in values.items()}})
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # Wait for W&B's own service process to write out and close the run's files: a busy machine can
+        # otherwise end the supervisor before the offline log holds the rows (wandb's atexit hook is not
+        # reliable once the process is being stopped). The supervisor is W&B's only user in its process.
+        wandb.teardown()
 
 
 def _numbers(row: Mapping[str, Any], leave_out: tuple[str, ...]) -> dict[str, float]:
