@@ -1,10 +1,14 @@
 """The embedded default end to end: nats-server, broker, learner, fitter and
-a vLLM generator as separate processes on loopback, trained for a few steps.
+a vLLM generator as separate processes on loopback, trained for a few steps,
+with hundreds of malformed and invalid messages published on every subject
+mid-run (tests/poison.py).
 
 Asserts what the run directory and the services' endpoints say, never
 log text: the learner consumed generator-produced groups, the policy version
 advanced, generators loaded the new weights (the versions on the tokens of
-the groups they published), eval points and a fit were written, every
+the groups they published), eval points and a fit were written, every bad
+message landed in the dead-letter stream with a reason and no service
+restarted, the good traffic was all trained (the ledger balances), every
 listening socket is on loopback, the NATS password is in no file of the run
 and on no command line, and when a dependency dies the survivors report it
 on /readyz. Nothing is left running.
@@ -12,25 +16,32 @@ on /readyz. Nothing is left running.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import socket
+import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from badinput import BAD_INPUTS
 from fitcheck import check_fit
+from poison import INTERFACE, deadletters, inject
 from waiting import wait_until
 
+from asymptote.jetstream.names import Names
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
 
 MAX_STEPS = 10
+EVAL_PROMPTS = 64
 
 
 def readyz(port: int) -> tuple[int, dict[str, object]]:
@@ -84,18 +95,60 @@ def listening_sockets(stack: LocalStack) -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.e2e
+@pytest.mark.faults
 def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> None:
     # The learner runs as two data-parallel ranks under torchrun (gloo): rank 0
     # is the service, rank 1 follows its steps (parity: tests/learner/test_distributed.py).
-    with launch(max_steps=MAX_STEPS, eval_every_versions=5, checkpoint_every_steps=5, learner_ranks=2) as (
-        stack,
-        progress,
-    ):
+    names = Names()
+    sent: Counter[str] = Counter()
+    with launch(
+        max_steps=MAX_STEPS,
+        eval_every_versions=5,
+        services={"broker": {"eval": {"num_prompts": EVAL_PROMPTS}}},  # rounds of 64 of the 200 held-out
+        checkpoint_every_steps=5,
+        learner_ranks=2,
+    ) as (stack, progress):
         config = stack.config
-        assert stack.follow() == 0, progress.outcome
+
+        def injector() -> None:  # the bad traffic, from the learner's first step on, mixed with the run's
+            wait_until(
+                lambda: read_jsonl(stack.run_dir / "metrics.jsonl"),
+                config.startup_timeout_s + 600,
+                "the learner's first step",
+                interval_s=0.2,
+            )
+            sent.update(asyncio.run(inject(stack.nats_settings(), names)))
+
+        thread = threading.Thread(target=injector, daemon=True)
+        thread.start()
+        outcome = stack.follow()
+        thread.join(60)
+        restarts = stack.run_dir / "restarts.jsonl"
+        for restart in read_jsonl(restarts):
+            BAD_INPUTS.record_crash(INTERFACE, json.dumps(restart, sort_keys=True))
+        assert outcome == 0, progress.outcome
+        assert not thread.is_alive(), "the injector did not finish"
+        assert sum(sent.values()) >= 200
+        # The run may end while the last bad messages are still being judged: wait for every one to land.
+        got: Counter[str] = Counter()
+
+        def all_deadlettered() -> bool:
+            got.clear()
+            got.update(asyncio.run(deadletters(stack.nats_settings(), names)))
+            return got == sent
+
+        try:
+            wait_until(all_deadlettered, 60.0, "every bad message to be dead-lettered", interval_s=0.5)
+        finally:
+            print("sent:", dict(sent), "dead-lettered:", dict(got))
+        assert got == sent
+        assert not restarts.exists(), "a service crashed on bad input"
+        ledger = stack.audit_ledger()
+        assert ledger is not None and ledger["ok"], ledger
 
         steps = read_jsonl(stack.run_dir / "metrics.jsonl")
         assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
+        assert ledger["trained"] == sum(int(s["batch/prompts"]) for s in steps)
         assert all(s["batch/prompts"] == config.batch_prompts for s in steps)
         assert all(s["batch/samples"] == config.batch_prompts * config.group_size for s in steps)
         assert all(s["dist/ranks"] == 2 for s in steps)
@@ -110,7 +163,7 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
 
         evals = read_jsonl(stack.run_dir / "eval.jsonl")
         assert [e["policy_version"] for e in evals] == [0, 5, 10]
-        assert all(e["num_prompts"] == 200 for e in evals)
+        assert all(e["num_prompts"] == EVAL_PROMPTS for e in evals)
         # Rounds are issued at versions 0, 5 and 10, but sampled by whichever versions the generators
         # hold when they reach them (a round can wait behind k batches of train tasks): the compute
         # axis follows the sampling versions, so two rounds sampled by one version share its compute.
