@@ -82,7 +82,9 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
         # nats-server, broker, fitter, learner (torchrun and its rank), generator and its engine
         assert len(started) >= 6, started
         if command == "up":  # mid-run: past the first eval round, steps going on
-            wait_until(lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, "step 35")
+            wait_until(
+                lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, f"step {STOP_AFTER}"
+            )
         main.send_signal(signal.SIGTERM)
         assert main.wait(timeout=120) == 130, (tmp_path / "out.log").read_text()[-3000:]
         wait_until(lambda: not marked(token), 60, "every process the command started to end")
@@ -97,18 +99,19 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
         resume_and_check(tmp_path / "run", token)
 
 
-STOP_AFTER = 35
-"""The step after which ``up`` is stopped: past its first eval round (arithmetic: every 30 versions)."""
-MAX_STEPS = 50
-"""Not a multiple of the eval interval (30): the final version is evaluated all the same."""
+EVAL_EVERY = 10
+STOP_AFTER = 12
+"""The step after which ``up`` is stopped: past its first eval round after version 0."""
+MAX_STEPS = 25
+"""Not a multiple of the eval interval: the final version is evaluated all the same."""
 
 
 def small_run(tmp_path: Path) -> Path:
     """The stop-and-resume run: the arithmetic workload, MAX_STEPS steps, eval rounds of 50 prompts x 2
-    (the rounds are what the curve's continuity is checked on, not a pass rate)."""
+    every EVAL_EVERY versions (the rounds are what the curve's continuity is checked on, not a pass rate)."""
     path = tmp_path / "up.yaml"
     path.write_text(
-        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\n"
+        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\neval_every_versions: {EVAL_EVERY}\n"
         "services:\n  broker:\n    eval: {num_prompts: 50, num_samples: 2}\n"
     )
     return path
