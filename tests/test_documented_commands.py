@@ -29,6 +29,10 @@ INLINE = re.compile(r"`((?:\./scripts/up\.sh|asymptote|python -m benchmarks\.)[^
 RUNS = re.compile(r"^(?:\./scripts/up\.sh|asymptote\s+[a-z-]+|python -m benchmarks\.\w+)")
 
 
+SUBCOMMANDED = {"kube", "sandbox"}
+"""Commands whose flags belong to a subcommand (``asymptote kube scale``, ``asymptote sandbox exec``)."""
+
+
 def documented() -> dict[str, set[str]]:
     """Each documented command (``asymptote up``, ``asymptote kube status``, ``benchmarks.swap``) and the
     flags the documents give it."""
@@ -46,8 +50,8 @@ def documented() -> dict[str, set[str]]:
                 name = words[2].removeprefix("-m ")
             elif words[1] not in COMMANDS:
                 continue  # `asymptote broker | generator | learner | fitter` and the like: prose about several
-            elif words[1] == "kube" and len(words) > 2 and not words[2].startswith("-"):
-                name = f"asymptote kube {words[2]}"
+            elif words[1] in SUBCOMMANDED and len(words) > 2 and not words[2].startswith("-"):
+                name = f"asymptote {words[1]} {words[2]}"
             else:
                 name = f"asymptote {words[1]}"
             flags = (w.strip("[]|").split("=")[0] for w in words)  # `[--step N]`: an optional flag
@@ -72,9 +76,14 @@ COMMANDS_SHOWN = documented()
 
 def test_the_documents_show_the_commands_a_user_runs() -> None:
     # The extraction finds what the README's quick start and sections name (a guard on the parser above).
-    assert {"asymptote up", "asymptote fit", "asymptote export", "asymptote plan", "asymptote kube status"} <= set(
-        COMMANDS_SHOWN
-    )
+    assert {
+        "asymptote up",
+        "asymptote fit",
+        "asymptote export",
+        "asymptote plan",
+        "asymptote kube status",
+        "asymptote sandbox exec",
+    } <= set(COMMANDS_SHOWN)
     assert {"--resume", "--model", "--dataset", "--holdout-fraction"} <= COMMANDS_SHOWN["asymptote up"]
     assert {"--to", "--step"} <= COMMANDS_SHOWN["asymptote export"]
     assert any(name.startswith("benchmarks.") for name in COMMANDS_SHOWN)

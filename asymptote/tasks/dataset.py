@@ -22,14 +22,25 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from asymptote.config import Frozen
 from asymptote.tasks.base import Problem, Split
+from asymptote.tasks.code import (
+    CODE_LAYOUTS,
+    ID_FIELD,
+    PROMPT_FIELD,
+    TESTS_FIELD,
+    CodeLayout,
+    code_tests,
+    fenced,
+    gold_program,
+)
 from asymptote.tasks.length import LengthControlSettings
 from asymptote.tasks.readers import DatasetError, FileFormat, read_rows
 from asymptote.tasks.verifiers import MathSettings, RewardStyle, Verifier, VerifierSettings, make_verifier, reward
@@ -39,7 +50,9 @@ log = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 5
 """Bad rows quoted in a report, per file."""
-BadReason = Literal["unreadable", "missing_field", "empty_prompt", "bad_prompt", "duplicate_id", "bad_answer"]
+BadReason = Literal[
+    "unreadable", "missing_field", "empty_prompt", "bad_prompt", "duplicate_id", "bad_answer", "gold_fails"
+]
 
 
 class FieldNames(Frozen):
@@ -53,11 +66,14 @@ class FieldNames(Frozen):
     """Field with a stable row id; a file without it gets ids hashed from the prompt; None never reads one."""
 
 
-Preset = Literal["none", "gsm8k"]
-"""gsm8k: fields question/answer, and the reference is what follows the answer's '#### ' (commas dropped)."""
+Preset = Literal["none", "gsm8k", "apps", "taco", "codecontests", "deepcoder", "mbpp", "humaneval"]
+"""gsm8k: fields question/answer, and the reference is what follows the answer's '#### ' (commas dropped).
+The others are code layouts (asymptote/tasks/code.py): the tests are read from the row's own fields and
+checked by the code verifier, and a gold solution that fails them makes a bad row."""
 _PRESET_FIELDS: dict[Preset, FieldNames] = {
     "none": FieldNames(),
     "gsm8k": FieldNames(prompt="question", answer="answer", id="id"),
+    **{p: FieldNames(prompt=PROMPT_FIELD[p], answer=TESTS_FIELD[p], id=ID_FIELD[p]) for p in CODE_LAYOUTS},
 }
 
 
@@ -101,9 +117,21 @@ class DatasetSettings(Frozen):
     length_control: LengthControlSettings = LengthControlSettings()
     """Interruption length control (ScaleRL): thinking budget, answer budget, interruption phrase; off by
     default. The broker's max_tokens still caps a whole completion."""
+    check_gold: bool = True
+    """Code presets: run each row's gold solution against its tests at load; a row whose gold fails is bad."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _code_verifier(cls, data: Any) -> Any:
+        # A code layout is checked by running programs: its verifier is code unless one is named.
+        if isinstance(data, dict) and data.get("preset") in CODE_LAYOUTS and "verifier" not in data:
+            return {**data, "verifier": {"kind": "code"}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSettings:
+        if self.preset in CODE_LAYOUTS and self.verifier.kind != "code":
+            raise ValueError(f"preset {self.preset} holds code tests: it needs verifier {{kind: code}}")
         if self.eval_path is not None and self.holdout_fraction is not None:
             raise ValueError("give eval_path or holdout_fraction, not both")
         if self.eval_path is None and self.holdout_fraction is None:
@@ -208,6 +236,7 @@ def load_problems(
     seen: dict[str, int] = {}
     already = taken or set()
     problems: list[Problem] = []
+    golds: list[tuple[int, int, str]] = []
     for number, row in rows:
         if isinstance(row, str):
             report.reject(number, "unreadable", row)
@@ -226,9 +255,14 @@ def load_problems(
             report.reject(number, "empty_prompt", f"{names.prompt} is {_quote(prompt)}")
             continue
         answer = str(row[names.answer])
+        gold = None
         try:
             if settings.preset == "gsm8k":
                 answer = gsm8k_reference(answer)
+            if settings.preset in CODE_LAYOUTS:
+                layout: CodeLayout = settings.preset
+                answer = code_tests(row, layout).model_dump_json()
+                gold = gold_program(row, layout) if settings.check_gold else None
             reference = verifier.check_reference(answer)
         except ValueError as exc:
             report.reject(number, "bad_answer", f"{exc} in {_quote(answer)}")
@@ -240,11 +274,33 @@ def load_problems(
             continue
         seen[pid] = number
         problems.append(Problem(prompt_id=pid, prompt=prompt, reference=reference))
+        if gold is not None:
+            golds.append((number, len(problems) - 1, gold))
+    if golds:
+        problems = _drop_failing_gold(problems, golds, verifier, report)
     report.num_loaded = len(problems)
     if not problems:
         raise DatasetError(f"no usable rows in {path}: {report.summary()}")
     (log.warning if report.bad else log.info)("dataset %s", report.summary())
     return problems, report
+
+
+GOLD_WORKERS = 4
+"""Gold solutions checked at once (each a sandboxed process; the threads only wait)."""
+
+
+def _drop_failing_gold(
+    problems: list[Problem], golds: list[tuple[int, int, str]], verifier: Verifier, report: LoadReport
+) -> list[Problem]:
+    """``problems`` without those whose gold solution fails its own tests (each counted as a bad row)."""
+    with ThreadPoolExecutor(max_workers=GOLD_WORKERS) as pool:
+        verdicts = list(pool.map(lambda g: verifier.verdict(fenced(g[2]), problems[g[1]].reference), golds))
+    failing = set()
+    for (number, index, _), verdict in zip(golds, verdicts):
+        if not verdict.correct:
+            failing.add(index)
+            report.reject(number, "gold_fails", f"the row's own solution is {verdict.reason} on its tests")
+    return [p for i, p in enumerate(problems) if i not in failing]
 
 
 def split_holdout(problems: Sequence[Problem], fraction: float, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -11,13 +11,14 @@ them, and neither imports torch.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 FileFormat = Literal["auto", "jsonl", "parquet", "csv", "hf_disk"]
-"""auto picks by suffix (.jsonl/.json, .parquet, .csv) or, for a folder, a save_to_disk dataset."""
+"""auto picks by suffix (.jsonl/.json, either gzipped, .parquet, .csv) or, for a folder, a save_to_disk dataset."""
 
 _SUFFIXES: dict[str, FileFormat] = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 
@@ -37,10 +38,13 @@ def resolve_format(path: Path, file_format: FileFormat) -> FileFormat:
         return file_format
     if path.is_dir():
         return "hf_disk"
-    found = _SUFFIXES.get(path.suffix.lower())
+    suffixes = [s.lower() for s in path.suffixes]
+    gzipped = suffixes[-2:-1] if suffixes[-1:] == [".gz"] else []
+    found = _SUFFIXES.get(path.suffix.lower()) or ("jsonl" if gzipped and gzipped[0] in (".jsonl", ".json") else None)
     if found is None:
         raise DatasetError(
-            f"cannot tell the format of {path} from its suffix; use .jsonl, .json, .parquet, .csv, a folder "
+            f"cannot tell the format of {path} from its suffix; use .jsonl, .json (either may be .gz), .parquet, "
+            ".csv, a folder "
             "written by datasets' save_to_disk, or set format"
         )
     return found
@@ -59,7 +63,8 @@ def read_rows(path: Path, file_format: FileFormat = "auto", split: str = "train"
 
 
 def _jsonl(path: Path) -> Iterator[Row]:
-    with path.open(encoding="utf-8", errors="replace") as f:
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -419,7 +419,8 @@ def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartS
         "warmstart": settings.model_dump(mode="json", exclude={"eval_samples_per_prompt"}),
     }
     if isinstance(task_settings, DatasetSettings):
-        fields["task"] = task_settings.model_dump(mode="json", exclude={"path", "eval_path"})
+        # Where the files are, and whether code rows' gold solutions are run at load, shape no model.
+        fields["task"] = task_settings.model_dump(mode="json", exclude={"path", "eval_path", "check_gold"})
         fields["data"] = [_file_digest(p) for p in (task_settings.path, task_settings.eval_path) if p is not None]
         fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
         fields["dataset_format"] = DATASET_FORMAT_VERSION

@@ -1,8 +1,8 @@
 """Verifiers: built-in ones, plugins from an entry-point group, and rewards.
 
 ``make_verifier(settings)`` builds the verifier a ``VerifierSettings``
-selects. Built-ins: ``math`` (math-verify), ``exact``, ``regex`` and
-``choice``. A package adds its own without forking by declaring an entry
+selects. Built-ins: ``math`` (math-verify), ``exact``, ``regex``,
+``choice`` and ``code`` (the program run against tests in the sandbox). A package adds its own without forking by declaring an entry
 point in the ``asymptote.verifiers`` group whose object, called with the
 ``options`` mapping of a ``plugin`` setting, returns a ``Verifier``::
 
@@ -23,6 +23,7 @@ from pydantic import Field
 
 from asymptote.config import Frozen
 from asymptote.tasks.verifiers.base import REASONS, Reason, Verdict, Verifier, normalize, strip_think
+from asymptote.tasks.verifiers.code import CodeSettings, CodeVerifier
 from asymptote.tasks.verifiers.math import MathSettings, MathVerifier
 from asymptote.tasks.verifiers.text import (
     ChoiceSettings,
@@ -37,6 +38,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "REASONS",
     "ChoiceSettings",
+    "CodeSettings",
     "ExactSettings",
     "MathSettings",
     "PluginSettings",
@@ -72,7 +74,8 @@ class PluginSettings(Frozen):
 
 
 VerifierSettings = Annotated[
-    MathSettings | ExactSettings | RegexSettings | ChoiceSettings | PluginSettings, Field(discriminator="kind")
+    MathSettings | ExactSettings | RegexSettings | ChoiceSettings | CodeSettings | PluginSettings,
+    Field(discriminator="kind"),
 ]
 
 
@@ -98,7 +101,9 @@ def _plugin(settings: PluginSettings) -> Verifier:
     return verifier
 
 
-def make_verifier(settings: MathSettings | ExactSettings | RegexSettings | ChoiceSettings | PluginSettings) -> Verifier:
+def make_verifier(
+    settings: MathSettings | ExactSettings | RegexSettings | ChoiceSettings | CodeSettings | PluginSettings,
+) -> Verifier:
     """The verifier ``settings`` selects; ValueError for a plugin that is not installed."""
     if isinstance(settings, MathSettings):
         return MathVerifier(settings)
@@ -108,6 +113,8 @@ def make_verifier(settings: MathSettings | ExactSettings | RegexSettings | Choic
         return RegexVerifier(settings)
     if isinstance(settings, ChoiceSettings):
         return ChoiceVerifier(settings)
+    if isinstance(settings, CodeSettings):
+        return CodeVerifier(settings)
     return _plugin(settings)
 
 
