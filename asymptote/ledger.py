@@ -36,6 +36,9 @@ from asymptote.messages import decode_ledger_batch
 
 log = logging.getLogger(__name__)
 
+TRAIN_TASK_PREFIX = "train-"
+"""Train task ids (and so rollout group ids) start with this; other message ids are no issued task's."""
+
 
 class Event:
     """The ledger's events (``LedgerEvent``) as the module's plain ints: reading a value off the
@@ -83,7 +86,9 @@ class Ledger:
     once from the stream, from the oldest such task's sequence to the end,
     which extends the covered range back. The broker is the only writer of
     outcomes (one replica, or one per partition of task ids), which is what
-    makes its own records the truth for the tasks it handles.
+    makes its own records the truth for the tasks it handles. (A generator
+    also records, for a train task it refuses on arrival, that the task was
+    dead-lettered; such a task never comes back to the broker as a group.)
 
     A fresh "issued" this ledger records marks its task open only after
     :meth:`catch_up` read the ledger from the broker's last saved state: a

@@ -24,11 +24,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from asymptote.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
 def run_until_stopped(body: Callable[[asyncio.Event], Awaitable[None]]) -> int:
-    """Run ``body(stop)`` in a fresh event loop; return a process exit code."""
+    """Run ``body(stop)`` in a fresh event loop; return a process exit code.
+
+    A ConfigError is logged as its one line and exits 2 (the CLI's code for a user's mistake); any
+    other exception is logged with its traceback and exits 1.
+    """
 
     async def _main() -> None:
         stop = asyncio.Event()
@@ -41,6 +47,9 @@ def run_until_stopped(body: Callable[[asyncio.Event], Awaitable[None]]) -> int:
         asyncio.run(_main())
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # a setting the service cannot run with (NATS too small, say): no traceback
+        log.error("%s", exc)
+        return 2
     except Exception:
         log.exception("service failed")
         return 1

@@ -29,6 +29,32 @@ MAX_TOKENS = 1_000_000
 TELEMETRY_SERVICES = ("generator", "learner")
 """The services that report compute telemetry."""
 
+# A rollout group's bytes on the wire, per completion token (rollout.proto's Completion), at most:
+TOKEN_ID_BYTES = 3
+"""token_ids, packed varints: 3 bytes hold any id below 2**21, more than any vocabulary in use."""
+LOGPROB_BYTES = 4
+"""logprobs, packed float32."""
+LOSS_MASK_BYTES = 1
+"""loss_mask, packed varints of 0 or 1 (sent under interruption length control)."""
+TEXT_BYTES_PER_TOKEN = 8
+"""text, the completion in UTF-8: 3-5 bytes a token on average in English, math and code; twice that
+leaves room for long whitespace and non-Latin tokens."""
+GROUP_BYTES_PER_TOKEN = TOKEN_ID_BYTES + LOGPROB_BYTES + LOSS_MASK_BYTES + TEXT_BYTES_PER_TOKEN
+"""16 bytes a completion token."""
+COMPLETION_OVERHEAD_BYTES = 256
+"""A completion's own fields beside its tokens: reward, flags, finish reason, a few version spans."""
+GROUP_OVERHEAD_BYTES = 64 * 1024
+"""A group's fields beside its completions and prompt (ids, timings, the task's reference), the chat
+template around the prompt, and the message's headers."""
+
+
+def max_group_bytes(group_size: int, max_tokens: int, prompt_bytes: int) -> int:
+    """The most bytes a serialized ``RolloutGroup`` of ``group_size`` completions of at most ``max_tokens``
+    tokens can take, for a prompt of ``prompt_bytes`` UTF-8 bytes (its text in the task, and at most one
+    token id of TOKEN_ID_BYTES per byte in prompt_token_ids)."""
+    per_completion = max_tokens * GROUP_BYTES_PER_TOKEN + COMPLETION_OVERHEAD_BYTES
+    return group_size * per_completion + prompt_bytes * (1 + TOKEN_ID_BYTES) + GROUP_OVERHEAD_BYTES
+
 
 def decode(message_type: type[M], data: bytes) -> M:
     """Decode one protobuf message; PayloadError names the type on failure."""

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from asymptote.lifecycle import die_with_parent
 
+MAX_PAYLOAD_BYTES = 9 * 1024 * 1024
+"""The local server's max_payload: a rollout group of up to the rollouts stream's 8 MiB, with its headers
+(the asymptote-stack chart's NATS sets the same; nats-server's own default is 1 MiB)."""
 USER_ENV = "ASY_NATS_SERVER_USER"
 PASSWORD_ENV = "ASY_NATS_SERVER_PASSWORD"
 """Where a password-protected local nats-server reads its credentials (its environment)."""
@@ -142,13 +145,17 @@ def start_nats(
     user: str | None = None,
     password: str | None = None,
     tls: ServerTls | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> NatsServer:
     """Start nats-server (loopback only) and wait until it accepts connections.
 
     With ``user`` and ``password`` every client must authenticate; with
     ``tls`` every client must speak TLS (and, with ``tls.verify``, present a
-    certificate signed by ``tls.ca_file``).
+    certificate signed by ``tls.ca_file``). ``max_payload_bytes`` is the
+    largest message it takes.
     """
+    if max_payload_bytes < 1:
+        raise ValueError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
     if user and password:
         check_config_string("user name", user)
         check_config_string("password", password)
@@ -156,18 +163,21 @@ def start_nats(
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or store_dir / "nats-server.log"
     log = log_path.open("ab")
-    auth, env = [], dict(os.environ)
+    env = dict(os.environ)
+    # max_payload has no command-line flag: it goes in a config file.
+    conf_text = f"max_payload: {max_payload_bytes}\n"
     if user and password:
         # The credentials reach the server through its environment, which
         # the config file names: never on its command line, which every
         # local user can read (/proc/<pid>/cmdline), nor in a file.
-        conf = store_dir / "auth.conf"
-        conf.write_text(f"authorization {{\n  user: ${USER_ENV}\n  password: ${PASSWORD_ENV}\n}}\n")
-        auth = ["-c", str(conf)]
+        conf_text += f"authorization {{\n  user: ${USER_ENV}\n  password: ${PASSWORD_ENV}\n}}\n"
         env.update({USER_ENV: user, PASSWORD_ENV: password})
+    conf = store_dir / "nats-server.conf"
+    conf.write_text(conf_text)
     secure = tls.args() if tls else []
+    args = ["-c", str(conf), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *secure]
     proc = subprocess.Popen(
-        [nats_server_binary(), *auth, "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port), *secure],
+        [nats_server_binary(), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry
 from asymptote.config import ListenSettings, NatsSettings
 from asymptote.health import Health, start_http
 from asymptote.jetstream.connect import wait_for_nats
-from asymptote.jetstream.names import Names, ensure_streams
+from asymptote.jetstream.names import Names
+from asymptote.jetstream.preflight import declare_streams
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ async def service_runtime(
         nc = await wait_for_nats(nats_settings, service, nats_wait_s, on_disconnect=nats_down, on_reconnect=nats_up)
         js = nc.jetstream(timeout=10.0)
         names = Names(prefix, nats_settings.stream_replicas)
-        await ensure_streams(js, names)
+        # JetStream on and the replicas possible, or one line naming the setting (preflight).
+        await declare_streams(js, names, nats_settings.url)
         rt = Runtime(service, instance_id(service), names, nc, js, health, registry, http_port)
         try:
             yield rt

@@ -3,18 +3,26 @@
 - ``status``: the release's pods by component (readiness, restarts), each
   generator's loaded policy version and the learner's, and the latest
   projection (A, B, C_mid with their intervals);
-- ``scale POOL N``: sets a generator pool's Deployment replicas through
-  its scale subresource (refused while an autoscaler owns the count, unless
+- ``scale POOL N``: sets a generator pool's replicas through the scale
+  subresource of its Deployment, or of its StatefulSet for a pool on a
+  weight fan-out tree (refused while an autoscaler owns the count, unless
   ``--force``);
+- ``fetch RELEASE --to DIR``: the run's eval.jsonl, fit.json, curve.png,
+  metrics.jsonl and, with ``--model``, an exported model (ops/fetch.py);
 - ``health HOST:PORT ...``: the standard gRPC health check of each endpoint
   (what the chart's ``helm test`` pod runs), over TLS (and mTLS) with
   ``--ca-file`` (and ``--cert-file``/``--key-file``), as the services dial.
 
-``status`` and ``scale`` talk to the Kubernetes API with the official client
-(a kubeconfig, or the pod's service account in a cluster) and read the
-services' ``/metrics`` through the API server's proxy, so no port-forward is
-needed. ``health`` needs only gRPC, so it runs from the slim images. This
-module knows the chart's labels, not the services' internals.
+``status``, ``scale`` and ``fetch`` talk to the Kubernetes API with the
+official client (a kubeconfig, or the pod's service account in a cluster).
+``status`` reads each service's ``/metrics`` from inside its pod, by a
+command exec'd there (ops/podexec.py) that asks ``127.0.0.1``: the chart's
+NetworkPolicies admit the metrics port only from Prometheus, so the API
+server's pod and service proxy, which dials the pod's address, is refused,
+while an exec never crosses the pod network. It needs RBAC ``create`` on
+``pods/exec``, and no port-forward. ``health`` needs only gRPC, so it runs
+from the slim images. This module knows the chart's labels, not the
+services' internals.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import TlsSettings
 from asymptote.errors import ConfigError
+from ops.labels import POOL_LABEL, release_selector
 
 COMPONENTS = ("broker", "generator", "learner", "fitter")
 
@@ -71,12 +80,6 @@ class ReleaseStatus:
 
 
 # -- reading the cluster --------------------------------------------------
-
-
-def release_selector(release: str, component: str | None = None) -> str:
-    """Label selector of the chart's objects of ``release`` (optionally one component)."""
-    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/part-of=asymptote"
-    return selector + (f",app.kubernetes.io/component={component}" if component else "")
 
 
 def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -123,12 +126,37 @@ def projection_from_metrics(text: str) -> Projection | None:
     return projection
 
 
-def _http_port(pod: Any) -> int | None:
+READ_METRICS = (
+    "import sys, urllib.request; "
+    "sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read())"
+)
+"""Prints the body of a URL: run by the pod's own Python (every image runs the services on one)."""
+
+
+def metrics_command(port: int, timeout_s: float) -> list[str]:
+    """What ``status`` runs in a pod to read its service's /metrics over the pod's loopback."""
+    return ["python3", "-c", READ_METRICS, f"http://127.0.0.1:{port}/metrics", f"{timeout_s:g}"]
+
+
+def _http_port(pod: Any) -> tuple[str, int] | None:
+    """(container, port) of the pod's container serving ``http``, the port of /metrics."""
     for container in pod.spec.containers or []:
         for port in container.ports or []:
             if port.name == "http":
-                return int(port.container_port)
+                return str(container.name), int(port.container_port)
     return None
+
+
+def read_metrics(core: Any, namespace: str, pod: Any, timeout_s: float) -> str:
+    """A pod's /metrics text, read inside the pod; ExecError (or LookupError: no http port) if it cannot be."""
+    from ops.podexec import run_in_pod
+
+    where = _http_port(pod)
+    if where is None:
+        raise LookupError(f"pod {pod.metadata.name} has no container port named http")
+    container, port = where
+    argv = metrics_command(port, timeout_s)
+    return run_in_pod(core, namespace, pod.metadata.name, container, argv, timeout_s + 5.0).decode()
 
 
 def _pod_status(pod: Any) -> PodStatus:
@@ -146,46 +174,43 @@ def _pod_status(pod: Any) -> PodStatus:
     )
 
 
-def collect_status(core: Any, namespace: str, release: str) -> ReleaseStatus:
-    """Pods, policy versions and the projection of ``release`` (a CoreV1Api client)."""
-    from kubernetes.client.exceptions import ApiException
+def collect_status(core: Any, namespace: str, release: str, timeout_s: float = 10.0) -> ReleaseStatus:
+    """Pods, policy versions and the projection of ``release`` (a CoreV1Api client).
+
+    Each /metrics is read in turn: the kubernetes client's exec stream swaps
+    a method of the shared API client while it opens, so two at once would race.
+    """
+    from ops.podexec import ExecError
 
     pods = core.list_namespaced_pod(namespace, label_selector=release_selector(release)).items
     order = {c: i for i, c in enumerate(COMPONENTS)}
+    gauge = {"generator": "asymptote_generator_policy_version", "learner": "asymptote_learner_policy_version"}
     out: list[PodStatus] = []
+    fitters: list[Any] = []
     for pod in pods:
         status = _pod_status(pod)
         if status.component not in order:
             continue  # e.g. the helm test pod
-        gauge = {"generator": "asymptote_generator_policy_version", "learner": "asymptote_learner_policy_version"}
-        port = _http_port(pod)
-        if status.component in gauge and status.phase == "Running" and port is not None:
+        if status.component == "fitter" and status.phase == "Running":
+            fitters.append(pod)
+        if status.component in gauge and status.phase == "Running":
             # A monitoring read: a pod that cannot answer is shown as such, never fails the report.
             try:
-                text = core.connect_get_namespaced_pod_proxy_with_path(
-                    f"{pod.metadata.name}:{port}", namespace, "metrics"
-                )
-                version = _one(metric_samples(text), gauge[status.component])
+                version = _one(metric_samples(read_metrics(core, namespace, pod, timeout_s)), gauge[status.component])
                 status.policy_version = None if version is None else int(version)
-            except (ApiException, ValueError) as exc:
-                status.metrics_error = _reason(exc)
+            except (ExecError, LookupError, ValueError) as exc:
+                status.metrics_error = str(exc)
         out.append(status)
     out.sort(key=lambda p: (order[p.component], p.name))
 
-    projection, error = None, None
-    services = core.list_namespaced_service(namespace, label_selector=release_selector(release, "fitter")).items
-    if not services:
-        error = "no fitter Service in this release"
-    else:
+    projection, error = None, "no running fitter pod in this release"
+    if fitters:
         try:
-            text = core.connect_get_namespaced_service_proxy_with_path(
-                f"{services[0].metadata.name}:http", namespace, "metrics"
-            )
-            projection = projection_from_metrics(text)
-            error = None if projection else "the fitter exports no projection yet"
-        except (ApiException, ValueError) as exc:
-            error = _reason(exc)
-    return ReleaseStatus(release, namespace, out, projection, error)
+            projection = projection_from_metrics(read_metrics(core, namespace, fitters[0], timeout_s))
+            error = "" if projection else "the fitter exports no projection yet"
+        except (ExecError, LookupError, ValueError) as exc:
+            error = str(exc)
+    return ReleaseStatus(release, namespace, out, projection, error or None)
 
 
 def _reason(exc: Exception) -> str:
@@ -194,50 +219,64 @@ def _reason(exc: Exception) -> str:
     return f"{status} {reason}" if status else str(reason)
 
 
-POOL_LABEL = "asymptote.dev/generator-pool"
+SCALE_API = {"Deployment": "deployment", "StatefulSet": "stateful_set"}
+"""The workload kinds of a generator pool (a StatefulSet on a weight fan-out tree) and their client names."""
 
 
-def generator_deployment(apps: Any, namespace: str, release: str, pool: str = "generators") -> Any:
-    """The Deployment of generator pool ``pool``; "generators" names the release's only pool."""
-    deployments = apps.list_namespaced_deployment(
-        namespace, label_selector=release_selector(release, "generator")
-    ).items
-    pools = sorted((d.metadata.labels or {}).get(POOL_LABEL, "") for d in deployments)
-    if pool != "generators":
-        deployments = [d for d in deployments if (d.metadata.labels or {}).get(POOL_LABEL) == pool]
-    if len(deployments) != 1:
-        raise LookupError(
-            f"expected one generator Deployment of release {release!r} in namespace {namespace!r} "
-            f"for {pool!r}, found {len(deployments)}; its pools: {', '.join(p for p in pools if p) or 'none named'}"
+@dataclass
+class Workload:
+    kind: str
+    name: str
+    pool: str
+
+
+def generator_workload(apps: Any, namespace: str, release: str, pool: str = "generators") -> Workload:
+    """The Deployment or StatefulSet of generator pool ``pool``; "generators" names the release's only pool."""
+    selector = release_selector(release, "generator")
+    found = [
+        Workload(kind, obj.metadata.name, (obj.metadata.labels or {}).get(POOL_LABEL, ""))
+        for kind, listing in (
+            ("Deployment", apps.list_namespaced_deployment),
+            ("StatefulSet", apps.list_namespaced_stateful_set),
         )
-    return deployments[0]
+        for obj in listing(namespace, label_selector=selector).items
+    ]
+    pools = sorted(f"{w.pool} ({w.kind})" for w in found if w.pool)
+    matches = found if pool == "generators" else [w for w in found if w.pool == pool]
+    if len(matches) != 1:
+        raise LookupError(
+            f"expected one generator Deployment or StatefulSet of release {release!r} in namespace {namespace!r} "
+            f"for {pool!r}, found {len(matches)}; its pools: {', '.join(pools) or 'none named'}"
+        )
+    return matches[0]
 
 
-def autoscalers_of(autoscaling: Any, namespace: str, deployment: str) -> list[str]:
-    """HPAs (KEDA's included) whose target is ``deployment``."""
+def autoscalers_of(autoscaling: Any, namespace: str, workload: Workload) -> list[str]:
+    """HPAs (KEDA's included) whose target is ``workload``."""
     hpas = autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
     return sorted(
         h.metadata.name
         for h in hpas
-        if h.spec.scale_target_ref.kind == "Deployment" and h.spec.scale_target_ref.name == deployment
+        if h.spec.scale_target_ref.kind == workload.kind and h.spec.scale_target_ref.name == workload.name
     )
 
 
 def scale_generators(
     apps: Any, autoscaling: Any, namespace: str, release: str, replicas: int, force: bool, pool: str = "generators"
 ) -> str:
-    """Set a generator pool's replicas (scale subresource); returns what was done, and what would undo it."""
-    deployment = generator_deployment(apps, namespace, release, pool)
-    name = deployment.metadata.name
-    owners = autoscalers_of(autoscaling, namespace, name)
+    """Set a generator pool's replicas (scale subresource); returns what was done."""
+    workload = generator_workload(apps, namespace, release, pool)
+    owners = autoscalers_of(autoscaling, namespace, workload)
     if owners and not force:
         raise PermissionError(
-            f"{name} is scaled by {', '.join(owners)}: it would undo this. Change the chart's "
-            "generator.autoscaling.minReplicas/maxReplicas, or pass --force"
+            f"{workload.kind} {workload.name} is scaled by {', '.join(owners)}: it would undo this. Change the "
+            "chart's autoscaling.minReplicas/maxReplicas (of generator or the pool), or pass --force"
         )
-    before = apps.read_namespaced_deployment_scale(name, namespace).spec.replicas
-    scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
-    return f"{name}: replicas {before} -> {scale.spec.replicas}"
+    api = SCALE_API[workload.kind]
+    before = getattr(apps, f"read_namespaced_{api}_scale")(workload.name, namespace).spec.replicas
+    body = {"spec": {"replicas": replicas}}
+    scale = getattr(apps, f"patch_namespaced_{api}_scale")(workload.name, namespace, body)
+    return f"{workload.kind.lower()}/{workload.name}: replicas {before} -> {scale.spec.replicas}"
 
 
 # -- output ----------------------------------------------------------------
@@ -345,8 +384,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="asymptote kube", description="Operate a run deployed with the Helm chart.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def cluster_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--release", default="asymptote", help="Helm release name (default: asymptote)")
+    def cluster_args(p: argparse.ArgumentParser, release_flag: bool = True) -> None:
+        if release_flag:
+            p.add_argument("--release", default="asymptote", help="Helm release name (default: asymptote)")
         p.add_argument("--namespace", "-n", help="namespace (default: the kubeconfig context's)")
         p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
         p.add_argument("--context", help="kubeconfig context")
@@ -354,11 +394,27 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="pods by component, policy versions, the latest projection")
     cluster_args(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    scale = sub.add_parser("scale", help="set the number of generators of a pool")
+    status.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for each pod's /metrics")
+    scale = sub.add_parser("scale", help="set the number of generators of a pool (Deployment or StatefulSet)")
     scale.add_argument("target", help='a generator pool\'s name, or "generators" for the only pool')
     scale.add_argument("replicas", type=int)
     scale.add_argument("--force", action="store_true", help="scale even while an autoscaler owns the count")
     cluster_args(scale)
+    fetch = sub.add_parser(
+        "fetch", help="copy eval.jsonl, fit.json, curve.png, metrics.jsonl (and an exported model) out of the cluster"
+    )
+    fetch.add_argument("release", metavar="RELEASE", help="the Helm release")
+    fetch.add_argument("--to", type=Path, required=True, help="local directory to copy into (created if missing)")
+    fetch.add_argument(
+        "--model",
+        action="store_true",
+        help="also run asymptote export in learner pod 0 and copy the model directory to DIR/model",
+    )
+    fetch.add_argument("--step", type=int, help="with --model: the checkpoint holding this step (default: newest)")
+    fetch.add_argument(
+        "--timeout-s", type=float, default=120.0, help="give up on a copy that sends nothing for this many seconds"
+    )
+    cluster_args(fetch, release_flag=False)
     health = sub.add_parser("health", help="gRPC health check of each HOST:PORT (the helm test)")
     health.add_argument("targets", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout-s", type=float, default=10.0)
@@ -399,6 +455,21 @@ def _check_health_args(args: argparse.Namespace) -> None:
             raise ConfigError(f"HOST:PORT {target!r}: expected a host and a port from 1 to 65535")
 
 
+def _cluster_args_problem(args: argparse.Namespace) -> str:
+    """What is wrong with a cluster subcommand's arguments, naming the argument; "" when nothing is."""
+    if args.command == "scale" and args.replicas < 0:
+        return f"replicas must be >= 0, got {args.replicas}"
+    timeout_s = getattr(args, "timeout_s", 1.0)
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        return f"--timeout-s: must be a number of seconds > 0, got {timeout_s}"
+    if args.command == "fetch":
+        if args.step is not None and not args.model:
+            return "--step: applies only with --model (the checkpoint to export)"
+        if args.step is not None and args.step < 0:
+            return f"--step: must be >= 0, got {args.step}"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "health":
@@ -411,20 +482,28 @@ def main(argv: list[str] | None = None) -> int:
         for target, result in results.items():
             print(f"{target}: {result}")
         return 0 if all(r == "SERVING" for r in results.values()) else 1
-    if args.command == "scale" and args.replicas < 0:
-        print("asymptote kube scale: replicas must be >= 0", file=sys.stderr)
+    problem = _cluster_args_problem(args)
+    if problem:
+        print(f"asymptote kube {args.command}: {problem}", file=sys.stderr)
         return 2
 
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
+    from ops.podexec import ExecError
+
     try:
         core, apps, autoscaling = _clients(args)
         namespace = _current_namespace(args)
         if args.command == "status":
-            status = collect_status(core, namespace, args.release)
+            status = collect_status(core, namespace, args.release, args.timeout_s)
             print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
+        elif args.command == "fetch":
+            from ops.fetch import fetch, format_fetched
+
+            fetched = fetch(core, namespace, args.release, args.to, args.model, args.step, args.timeout_s)
+            print(format_fetched(fetched))
         else:
             print(scale_generators(apps, autoscaling, namespace, args.release, args.replicas, args.force, args.target))
             print(
@@ -432,7 +511,10 @@ def main(argv: list[str] | None = None) -> int:
                 "change generatorPools[].replicas to keep it",
                 file=sys.stderr,
             )
-    except (LookupError, PermissionError) as exc:
+    except ConfigError as exc:
+        print(f"asymptote kube {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (LookupError, PermissionError, ExecError) as exc:
         print(f"asymptote kube {args.command}: {exc}", file=sys.stderr)
         return 1
     except (ApiException, ConfigException, HTTPError) as exc:

@@ -85,6 +85,20 @@ ASY_UP__MODE=sync asymptote up        # the local stack's dials
 OUTRO = """\
 `asymptote fit --config FILE` reads a [CurveFitSettings](#curvefitsettings)
 file, with overrides under `ASY_FIT__`.
+
+## One task for the broker and the generators
+
+The broker's `task` and every generator's must be the same settings (the
+Helm chart renders its one top-level `task` into both; the local stack
+writes one into both). The broker puts the task's digest
+(`asymptote.tasks.task_digest`: a hash of every task setting with its
+defaults filled in, the dataset files' paths as written among them, but
+not `num_score_workers` or `score_timeout_s`, which only say how scoring
+runs) into every task it issues. A generator whose own task's digest
+differs dead-letters the task before sampling it, with both digests in
+the `Asymptote-Reason` header, records a train task as dead-lettered in
+the ledger, and counts it in
+`asymptote_generator_task_errors_total{reason="task_digest"}`.
 """
 
 

@@ -24,12 +24,14 @@ SCHEMA_PATH = REPO / "deploy" / "helm" / "asymptote" / "values.schema.json"
 # Config fields the chart renders itself (templates/_helpers.tpl and each
 # service's template); a value for one of them would be overwritten, so the
 # schema refuses it. Dotted paths are fields of a nested section.
-# grpc_tls comes from the chart's grpcTls values, with the certificate it mounts.
+# grpc_tls comes from the chart's grpcTls values, with the certificate it mounts;
+# task from the top-level `task`, one for the broker and every generator pool.
 OWNED_FIELDS: dict[str, tuple[str, ...]] = {
-    "broker": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "batch_prompts"),
+    "broker": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "batch_prompts", "task"),
     "generator": (
         "nats",
         "prefix",
+        "task",
         "grpc",
         "grpc_tls",
         "http",
@@ -130,6 +132,23 @@ def service_config_schema(service: str, model: type[BaseModel]) -> tuple[dict[st
         + ", ".join(OWNED_FIELDS[service])
     )
     return _rename_refs(schema, service), {f"{service}.{k}": _rename_refs(v, service) for k, v in defs.items()}
+
+
+def task_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(schema of the top-level ``task``, its $defs keyed ``task.<Model>``): the services' TaskSettings."""
+    sys.path.insert(0, str(REPO))
+    from pydantic import TypeAdapter
+
+    from asymptote.tasks import TaskSettings
+
+    schema = copy.deepcopy(TypeAdapter(TaskSettings).json_schema(mode="validation"))
+    defs = schema.pop("$defs", {})
+    schema["description"] = (
+        "The run's task (asymptote.tasks: arithmetic or dataset), rendered into the broker's and every "
+        "generator pool's config; {} = none, refused once a model is set (model.cache.existingClaim, "
+        "model.download or model.cache.initContainers)"
+    )
+    return _rename_refs(schema, "task"), {f"task.{k}": _rename_refs(v, "task") for k, v in defs.items()}
 
 
 def obj(
@@ -295,6 +314,8 @@ def values_schema() -> dict[str, Any]:
     for service, model in config_models().items():
         configs[service], service_defs = service_config_schema(service, model)
         defs.update(service_defs)
+    task, task_defs = task_schema()
+    defs.update(task_defs)
     pattern_prefix = config_models()["broker"].model_fields["prefix"].metadata
     prefix_pattern = next(m.pattern for m in pattern_prefix if hasattr(m, "pattern"))
     autoscaling = obj(
@@ -441,12 +462,21 @@ def values_schema() -> dict[str, Any]:
             "fullnameOverride": {"type": "string", "maxLength": 40},
             "run": obj(
                 {
-                    "prefix": {"type": "string", "pattern": prefix_pattern},
+                    "prefix": {
+                        "type": "string",
+                        "pattern": f"^$|{prefix_pattern}",
+                        "description": '"" = the release name, "-" and "." as "_"',
+                    },
                     "name": STR,
                     "batchPrompts": {"type": "integer", "minimum": 1},
+                    "claimsOnUninstall": {
+                        "enum": ["keep", "delete"],
+                        "description": "helm uninstall keeps or deletes the learner's and the fitter's claims alike",
+                    },
                 },
-                required=("prefix", "batchPrompts"),
+                required=("prefix", "batchPrompts", "claimsOnUninstall"),
             ),
+            "task": task,
             "nats": nats,
             "grpcTls": grpc_tls(),
             "model": obj(

@@ -46,7 +46,8 @@ local and offline:
   export       a run's checkpoint as a Hugging Face model directory (transformers, vLLM)
   bench        every performance figure against its baseline, side by side (bench.json, bench.md)
   plan         GPU, host and disk memory of a run before it starts (learner, generators, checkpoints)
-  kube         a deployed run: status, scale generators, gRPC health
+  kube         a deployed run: status, scale generators, fetch results, gRPC health
+  sandbox      the code sandbox: selftest (which backend, each check), exec FILE (one program's verdict)
 """
 
 UP_FLAGS = {
@@ -463,6 +464,56 @@ def _kube(argv: list[str]) -> int:
     return kube_main(argv)
 
 
+def _sandbox(argv: list[str]) -> int:
+    """``asymptote sandbox selftest`` and ``asymptote sandbox exec FILE``: both print JSON."""
+    parser = ArgumentParser(
+        prog="asymptote sandbox", description="The sandbox code tasks run in: which backend, and one program in it."
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    test = sub.add_parser("selftest", help="choose a backend as a code task would; print it and each check")
+    run = sub.add_parser("exec", help="run one Python program as a code task would; print its verdict")
+    run.add_argument("file", type=Path, metavar="FILE", help="the Python program")
+    run.add_argument("--stdin", type=Path, help="file fed to its standard input")
+    run.add_argument("--timeout", type=float, default=10.0, help="wall-clock deadline in seconds")
+    run.add_argument("--memory", type=int, default=1024, help="address space in MiB")
+    for p in (test, run):
+        p.add_argument("--backend", choices=("auto", "bubblewrap", "landlock"), default="auto", help="backend to use")
+        p.add_argument("--python", type=Path, help="interpreter programs run with (default: this one's)")
+    args = parser.parse_args(argv)
+    from asymptote.sandbox import Limits, SandboxSettings, SandboxUnavailable, select_sandbox
+
+    program = stdin = None
+    if args.action == "exec":
+        program = _read_text(args.file, "FILE")
+        stdin = _read_text(args.stdin, "--stdin").encode() if args.stdin is not None else b""
+    try:
+        settings = SandboxSettings(backend=args.backend, python=args.python)
+        limits = Limits(timeout_s=args.timeout, memory_mib=args.memory) if args.action == "exec" else None
+    except ValidationError as exc:
+        flags = {"timeout_s": "--timeout", "memory_mib": "--memory", "python": "--python"}
+        raise ConfigError(validation_problems(exc, lambda loc: flags.get(str(loc[-1]), str(loc[-1])))) from exc
+    try:
+        selection = select_sandbox(settings)
+    except SandboxUnavailable as exc:
+        if args.action == "selftest":
+            print(json.dumps({"backend": None, "error": str(exc)}, indent=2))
+            return 1
+        raise ConfigError(str(exc)) from exc
+    if args.action == "selftest":
+        print(json.dumps(selection.as_json(), indent=2))
+        return 0
+    assert program is not None and stdin is not None
+    print(json.dumps(selection.sandbox.run(program, stdin, limits).as_json(), indent=2))
+    return 0
+
+
+def _read_text(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {path}: cannot read it as UTF-8 text: {exc}") from exc
+
+
 def _service(name: str) -> Callable[[list[str]], int]:
     """The ``main`` of a service, imported when its command runs."""
 
@@ -489,6 +540,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "prepare-model": _prepare_model,
     "plan": _plan,
     "kube": _kube,
+    "sandbox": _sandbox,
 }
 
 

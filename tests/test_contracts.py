@@ -99,6 +99,10 @@ TORCH_FREE_MODULES = (
     "services.fitter.curve",
     "services.local.stack",
     "services.cli",
+    "ops.kube",
+    "ops.fetch",
+    "ops.podexec",
+    "ops.labels",
 )
 
 

@@ -25,6 +25,9 @@ from nats.js.kv import KeyValue
 
 DEDUP_WINDOW_S = 600.0
 """JetStream duplicate window: a group re-published within it is dropped."""
+ROLLOUT_MAX_BYTES = 8 * 1024 * 1024
+"""The rollouts stream's largest message (a group); NATS's max_payload must be at least the run's largest
+group too (asymptote.jetstream.preflight checks both at the broker's start)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def stream_configs(names: Names) -> list[StreamConfig]:
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             duplicate_window=dedup,
-            max_msg_size=8 * 1024 * 1024,
+            max_msg_size=ROLLOUT_MAX_BYTES,
         ),
         StreamConfig(
             name=names.evals_stream,

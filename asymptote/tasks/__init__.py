@@ -7,6 +7,8 @@ class satisfying ``Task``, and one entry in ``_REGISTRY``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Annotated
 
@@ -32,6 +34,7 @@ __all__ = [
     "TaskSettings",
     "get_task",
     "parse_task_settings",
+    "task_digest",
     "task_names",
 ]
 
@@ -60,6 +63,29 @@ _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Task]]] = {
 def parse_task_settings(value: object) -> ArithmeticSettings | DatasetSettings:
     """Validated task settings from a mapping (a missing name means arithmetic); ValidationError if bad."""
     return _ADAPTER.validate_python(value)
+
+
+OPERATIONAL_FIELDS = frozenset({"num_score_workers", "score_timeout_s"})
+"""Task settings that say how a generator runs its scoring, not what a reward means: left out of the digest."""
+DIGEST_CHARS = 16
+"""Hex characters of a task digest (64 bits: a collision between two tasks of one run is not a concern)."""
+
+
+def task_digest(settings: ArithmeticSettings | DatasetSettings) -> str:
+    """A stable hash of what a task's rewards mean, which every generation task carries.
+
+    It covers every setting of the task (its kind, verifier, reward style,
+    prompt template, system prompt and format, length control, and the
+    dataset's identity: the files' paths as written, split, fields, preset,
+    held-out choice and seed; the arithmetic task's parameters), with the
+    defaults filled in, so values that spell the same settings differently
+    hash alike. Left out are OPERATIONAL_FIELDS (scoring workers, the time
+    limit of one scoring). The files' contents are not read: the generator
+    that checks the digest never opens them.
+    """
+    values = settings.model_dump(mode="json", exclude=set(OPERATIONAL_FIELDS))
+    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def task_names() -> list[str]:

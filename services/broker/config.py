@@ -62,7 +62,8 @@ class BrokerConfig(ServiceSettings):
     http: ListenSettings = ListenSettings(port=9101)
     """HTTP listener (/metrics, /healthz, /readyz)."""
     task: TaskSettings = ArithmeticSettings()
-    """The task the curriculum draws prompts from, with its parameters (splits, sizes, seed)."""
+    """The task the curriculum draws prompts from, with its parameters (splits, sizes, seed). Every task issued
+    carries its digest; generators configured with another task refuse it."""
     sampling: SamplingSettings = SamplingSettings()
     """Train rollout sampling."""
     eval: EvalSettings = EvalSettings()

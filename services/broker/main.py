@@ -9,6 +9,7 @@ from pathlib import Path
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import load_config, log_resolved
 from asymptote.jetstream.names import ensure_bucket
+from asymptote.jetstream.preflight import check_max_payload
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
 from asymptote.rpc import start_server
@@ -27,6 +28,8 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
         curriculum_kv = await ensure_bucket(rt.js, rt.names.curriculum_bucket, replicas=rt.names.replicas)
         pipeline = BrokerPipeline(config, rt.js, rt.names, curriculum_kv, policy_kv, metrics)
+        # Before any task is issued: a group NATS would refuse is lost work, found late.
+        check_max_payload(rt.nc.max_payload, pipeline.largest_message(), config.nats.url)
         await pipeline.load_state()
         servicer = BrokerServicer(pipeline, rt.health, rt.instance_id)
         server, _ = await start_server(

@@ -23,13 +23,14 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
+from asymptote.jetstream.preflight import MessageSize
 from asymptote.jetstream.publish import Outgoing, Publisher
 from asymptote.jetstream.pull import durable_puller
-from asymptote.ledger import Event, Ledger
+from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.lifecycle import wait_or_stop
-from asymptote.messages import decode, decode_group
+from asymptote.messages import decode, decode_group, max_group_bytes
 from asymptote.policy import watch_policy
-from asymptote.tasks import Problem, get_task
+from asymptote.tasks import Problem, get_task, task_digest
 from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum
@@ -39,8 +40,6 @@ from services.broker.shaping import shape_overlong
 log = logging.getLogger(__name__)
 
 STATE_KEY = "state"
-TRAIN_TASK_PREFIX = "train-"
-"""Train task ids (and so rollout group ids) start with this; other message ids are no issued task's."""
 MAX_DELIVER = 5
 """Redeliveries of a rollout group before JetStream gives up on it."""
 FETCH_BATCH = 256
@@ -68,6 +67,8 @@ class BrokerPipeline:
         self.policy_kv = policy_kv
         self.metrics = metrics
         task = get_task(config.task.name, config.task)
+        self.task_digest = task_digest(config.task)
+        """Carried by every task issued: a generator holding another task's digest dead-letters the task."""
         self.heldout: list[Problem] = list(task.problems("heldout"))
         if config.eval.num_prompts:
             self.heldout = self.heldout[: config.eval.num_prompts]
@@ -101,6 +102,18 @@ class BrokerPipeline:
         self.policy_seen = asyncio.Event()
         self.run_finished = False
         """The learner announced its final version (max_steps): generators are wanted only to drain the tasks left."""
+
+    def largest_message(self) -> MessageSize:
+        """The largest message this run makes: a rollout group of the longest prompt, every completion
+        at max_tokens (what NATS's max_payload must admit; checked at start)."""
+        s = self.config.sampling
+        system = getattr(self.config.task, "system_prompt", None) or ""
+        prompt_bytes = max((len(p.prompt.encode()) for p in (*self._train, *self.heldout)), default=0)
+        return MessageSize(
+            max_group_bytes(s.group_size, s.max_tokens, prompt_bytes + len(system.encode())),
+            f"a rollout group of {s.group_size} x {s.max_tokens} tokens",
+            "the broker's sampling.group_size or sampling.max_tokens",
+        )
 
     # -- state -------------------------------------------------------------
 
@@ -298,6 +311,7 @@ class BrokerPipeline:
             issued_unix_s=time.time(),
             epoch=epoch,
             require_version=self.start_version(ahead),
+            task_digest=self.task_digest,
         )
 
     async def issue_eval_round(self, version: int) -> None:
@@ -328,6 +342,7 @@ class BrokerPipeline:
                     eval_id=eval_id,
                     eval_num_prompts=len(self.heldout),
                     require_version=version,
+                    task_digest=self.task_digest,
                 )
                 await self.js.publish(
                     self.names.eval_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}

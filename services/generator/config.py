@@ -93,7 +93,8 @@ class GeneratorConfig(MeteredServiceSettings):
     swap_mode: Literal["inflight", "drain"] = "inflight"
     """inflight: pause keeping requests and KV cache, swap, resume (PipelineRL); drain: finish running requests first."""
     task: TaskSettings = ArithmeticSettings()
-    """The broker's task: a dataset task's prompt template and verifier apply here (its files are not read)."""
+    """The broker's task, the same settings: a dataset task's prompt template and verifier apply here (its files
+    are not read). A task message whose task digest is another task's is dead-lettered."""
     weights_dir: Path = Path("/dev/shm/asymptote")
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""
     fanout: FanoutSettings = FanoutSettings()

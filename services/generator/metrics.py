@@ -17,7 +17,11 @@ class GeneratorMetrics:
         self.tokens = Counter("asymptote_generator_tokens", "Completion tokens generated", ["kind"], registry=r)
         self.groups = Counter("asymptote_generator_groups", "Groups published", ["kind"], registry=r)
         self.task_errors = Counter(
-            "asymptote_generator_task_errors", "Tasks that failed and were handed back", ["reason"], registry=r
+            "asymptote_generator_task_errors",
+            "Tasks that failed and were handed back (by exception), or were dead-lettered (poison: undecodable; "
+            "task_digest: another task's)",
+            ["reason"],
+            registry=r,
         )
         self.verdicts = Counter(
             "asymptote_generator_verdicts",
@@ -55,6 +59,7 @@ class GeneratorMetrics:
             "Generation stalled per swap (scheduler paused to resumed)",
             buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5),
             registry=r,
+        self.task_errors.labels("task_digest")
         )
         self.swap_pull_s = Histogram(
             "asymptote_generator_swap_pull_seconds",

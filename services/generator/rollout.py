@@ -31,6 +31,7 @@ from asymptote.messages import decode_task
 from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
 from services.generator.metrics import GeneratorMetrics
+from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from services.generator.scoring import TaskScorer
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class RolloutLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         config = ConsumerConfig(
+        self.ledger = Ledger(js, names, "generator")
+        """Where the dead letters of train tasks are recorded (the broker records every other outcome)."""
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_s,
             max_deliver=MAX_DELIVER,
@@ -171,7 +174,8 @@ class RolloutLoop:
     def _start_waiting(self) -> None:
         """Start leased tasks while the engine has room (also called as each group finishes)."""
         while self._waiting and len(self._inflight) < self.max_inflight and not self._drain.is_set():
-            t = asyncio.create_task(self._handle(self._waiting.popleft()))
+            msg = self._waiting.popleft()
+            t = asyncio.create_task(self._handle(msg))
             self._inflight.add(t)
             t.add_done_callback(self._finished)
 
@@ -182,10 +186,14 @@ class RolloutLoop:
     async def _handle(self, msg: Msg) -> None:
         try:
             task = decode_task(msg.data)
-            self.scorer.check(task.task_name)
-        except (PayloadError, ValueError) as exc:  # ValueError: a task name no verifier knows
-            await deadletter(self.js, self.names, msg, "tasks", str(exc))
-            self.metrics.task_errors.labels("poison").inc()
+        except PayloadError as exc:
+            await self._refuse(msg, _task_id_of(msg), str(exc), "poison")
+            return
+        try:
+            self.scorer.check(task)
+        except ValueError as exc:  # another task's digest
+            train_id = task.task_id if task.kind == rollout_pb2.TASK_KIND_TRAIN else ""
+            await self._refuse(msg, train_id, str(exc), "task_digest")
             return
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
@@ -268,6 +276,25 @@ class RolloutLoop:
             prompt_token_ids=prompt_ids,
             completions=[completion(x, r) for x, r in zip(samples, rewards)],
             generator_id=self.generator_id,
+    async def _refuse(self, msg: Msg, train_id: str, reason: str, error: str) -> None:
+        """Dead-letter a task no generator configured like this one can take, counted under ``error``.
+
+        A train task (``train_id``: an id the broker issued) gets its outcome
+        in the ledger before its dead letter, as the broker records a poison
+        group's, so the audit counts it dead-lettered rather than lost. When
+        the ledger cannot be written the task is handed back and refused
+        again on its next delivery.
+        """
+        if train_id.startswith(TRAIN_TASK_PREFIX):
+            try:
+                await self.ledger.record(self.ledger.entry(train_id, Event.LEDGER_EVENT_DEADLETTERED, reason))
+            except Exception as exc:
+                log.warning("ledger record of refused task %s failed, handing it back: %s", train_id, exc)
+                await msg.nak(delay=1.0)
+                return
+        await deadletter(self.js, self.names, msg, "tasks", reason)
+        self.metrics.task_errors.labels(error).inc()
+
             started_unix_s=started,
             finished_unix_s=time.time(),
             min_version=min(versions),
@@ -297,3 +324,8 @@ class RolloutLoop:
             finished_unix_s=time.time(),
             num_tokens=num_tokens,
         )
+
+
+def _task_id_of(msg: Msg) -> str:
+    """The id an undecodable task was published under (its message id), if any."""
+    return str((msg.headers or {}).get("Nats-Msg-Id", ""))

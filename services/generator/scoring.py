@@ -3,10 +3,15 @@
 Owns the generator's side of a task: the configured dataset task's prompts
 go through its template (the chat template of the model's own tokenizer,
 or the plain one) and its completions through a ``ScoringPool`` with a
-per-completion time limit, each verdict counted by reason. Any other task
-(the built-in arithmetic one) is scored in this process with its default
-settings, its prompt sent as it is. A dataset task with a thinking budget
-is sampled under interruption length control (length.py).
+per-completion time limit, each verdict counted by reason. The built-in
+arithmetic task is scored in this process, its prompt sent as it is. A
+dataset task with a thinking budget is sampled under interruption length
+control (length.py).
+
+A generator serves the one task it is configured with: a task message
+whose task digest (``asymptote.tasks.task_digest``) is not this task's is
+refused by :meth:`TaskScorer.check`, since scoring it here would judge it
+by another task's rules.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task, task_digest
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.verifiers import reward
 from asymptote.tasks.verifiers.pool import ScoringPool
@@ -27,6 +33,8 @@ class TaskScorer:
         self, settings: ArithmeticSettings | DatasetSettings, model_dir: Path, metrics: GeneratorMetrics
     ) -> None:
         self.settings = settings
+        self.digest = task_digest(settings)
+        """The digest every task this generator takes must carry."""
         self.model_dir = model_dir
         self.metrics = metrics
         self._tasks: dict[str, Task] = {}
@@ -34,12 +42,15 @@ class TaskScorer:
         self._tokenizer: Any = None
         self._length: LengthControl | None = None
 
-    def check(self, task_name: str) -> None:
-        """ValueError for a task this generator cannot score (an unknown name, a dataset not configured)."""
-        if task_name == self.settings.name:
-            return
-        if task_name not in self._tasks:
-            self._tasks[task_name] = get_task(task_name)
+    def check(self, task: rollout_pb2.GenerationTask) -> None:
+        """ValueError, naming both digests, for a task whose digest is not this generator's task's."""
+        if task.task_digest != self.digest:
+            theirs = task.task_digest or "none (a broker that sends no digest)"
+            raise ValueError(
+                f"task {task.task_id} ({task.task_name!r}) carries task digest {theirs}; this generator holds "
+                f"{self.digest} ({self.settings.name!r}): the broker and the generators must be configured "
+                "with the same task (the chart's top-level `task`)"
+            )
 
     def prompt(self, task_name: str, prompt: str) -> str:
         """The text the engine continues for ``prompt``."""
@@ -75,10 +86,9 @@ class TaskScorer:
             for v in verdicts:
                 self.metrics.verdicts.labels(v.reason).inc()
             return [reward(v, s.reward_style) for v in verdicts]
-        self.check(task_name)
-        task = self._tasks.get(task_name) or get_task(task_name, s)
-        self._tasks[task_name] = task
-        return [task.score(c, reference) for c in completions]
+        if task_name not in self._tasks:  # another built-in task than the configured one: its defaults
+            self._tasks[task_name] = get_task(task_name, s if task_name == s.name else None)
+        return [self._tasks[task_name].score(c, reference) for c in completions]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -61,6 +61,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "schedulerName": "kueue-aware-scheduler",
         },
         "model": {"sizeGiB": 16, "cache": {"existingClaim": "qwen3-8b"}},
+        "task": {"name": "arithmetic", "max_digits": 4},
     },
     # Two generator pools: H100s one GPU each, and A100s in pairs (tensor
     # parallelism 2) on another node pool, under the NVIDIA runtime class, one on MIG slices.
@@ -112,6 +113,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "tls": {"caSecret": "nats-ca"},
         },
         "model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"},
+        "task": {
+            "name": "dataset",
+            "path": "/models/data/train.parquet",
+            "holdout_fraction": 0.05,
+            "fields": {"prompt": "problem", "answer": "solution", "id": None},
+            "verifier": {"kind": "exact"},
+        },
         "networkPolicy": {"natsTo": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "natsPorts": [4222]},
         "run": {"prefix": "ablation_b", "name": "cispo-8b", "batchPrompts": 48},
         "learner": {"config": {"loss": {"name": "dapo", "tis_cap": 2.0}, "max_steps": 500}},
@@ -140,6 +148,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 "tokenSecret": {"name": "hf-token", "key": "token"},
                 "datasets": [{"repo": "openai/gsm8k", "path": "data/gsm8k", "files": ["main/*.parquet"]}],
             },
+        },
+        "task": {
+            "name": "dataset",
+            "path": "/models/data/gsm8k/main/train-00000-of-00001.parquet",
+            "eval_path": "/models/data/gsm8k/main/test-00000-of-00001.parquet",
+            "preset": "gsm8k",
         },
         "networkPolicy": {"downloadTo": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]},
     },

@@ -116,7 +116,7 @@ def test_service_configs_load_with_the_services_models(
         "0.0.0.0",
         ports["http"],
     )
-    assert config.prefix == values["run"]["prefix"]
+    assert config.prefix == (values["run"]["prefix"] or RELEASE.replace("-", "_"))  # "" = the release's
     assert config.log_format == "json"
     assert config.nats.url == values["nats"]["url"]
     auth = values["nats"]["auth"]
@@ -587,7 +587,9 @@ def test_service_monitors_scrape_every_service() -> None:
     for monitor in monitors:
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         (endpoint,) = monitor["spec"]["endpoints"]
-        assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s"}
+        # Every series labelled with its release, which the dashboard and the alerts select by.
+        relabel = [{"targetLabel": "release", "replacement": RELEASE, "action": "replace"}]
+        assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}
         services = [
             s for s in rendered.of_kind("Service") if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])
         ]
@@ -765,7 +767,7 @@ def test_the_chart_defaults_are_the_papers_8b_preset(tmp_path: Path) -> None:
 def test_the_broker_reads_a_dataset_task_from_the_model_cache(rendered: Rendered, value_set: str) -> None:
     """The broker loads a dataset task's files: with one, it mounts the model cache claim read-only, else nothing."""
     values = render_values(value_set)
-    task = values["broker"]["config"].get("task") or {}
+    task = values.get("task") or {}
     spec = pod_spec(rendered, "broker")
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["name"]: m for m in container(rendered, "broker")["volumeMounts"]}
@@ -775,6 +777,6 @@ def test_the_broker_reads_a_dataset_task_from_the_model_cache(rendered: Rendered
         mount = mounts["model-cache"]
         assert mount["readOnly"] is True
         for key in ("path", "eval_path"):
-            assert task[key].startswith(mount["mountPath"] + "/")
+            assert task.get(key, mount["mountPath"] + "/").startswith(mount["mountPath"] + "/")
     else:
         assert "model-cache" not in volumes and "model-cache" not in mounts

@@ -4,7 +4,8 @@ Prometheus (Debian's package) scraping a briefly running local stack.
 Grafana is not packaged here, so the dashboard's PromQL is run against
 Prometheus's HTTP API with the template variables replaced: the scrape
 targets carry the labels the Prometheus Operator's ServiceMonitors give
-them in a cluster (namespace, service, pod), ``$__rate_interval`` becomes
+them in a cluster (namespace, service, pod, and the release the chart's
+ServiceMonitors add), ``$__rate_interval`` becomes
 a window over the run, ``$run`` the run's name.
 
 The fit panels need a fit whatever eight steps of training learned: the
@@ -44,6 +45,8 @@ _spec.loader.exec_module(_launcher)
 launch = _launcher.launch
 
 NAMESPACE = "asymptote-e2e"
+RELEASE = "lab"
+"""The release label the chart's ServiceMonitors give every series."""
 SCRAPE_INTERVAL_S = 1
 MAX_STEPS = 8
 # The known curve behind the seeded eval series: versions 1-8 at 600-4800
@@ -117,7 +120,12 @@ def scrape_config(stack: Any) -> dict[str, Any]:
         jobs.setdefault(component, []).append(
             {
                 "targets": [f"127.0.0.1:{p.http_port}"],
-                "labels": {"namespace": NAMESPACE, "service": f"asymptote-{component}", "pod": p.name},
+                "labels": {
+                    "namespace": NAMESPACE,
+                    "release": RELEASE,
+                    "service": f"asymptote-{component}",
+                    "pod": p.name,
+                },
             }
         )
     return {
@@ -134,6 +142,7 @@ def substitute(expr: str, run: str, rate_window_s: int) -> str:
     out = (
         expr.replace("$__rate_interval", f"{rate_window_s}s")
         .replace("$namespace", NAMESPACE)
+        .replace("$release", RELEASE)
         .replace("$run", re.escape(run))
     )
     assert "$" not in out, f"unreplaced variable in {out}"
@@ -214,7 +223,7 @@ def test_every_dashboard_query_returns_data(launch: Any, prometheus: tuple[str, 
         f"over a {window}s run of {len(steps)} steps"
     )
     assert finite == len(results), [n for n, v in numbers.items() if not any(math.isfinite(x) for x in v)]
-    assert variables == {"namespace": [NAMESPACE], "run": [run]}
+    assert variables == {"namespace": [NAMESPACE], "release": [RELEASE], "run": [run]}
 
     def value(title_prefix: str, expr_part: str) -> float:
         (name,) = [n for n in numbers if n.startswith(title_prefix) and expr_part in n]

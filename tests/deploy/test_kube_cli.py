@@ -1,27 +1,32 @@
 """``asymptote kube`` against recorded Kubernetes API responses.
 
-No API server runs on these machines, so a loopback HTTP server replays
-responses in the API's JSON format (tests/deploy/kube_api/) to the real
-`kubernetes` client, configured from a kubeconfig file as a user's would
-be; the services' /metrics bodies behind the API server's proxy come from
-the services' own metric definitions. ``kube health`` checks real gRPC
-health servers, plaintext and with TLS and mTLS.
+No Kubernetes API server can run on these machines, so a fake one
+(tests/deploy/kube_fake.py) replays responses recorded in the API's JSON
+format (tests/deploy/kube_api/: a release with a Deployment pool, ``a100``,
+and a StatefulSet pool on a weight fan-out tree, ``h100``) to the real
+``kubernetes`` client, configured from a kubeconfig file as a user's would
+be. It serves exec over the API's WebSocket protocol by running the CLI's
+commands against folders and loopback servers standing for the pods, and
+answers the API server's proxy as the chart's own NetworkPolicies (rendered
+with the Helm SDK) decide. The services' /metrics bodies come from the
+services' own metric definitions. ``kube health`` checks real gRPC health
+servers, plaintext and with TLS and mTLS.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import threading
+import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import yaml
+from chart_render import render
 from grpc_health.v1 import health_pb2
+from kube_fake import FULL, NS, RELEASE, RUN_DIR, FakeApi, FakePod, admits_api_server, fake_api, recorded_pods
 from pki import health_server, service_tls, tls_secret
 from prometheus_client import generate_latest
 
@@ -32,9 +37,10 @@ from services.fitter.metrics import ProjectionCollector, registry_with
 from services.generator.metrics import GeneratorMetrics
 from services.learner.metrics import LearnerMetrics
 
-RECORDED = Path(__file__).parent / "kube_api"
-NS, RELEASE, FULL = "rl", "lab", "lab-asymptote"
 SELECTOR = "app.kubernetes.io/instance=lab,app.kubernetes.io/part-of=asymptote"
+A100_READY, A100_UNREADY = f"{FULL}-generator-a100-6f7d9c8b5-x2kfp", f"{FULL}-generator-a100-6f7d9c8b5-7hzrw"
+FITTER, LEARNER = f"{FULL}-fitter-7b8f6d9c4-m4n8s", f"{FULL}-learner-0"
+DEPLOYMENTS, STATEFULSETS = f"/apis/apps/v1/namespaces/{NS}/deployments", f"/apis/apps/v1/namespaces/{NS}/statefulsets"
 
 
 def generator_metrics(version: int) -> str:
@@ -75,99 +81,47 @@ def fitter_metrics() -> str:
     return generate_latest(registry_with(collector)).decode()
 
 
-@dataclass
-class FakeApi:
-    """Replays recorded responses; records every request it was sent."""
+# What the run has written to the fitter's and the learner's run volumes.
+RUN_FILES: dict[str, dict[str, str | bytes]] = {
+    "fitter": {
+        "eval.jsonl": "".join(
+            json.dumps({"step": s, "policy_version": s, "compute": 400.0 * s, "pass_rate": 0.2 + 0.002 * s}) + "\n"
+            for s in range(0, 120, 10)
+        ),
+        "fit.json": json.dumps({"ok": True, "a": 0.612, "b": 1.9, "c_mid": 32000.0}),
+        "curve.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40,
+    },
+    "learner": {"metrics.jsonl": "".join(json.dumps({"step": s, "loss": 0.1 / s}) + "\n" for s in range(1, 201))},
+}
 
-    url: str
-    hpas: str = "hpas-none.json"
-    requests: list[tuple[str, str, Any]] = field(default_factory=list)
-    replicas: int = 2
+
+def write_run(run_dir: Path, files: dict[str, str | bytes]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        path = run_dir / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApi]:
-    state = FakeApi(url="")
-    proxied = {
-        f"/api/v1/namespaces/{NS}/pods/{FULL}-generator-6f7d9c8b5-x2kfp:9102/proxy/metrics": generator_metrics(41),
-        f"/api/v1/namespaces/{NS}/pods/{FULL}-learner-0:9103/proxy/metrics": learner_metrics(42),
-        f"/api/v1/namespaces/{NS}/services/{FULL}-fitter:http/proxy/metrics": fitter_metrics(),
-    }
-    recorded = {
-        f"/api/v1/namespaces/{NS}/pods": "pods.json",
-        f"/api/v1/namespaces/{NS}/services": "services-fitter.json",
-        f"/apis/apps/v1/namespaces/{NS}/deployments": "deployments-generator.json",
-    }
-    scale_path = f"/apis/apps/v1/namespaces/{NS}/deployments/{FULL}-generator/scale"
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, status: int, body: str, content_type: str = "application/json") -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _status(self, code: int, reason: str, message: str) -> None:
-            self._send(
-                code,
-                json.dumps(
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "metadata": {},
-                        "status": "Failure",
-                        "message": message,
-                        "reason": reason,
-                        "code": code,
-                    }
-                ),
-            )
-
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            path, query = unquote(url.path), parse_qs(url.query)
-            state.requests.append(("GET", path, query))
-            if path in proxied:
-                self._send(200, proxied[path], "text/plain; version=0.0.4; charset=utf-8")
-            elif path.endswith("/proxy/metrics"):
-                # The unready generator: the API server's proxy gets no answer from it.
-                self._status(503, "ServiceUnavailable", "error trying to reach service: connection refused")
-            elif path in recorded:
-                self._send(200, (RECORDED / recorded[path]).read_text())
-            elif path == f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers":
-                self._send(200, (RECORDED / state.hpas).read_text())
-            elif path == scale_path:
-                scale = json.loads((RECORDED / "scale-generator.json").read_text())
-                scale["spec"]["replicas"] = state.replicas
-                self._send(200, json.dumps(scale))
-            else:
-                self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
-
-        def do_PATCH(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            path = unquote(urlsplit(self.path).path)
-            state.requests.append(("PATCH", path, {"body": body, "content-type": self.headers["Content-Type"]}))
-            if path != scale_path:
-                return self._status(404, "NotFound", path)
-            state.replicas = int(body["spec"]["replicas"])
-            scale = json.loads((RECORDED / "scale-generator.json").read_text())
-            scale["spec"]["replicas"] = state.replicas
-            self._send(200, json.dumps(scale))
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+def api(tmp_path: Path) -> Iterator[FakeApi]:
+    write_run(tmp_path / "pods" / "fitter", RUN_FILES["fitter"])
+    write_run(tmp_path / "pods" / "learner", RUN_FILES["learner"])
+    state = FakeApi(
+        pods={
+            A100_READY: FakePod(metrics=generator_metrics(41)),
+            A100_UNREADY: FakePod(),  # starting: nothing listens yet
+            f"{FULL}-generator-h100-0": FakePod(metrics=generator_metrics(40)),
+            f"{FULL}-generator-h100-1": FakePod(metrics=generator_metrics(39)),
+            LEARNER: FakePod(
+                run_dir=tmp_path / "pods" / "learner", metrics=learner_metrics(42), checkpoint_steps=[100, 200]
+            ),
+            FITTER: FakePod(run_dir=tmp_path / "pods" / "fitter", metrics=fitter_metrics()),
+        },
+        # The chart's NetworkPolicies for this release: two pools, one on a fan-out tree.
+        policies=render("weight-fanout-tree").of_kind("NetworkPolicy"),
+    )
+    with fake_api(state):
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
@@ -188,6 +142,9 @@ def kubeconfig(api: FakeApi, tmp_path: Path) -> Path:
     return path
 
 
+# -- status -------------------------------------------------------------------
+
+
 def test_status_reports_pods_versions_and_projection(
     api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -196,13 +153,14 @@ def test_status_reports_pods_versions_and_projection(
     lines = out.splitlines()
     rows = [line.split() for line in lines if line.startswith(("broker", "generator", "learner", "fitter"))]
     # By component, in the pipeline's order; the completed helm test pod is not a service.
-    assert [r[0] for r in rows] == ["broker", "generator", "generator", "learner", "fitter"]
+    assert [r[0] for r in rows] == ["broker", *["generator"] * 4, "learner", "fitter"]
     by_pod = {r[1]: r for r in rows}
-    ready_gen = by_pod[f"{FULL}-generator-6f7d9c8b5-x2kfp"]
-    assert ready_gen[2:6] == ["1/1", "Running", "0", "41"]
-    unready = by_pod[f"{FULL}-generator-6f7d9c8b5-7hzrw"]
-    assert unready[2:5] == ["0/1", "Running", "2"] and "503" in " ".join(unready[5:])
-    assert by_pod[f"{FULL}-learner-0"][5] == "42"
+    assert by_pod[A100_READY][2:6] == ["1/1", "Running", "0", "41"]
+    # The StatefulSet pool's pods, by ordinal, each with its own version.
+    assert by_pod[f"{FULL}-generator-h100-0"][5] == "40" and by_pod[f"{FULL}-generator-h100-1"][5] == "39"
+    unready = by_pod[A100_UNREADY]
+    assert unready[2:5] == ["0/1", "Running", "2"] and "Connection refused" in " ".join(unready[5:])
+    assert by_pod[LEARNER][5] == "42"
     assert "projection (run cispo-8b): latest fit ok, 12 points, last held-out pass rate 0.470" in out
     assert "a     0.612 [0.58, 0.64]" in out
     assert "c_mid 3.2e+04 [2.5e+04, 4.1e+04] accelerator-s" in out
@@ -210,82 +168,237 @@ def test_status_reports_pods_versions_and_projection(
     # The namespace came from the kubeconfig context; the pods were listed by the release's labels.
     gets = [(p, q) for m, p, q in api.requests if m == "GET"]
     assert (f"/api/v1/namespaces/{NS}/pods", {"labelSelector": [SELECTOR]}) in gets
-    assert (
-        f"/api/v1/namespaces/{NS}/services",
-        {"labelSelector": [SELECTOR + ",app.kubernetes.io/component=fitter"]},
-    ) in gets
 
 
-def test_status_json(api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["kube", "status", "--release", RELEASE, "-n", NS, "--kubeconfig", str(kubeconfig), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    versions = {p["name"]: p["policy_version"] for p in report["pods"] if p["component"] == "generator"}
-    assert versions == {f"{FULL}-generator-6f7d9c8b5-x2kfp": 41, f"{FULL}-generator-6f7d9c8b5-7hzrw": None}
-    assert {p["component"]: p["ready"] for p in report["pods"] if p["component"] != "generator"} == {
-        "broker": True,
-        "learner": True,
-        "fitter": True,
-    }
-    projection = report["projection"]
-    assert projection["params"]["a"] == [0.612, 0.58, 0.64]
-    assert projection["params"]["b"] == [1.9, 1.5, 2.4]
-    assert projection["projected"] == [[96000.0, 0.55, 0.53, 0.57], [480000.0, 0.6, 0.57, 0.63]]
-
-
-def test_scale_generators_uses_the_scale_subresource(
+def test_status_reads_metrics_inside_the_pods_which_the_chart_policy_allows(
     api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli(["kube", "scale", "generators", "5", "--release", RELEASE, "--kubeconfig", str(kubeconfig)]) == 0
+    """The chart's NetworkPolicies refuse the API server's proxy on every service's metrics port,
+    so status reads /metrics from inside each pod (exec), on the port the pod declares."""
+    pods = recorded_pods()
+    for name in (A100_READY, f"{FULL}-generator-h100-0", LEARNER, FITTER):
+        labels = pods[name]["metadata"]["labels"]
+        assert not admits_api_server(api.policies, labels, "http", 9102), name
+    # The same policies with the API server's address range in metricsFrom would let it through:
+    # the check above is about the chart's rules, not a fake that refuses everything.
+    opened = render("weight-fanout-tree").of_kind("NetworkPolicy")
+    for policy in opened:
+        for rule in policy["spec"].get("ingress", []):
+            if {"port": "http", "protocol": "TCP"} in rule.get("ports", []):
+                rule["from"].append({"ipBlock": {"cidr": "172.16.0.0/12"}})
+    assert admits_api_server(opened, pods[FITTER]["metadata"]["labels"], "http", 9104)
+
+    assert cli(["kube", "status", "--release", RELEASE, "--kubeconfig", str(kubeconfig), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert not [p for _, p, _ in api.requests if "/proxy" in p]
+    execs = {pod: (container, argv) for pod, container, argv in api.execs}
+    # One exec per running generator and learner, one for the fitter's projection; not the broker.
+    assert sorted(execs) == sorted([*(n for n in pods if "-generator-" in n), LEARNER, FITTER])
+    for pod, (container, argv) in execs.items():
+        assert container == pods[pod]["spec"]["containers"][0]["name"]
+        http = next(p["containerPort"] for p in pods[pod]["spec"]["containers"][0]["ports"] if p["name"] == "http")
+        assert argv[0] == "python3" and argv[3] == f"http://127.0.0.1:{http}/metrics"
+    versions = {p["name"]: p["policy_version"] for p in report["pods"] if p["component"] == "generator"}
+    assert versions == {
+        A100_READY: 41,
+        A100_UNREADY: None,
+        f"{FULL}-generator-h100-0": 40,
+        f"{FULL}-generator-h100-1": 39,
+    }
+    assert report["projection"]["params"]["a"] == [0.612, 0.58, 0.64]
+    assert report["projection"]["params"]["b"] == [1.9, 1.5, 2.4]
+    assert report["projection"]["projected"] == [[96000.0, 0.55, 0.53, 0.57], [480000.0, 0.6, 0.57, 0.63]]
+
+
+def test_status_without_exec_rights_says_so(api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    api.exec_forbidden = True
+    assert cli(["kube", "status", "--release", RELEASE, "--kubeconfig", str(kubeconfig), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    errors = [p["metrics_error"] for p in report["pods"] if p["component"] in ("generator", "learner")]
+    assert len(errors) == 5 and all("403" in e and "pods/exec" in e for e in errors)
+    assert report["projection"] is None and "pods/exec" in report["projection_error"]
+
+
+# -- scale --------------------------------------------------------------------
+
+
+def patches(api: FakeApi) -> list[tuple[str, Any]]:
+    return [(p, q) for m, p, q in api.requests if m == "PATCH"]
+
+
+def test_scale_a_deployment_pool_and_a_statefulset_pool(
+    api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--release", RELEASE, "--kubeconfig", str(kubeconfig)]
+    assert cli(["kube", "scale", "a100", "5", *base]) == 0
     out = capsys.readouterr()
-    assert out.out.strip() == f"{FULL}-generator: replicas 2 -> 5"
+    assert out.out.strip() == f"deployment/{FULL}-generator-a100: replicas 2 -> 5"
     assert "next helm upgrade sets it back" in out.err and "generatorPools[].replicas" in out.err
-    patches = [q for m, p, q in api.requests if m == "PATCH"]
-    assert patches == [{"body": {"spec": {"replicas": 5}}, "content-type": "application/strategic-merge-patch+json"}]
-    assert api.replicas == 5
-    # A pool the release does not have is named back with the pools it has.
-    args = ["kube", "scale", "a100", "3", "--release", RELEASE, "--kubeconfig", str(kubeconfig)]
-    assert cli(args) == 1
-    assert "for 'a100', found 0" in capsys.readouterr().err
-    assert api.replicas == 5
+    # The fan-out pool is a StatefulSet: its own scale subresource.
+    assert cli(["kube", "scale", "h100", "4", *base]) == 0
+    assert capsys.readouterr().out.strip() == f"statefulset/{FULL}-generator-h100: replicas 2 -> 4"
+    merge = "application/strategic-merge-patch+json"
+    assert patches(api) == [
+        (f"{DEPLOYMENTS}/{FULL}-generator-a100/scale", {"body": {"spec": {"replicas": 5}}, "content-type": merge}),
+        (f"{STATEFULSETS}/{FULL}-generator-h100/scale", {"body": {"spec": {"replicas": 4}}, "content-type": merge}),
+    ]
+    assert api.replicas == {f"{DEPLOYMENTS}/{FULL}-generator-a100": 5, f"{STATEFULSETS}/{FULL}-generator-h100": 4}
+    # "generators" names the only pool; this release has two, named back with their kinds.
+    assert cli(["kube", "scale", "generators", "3", *base]) == 1
+    err = capsys.readouterr().err
+    assert "found 2; its pools: a100 (Deployment), h100 (StatefulSet)" in err
+    assert cli(["kube", "scale", "v100", "3", *base]) == 1
+    assert "for 'v100', found 0" in capsys.readouterr().err
+    assert len(patches(api)) == 2
+    # With the fan-out pool gone, "generators" is the Deployment pool.
+    api.statefulsets = "hpas-none.json"  # an empty list
+    assert cli(["kube", "scale", "generators", "3", *base]) == 0
+    assert capsys.readouterr().out.strip() == f"deployment/{FULL}-generator-a100: replicas 5 -> 3"
 
 
 def test_scale_refuses_while_an_autoscaler_owns_the_count(
     api: FakeApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api.hpas = "hpas-keda.json"
-    args = ["kube", "scale", "generators", "8", "--release", RELEASE, "--kubeconfig", str(kubeconfig)]
-    assert cli(args) == 1
-    assert f"scaled by keda-hpa-{FULL}-generator" in capsys.readouterr().err
-    assert not [r for r in api.requests if r[0] == "PATCH"] and api.replicas == 2
-    assert cli([*args, "--force"]) == 0 and api.replicas == 8
+    api.hpas = "hpas-keda.json"  # KEDA scales the StatefulSet pool
+    base = ["--release", RELEASE, "--kubeconfig", str(kubeconfig)]
+    assert cli(["kube", "scale", "h100", "8", *base]) == 1
+    assert f"StatefulSet {FULL}-generator-h100 is scaled by keda-hpa-{FULL}-generator-h100" in capsys.readouterr().err
+    assert not patches(api)
+    # The other pool has no autoscaler.
+    assert cli(["kube", "scale", "a100", "3", *base]) == 0
+    assert cli(["kube", "scale", "h100", "8", *base, "--force"]) == 0
+    assert api.replicas[f"{STATEFULSETS}/{FULL}-generator-h100"] == 8
 
 
 def test_unknown_release_and_unreachable_api(
     api: FakeApi, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert (
-        cli(
-            [
-                "kube",
-                "scale",
-                "generators",
-                "1",
-                "--release",
-                "other",
-                "-n",
-                "elsewhere",
-                "--kubeconfig",
-                str(kubeconfig),
-            ]
-        )
-        == 2
-    )  # 404 from the API: not this namespace
+    elsewhere = ["--release", "other", "-n", "elsewhere", "--kubeconfig", str(kubeconfig)]
+    assert cli(["kube", "scale", "generators", "1", *elsewhere]) == 2  # 404 from the API: not this namespace
     assert "cannot reach the Kubernetes API: 404" in capsys.readouterr().err
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(kubeconfig.read_text().replace(api.url, "http://127.0.0.1:9"))
     assert cli(["kube", "status", "--kubeconfig", str(dead)]) == 2
     assert "cannot reach the Kubernetes API" in capsys.readouterr().err
     assert cli(["kube", "scale", "generators", "-1", "--kubeconfig", str(kubeconfig)]) == 2
+    assert "replicas must be >= 0, got -1" in capsys.readouterr().err
+    assert cli(["kube", "status", "--timeout-s", "0", "--kubeconfig", str(kubeconfig)]) == 2
+    assert "--timeout-s: must be a number of seconds > 0, got 0.0" in capsys.readouterr().err
+
+
+# -- fetch --------------------------------------------------------------------
+
+
+def fetch_args(kubeconfig: Path, to: Path, *more: str) -> list[str]:
+    return ["kube", "fetch", RELEASE, "--to", str(to), "--kubeconfig", str(kubeconfig), *more]
+
+
+def test_fetch_copies_the_run_files_byte_for_byte(
+    api: FakeApi, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    to = tmp_path / "results"
+    assert cli(fetch_args(kubeconfig, to)) == 0
+    out = capsys.readouterr().out.splitlines()
+    expected: dict[str, str | bytes] = {**RUN_FILES["fitter"], **RUN_FILES["learner"]}
+    assert sorted(p.name for p in to.iterdir()) == sorted(expected)
+    for name, content in expected.items():
+        data = content if isinstance(content, bytes) else content.encode()
+        assert (to / name).read_bytes() == data, name
+        assert f"{to / name}  {len(data):,} bytes" in out
+    # From the fitter's pod and learner pod 0, each in its own container, out of the chart's run volume.
+    assert [(pod, container, argv[3:]) for pod, container, argv in api.execs] == [
+        (FITTER, "fitter", [RUN_DIR, "eval.jsonl", "fit.json", "curve.png"]),
+        (LEARNER, "learner", [RUN_DIR, "metrics.jsonl"]),
+    ]
+    # A file the run has not written yet is named, and the copy still succeeds; a second fetch refreshes.
+    (api.pods[FITTER].run_dir / "curve.png").unlink()  # type: ignore[operator]
+    (api.pods[FITTER].run_dir / "eval.jsonl").write_text("{}\n")  # type: ignore[operator]
+    (to / "curve.png").unlink()
+    assert cli(fetch_args(kubeconfig, to)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"not written yet: curve.png (in pod {FITTER})" in out
+    assert not (to / "curve.png").exists() and (to / "eval.jsonl").read_text() == "{}\n"
+    assert not (to / ".fetch-tmp").exists()
+
+
+def test_fetch_model_exports_in_the_learner_and_copies_it(
+    api: FakeApi, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    to = tmp_path / "results"
+    assert cli(fetch_args(kubeconfig, to, "--model")) == 0
+    out = capsys.readouterr().out
+    model = to / "model"
+    assert sorted(p.name for p in model.iterdir()) == [
+        "asymptote-export.json",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    assert json.loads((model / "asymptote-export.json").read_text())["step"] == 200  # the newest checkpoint
+    weights = (model / "model.safetensors").read_bytes()
+    assert len(weights) == 256 * 1200 + 4 and weights[-4:] == (200).to_bytes(4, "little")
+    total = sum(p.stat().st_size for p in model.iterdir())
+    assert f"{model}  {total:,} bytes" in out
+    learner_execs = [argv for pod, _, argv in api.execs if pod == LEARNER]
+    export_dir = f"{RUN_DIR}/.asymptote-fetch-export"
+    # metrics.jsonl, then: clear a leftover export, export, copy it, remove it.
+    assert [argv[:2] if argv[0] == "python3" else argv for argv in learner_execs] == [
+        ["python3", "-c"],
+        ["rm", "-rf", export_dir],
+        ["asymptote", "export", RUN_DIR, "--to", export_dir],
+        ["python3", "-c"],
+        ["rm", "-rf", export_dir],
+    ]
+    assert learner_execs[0][3:] == [RUN_DIR, "metrics.jsonl"]
+    assert learner_execs[3][3:] == [RUN_DIR, ".asymptote-fetch-export"]
+    # The export does not stay on the learner's volume.
+    assert not (api.pods[LEARNER].run_dir / ".asymptote-fetch-export").exists()  # type: ignore[operator]
+
+    # A checkpoint the run does not hold: export's own one line, and the volume cleaned all the same.
+    again = tmp_path / "again"
+    assert cli(fetch_args(kubeconfig, again, "--model", "--step", "7")) == 1
+    err = capsys.readouterr().err
+    assert "asymptote export in pod lab-asymptote-learner-0 (container learner): exited 2" in err
+    assert "--step 7: the run's checkpoints hold steps [100, 200]" in err
+    assert [argv for pod, _, argv in api.execs if pod == LEARNER][-1] == ["rm", "-rf", export_dir]
+    assert cli(fetch_args(kubeconfig, tmp_path / "third", "--model", "--step", "100")) == 0
+    assert json.loads((tmp_path / "third" / "model" / "asymptote-export.json").read_text())["step"] == 100
+
+
+def test_fetch_refuses_bad_arguments_and_hostile_archives(
+    api: FakeApi, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    to = tmp_path / "results"
+    assert cli(fetch_args(kubeconfig, to, "--step", "100")) == 2
+    assert "--step: applies only with --model" in capsys.readouterr().err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert cli(fetch_args(kubeconfig, a_file)) == 2
+    assert f"--to {a_file}: exists and is not a directory" in capsys.readouterr().err
+    (to / "model").mkdir(parents=True)
+    (to / "model" / "config.json").write_text("{}")
+    assert cli(fetch_args(kubeconfig, to, "--model")) == 2
+    assert "model exists and is not empty" in capsys.readouterr().err
+    assert not api.execs  # nothing ran in a pod for a refused command line
+
+    # A pod that sends a member outside the destination: refused, nothing written outside.
+    hostile = io.BytesIO()
+    with tarfile.open(fileobj=hostile, mode="w") as tar:
+        data = b"not yours"
+        member = tarfile.TarInfo("../escaped.txt")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    api.tar_override = hostile.getvalue()
+    assert cli(fetch_args(kubeconfig, tmp_path / "safe")) == 1
+    assert "sent no readable tar stream" in capsys.readouterr().err
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "safe" / "escaped.txt").exists()
+
+    api.exec_forbidden = True
+    assert cli(fetch_args(kubeconfig, tmp_path / "denied")) == 1
+    assert "403" in (err := capsys.readouterr().err) and "RBAC create on pods/exec" in err
+
+
+# -- health -------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
 """The chart's alerts, as rendered, pass ``promtool check rules`` and
 ``promtool test rules`` (Debian's Prometheus package): every alert fires on
 series that show its problem and stays silent on series of a healthy run,
-and another namespace's series never fire the release's rules.
+and another namespace's series, or another release's in the same
+namespace, never fire the release's rules.
 
 The series carry the labels the Prometheus Operator's ServiceMonitors give
-the services' targets (namespace, pod), and the metric names the services
+the services' targets (namespace, pod, and the release the chart's
+ServiceMonitors add), and the metric names the services
 export (services/*/metrics.py; counters with their ``_total`` suffix).
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import NAMESPACE, render
+from chart_render import NAMESPACE, RELEASE, render
 
 ALERTS = {
     "AsymptoteGeneratorNotSwapping",
@@ -48,7 +50,7 @@ def annotations(alert: str, labels: dict[str, str], value: str = "") -> dict[str
 
 
 def series(name: str, values: str, **labels: str) -> dict[str, str]:
-    labels = {"namespace": NAMESPACE, **labels}
+    labels = {"namespace": NAMESPACE, "release": RELEASE, **labels}
     inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"{name}{{{inner}}}", "values": values}
 
@@ -70,7 +72,7 @@ LEARNER = "asymptote_learner_policy_version"
 STEPS = "asymptote_learner_steps_total"
 READY = "asymptote_broker_ready_groups"
 COMPLETIONS = "asymptote_broker_completions_received_total"
-ns = {"namespace": NAMESPACE}
+ns = {"namespace": NAMESPACE, "release": RELEASE}
 
 
 def rule_tests() -> list[dict[str, Any]]:
@@ -84,6 +86,7 @@ def rule_tests() -> list[dict[str, Any]]:
                 series(GEN, "0+1x60", pod="generator-ok"),
                 series(GEN, "3x60", pod="generator-stuck"),
                 series(GEN, "3x60", namespace="other", pod="generator-elsewhere"),
+                series(GEN, "3x60", release="lab-other", pod="generator-of-another-release"),
             ],
             "alert_rule_test": [
                 alert("AsymptoteGeneratorNotSwapping", "40m", stuck),
@@ -158,13 +161,15 @@ def rule_tests() -> list[dict[str, Any]]:
                 alert("AsymptoteHalfRunProjectionOff", "10m", {**ns, "pod": "fitter-0", "run": "a"}, value="25%"),
             ],
         },
-        {  # 100 completions a minute, 5 truncated, then 20 from minute 30 on; another namespace at 50%.
+        {  # 100 completions a minute, 5 truncated, then 20 from minute 30 on; another namespace and release at 50%.
             "interval": "1m",
             "input_series": [
                 series(COMPLETIONS, "0+100x60", pod="broker-0", outcome="all"),
                 series(COMPLETIONS, "0+5x30 150+20x30", pod="broker-0", outcome="truncated"),
                 series(COMPLETIONS, "0+100x60", namespace="other", pod="broker-0", outcome="all"),
                 series(COMPLETIONS, "0+50x60", namespace="other", pod="broker-0", outcome="truncated"),
+                series(COMPLETIONS, "0+100x60", release="lab-other", pod="broker-1", outcome="all"),
+                series(COMPLETIONS, "0+50x60", release="lab-other", pod="broker-1", outcome="truncated"),
             ],
             "alert_rule_test": [
                 alert("AsymptoteTruncationRateHigh", "29m"),  # 5%: healthy
@@ -226,5 +231,5 @@ def test_the_rule_is_opt_in() -> None:
     (rule,) = render("many-generators-keda").of_kind("PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    # Every selector is the release's namespace: another release's series never fire these rules.
-    assert all(e.count("{") == e.count(f'{{namespace="{NAMESPACE}"') for e in exprs), exprs
+    # Every selector is the release's: another release's series, in any namespace, never fire these rules.
+    assert all(e.count("{") == e.count(f'{{namespace="{NAMESPACE}", release="{RELEASE}"') for e in exprs), exprs

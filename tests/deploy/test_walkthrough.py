@@ -15,6 +15,10 @@ import yaml
 from chart_render import CHART, REPO, STACK_CHART, parse_manifests
 from test_chart_validity import validate_object
 
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, task_digest
+from services.broker.config import BrokerConfig
+from services.generator.config import GeneratorConfig
+
 GUIDE = (REPO / "docs" / "deploying.md").read_text()
 
 
@@ -60,6 +64,32 @@ def test_the_walkthrough_values_render_a_monitored_autoscaled_release() -> None:
         for c in o["spec"]["template"]["spec"]["containers"]
     }
     assert images == {f"registry.example.com/you/asymptote-{r}" for r in ("generator", "learner", "broker", "fitter")}
+
+
+def test_the_walkthrough_trains_gsm8k_with_one_task_in_broker_and_generators() -> None:
+    """The broker and every generator pool of the walkthrough's release hold the same GSM8K task:
+    their rendered configs, loaded by the services' own models, give one task digest."""
+    values = yaml.safe_load(heredoc("lab-values.yaml"))
+    stack_defaults = yaml.safe_load((STACK_CHART / "values.yaml").read_text())["asymptote"]
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(merged(stack_defaults, values["asymptote"]), name="lab", namespace="rl")
+    maps = {o["metadata"]["name"]: o for o in parse_manifests(files) if o["kind"] == "ConfigMap"}
+    broker = BrokerConfig.model_validate(yaml.safe_load(maps["lab-asymptote-broker"]["data"]["config.yaml"]))
+    generators = [
+        GeneratorConfig.model_validate(yaml.safe_load(o["data"]["config.yaml"]))
+        for name, o in maps.items()
+        if name.startswith("lab-asymptote-generator-")
+    ]
+    assert generators
+    task = broker.task
+    assert isinstance(task, DatasetSettings)
+    assert (task.preset, task.verifier.kind, task.template) == ("gsm8k", "math", "chat")
+    assert str(task.path) == "/models/data/gsm8k_train.jsonl"
+    digests = {task_digest(broker.task), *(task_digest(g.task) for g in generators)}
+    print("walkthrough task digest:", digests)
+    assert digests == {task_digest(task)} and task_digest(task) != task_digest(ArithmeticSettings())
+    # Each run its own streams: the prefix is the release's.
+    assert broker.prefix == "lab" and {g.prefix for g in generators} == {"lab"}
 
 
 def test_every_namespaced_kubectl_command_names_its_namespace() -> None:

@@ -140,6 +140,7 @@ async def _one_group(engine: Engine, scorer: TaskScorer, metrics: GeneratorMetri
             stop = asyncio.Event()
             running = asyncio.create_task(loop.run(stop))
             task = _task("train-length")
+            task.task_digest = scorer.digest  # the broker's task is this generator's
             await js.publish(names.train_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id})
             sub = await js.pull_subscribe(names.rollouts, durable="check", stream=names.rollouts_stream)
             msgs: list[Any] = []

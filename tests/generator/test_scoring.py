@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asymptote.tasks import ArithmeticSettings, DatasetSettings
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, task_digest
 from asymptote.tasks.verifiers import ExactSettings
 from services.generator.metrics import GeneratorMetrics
 from services.generator.scoring import TaskScorer
@@ -53,10 +54,25 @@ def test_plain_and_chat_templates(tmp_path: Path) -> None:
     assert chat.prompt("arithmetic", "037+485=") == "037+485="
 
 
-def test_unknown_tasks_and_unconfigured_datasets_are_refused(tmp_path: Path) -> None:
-    scorer = TaskScorer(ArithmeticSettings(), tmp_path, GeneratorMetrics())
-    scorer.check("arithmetic")
-    with pytest.raises(ValueError, match="unknown task 'sudoku'"):
-        scorer.check("sudoku")
-    with pytest.raises(ValueError, match="task 'dataset' has no default settings"):
-        scorer.check("dataset")
+def test_a_task_of_another_digest_is_refused_naming_both(tmp_path: Path) -> None:
+    """A generator takes only its own task: another task's digest (another verifier, template or
+    dataset), or none, is refused with both digests in the reason."""
+    dataset = _settings(tmp_path, verifier=ExactSettings())
+    scorer = TaskScorer(dataset, tmp_path, GeneratorMetrics())
+    ours = task_digest(dataset)
+    assert scorer.digest == ours
+    scorer.check(rollout_pb2.GenerationTask(task_id="t", task_name="dataset", task_digest=ours))
+    others = {
+        "math verifier": task_digest(_settings(tmp_path)),
+        "plain template": task_digest(_settings(tmp_path, verifier=ExactSettings(), template="plain")),
+        "arithmetic": task_digest(ArithmeticSettings()),
+    }
+    assert len({ours, *others.values()}) == 4
+    for theirs in others.values():
+        task = rollout_pb2.GenerationTask(task_id="train-x", task_name="dataset", task_digest=theirs)
+        with pytest.raises(ValueError, match=f"carries task digest {theirs}; this generator holds {ours}"):
+            scorer.check(task)
+    with pytest.raises(ValueError, match="carries task digest none"):
+        scorer.check(rollout_pb2.GenerationTask(task_id="t", task_name="dataset"))
+    # What only says how scoring runs leaves the digest alone.
+    assert task_digest(_settings(tmp_path, verifier=ExactSettings(), num_score_workers=7, score_timeout_s=1.0)) == ours

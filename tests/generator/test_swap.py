@@ -42,7 +42,7 @@ from asymptote.health import Health
 from asymptote.jetstream.names import Names, ensure_streams
 from asymptote.nats_local import nats_server
 from asymptote.rpc import start_server
-from asymptote.tasks import ALPHABET
+from asymptote.tasks import ALPHABET, ArithmeticSettings, task_digest
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
@@ -482,6 +482,7 @@ def _task(task_id: str, kind: int, require_version: int = 0, num_samples: int = 
         require_version=require_version,
         eval_id="eval-x" if kind == rollout_pb2.TASK_KIND_EVAL else "",
         eval_num_prompts=1 if kind == rollout_pb2.TASK_KIND_EVAL else 0,
+        task_digest=task_digest(ArithmeticSettings()),  # the rollout loop's own task: its default scorer's
     )
 
 

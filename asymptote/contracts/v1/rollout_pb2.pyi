@@ -46,7 +46,7 @@ class SamplingParams(_message.Message):
     def __init__(self, num_samples: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerationTask(_message.Message):
-    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts", "require_version", "ledger_seq")
+    __slots__ = ("task_id", "kind", "task_name", "prompt_id", "prompt", "reference", "sampling", "issued_at_version", "issued_unix_s", "epoch", "eval_id", "eval_num_prompts", "require_version", "ledger_seq", "task_digest")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TASK_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class GenerationTask(_message.Message):
     EVAL_NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEDGER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TASK_DIGEST_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     kind: TaskKind
     task_name: str
@@ -75,7 +76,8 @@ class GenerationTask(_message.Message):
     eval_num_prompts: int
     require_version: int
     ledger_seq: int
-    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ..., require_version: _Optional[int] = ..., ledger_seq: _Optional[int] = ...) -> None: ...
+    task_digest: str
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., reference: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., issued_at_version: _Optional[int] = ..., issued_unix_s: _Optional[float] = ..., epoch: _Optional[int] = ..., eval_id: _Optional[str] = ..., eval_num_prompts: _Optional[int] = ..., require_version: _Optional[int] = ..., ledger_seq: _Optional[int] = ..., task_digest: _Optional[str] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("version", "start", "end")

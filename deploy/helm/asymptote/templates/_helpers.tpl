@@ -145,6 +145,39 @@ tls.key, ca.crt) here; one certificate serves and dials for every service.
 {{- end }}
 
 {{/*
+The run's prefix of its JetStream streams, subjects and buckets: run.prefix, or
+the release name made one (lower case, "-" and "." as "_", a leading "r" when
+it starts with a digit), so two releases on one NATS never share a stream.
+*/}}
+{{- define "asymptote.runPrefix" -}}
+{{- $prefix := .Values.run.prefix | default (.Release.Name | lower | replace "-" "_" | replace "." "_") }}
+{{- if not (regexMatch "^[a-z]" $prefix) }}
+{{- $prefix = printf "r%s" $prefix }}
+{{- end }}
+{{- if not (regexMatch "^[a-z][a-z0-9_]*$" $prefix) }}
+{{- fail (printf "run.prefix %q: a run prefix is a lower-case letter, then letters, digits and _ (it names NATS streams and subjects)" $prefix) }}
+{{- end }}
+{{- $prefix }}
+{{- end }}
+
+{{/*
+The run's task, one for the broker and every generator pool: .Values.task as
+YAML, or nothing (the services' built-in arithmetic toy) when unset. A release
+that sets a model (a claim, a download or init containers) must name its task:
+the toy's prompts and verifier on a real model train nothing.
+*/}}
+{{- define "asymptote.task" -}}
+{{- $model := .Values.model }}
+{{- $realModel := or $model.cache.existingClaim $model.download.enabled $model.cache.initContainers }}
+{{- if and $realModel (empty .Values.task) }}
+{{- fail "task is not set, and a model is (model.cache.existingClaim, model.download or model.cache.initContainers): set the top-level task, e.g. the GSM8K task of examples/helm/qwen3-gsm8k-values.yaml, or task.name: arithmetic for the built-in toy" }}
+{{- end }}
+{{- with .Values.task }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
 The settings the chart owns in every service's config: NATS, the run prefix,
 listeners on the pod's interfaces, gRPC TLS, JSON logs. (dict "ctx" $ "component" "broker")
 */}}
@@ -160,7 +193,7 @@ listeners on the pod's interfaces, gRPC TLS, JSON logs. (dict "ctx" $ "component
 {{- end }}
 {{- $owned := dict
   "nats" $nats
-  "prefix" $ctx.Values.run.prefix
+  "prefix" (include "asymptote.runPrefix" $ctx)
   "grpc" (dict "host" "0.0.0.0" "port" $values.ports.grpc)
   "http" (dict "host" "0.0.0.0" "port" $values.ports.http)
   "log_format" "json" }}
