@@ -92,6 +92,10 @@ class GeneratorConfig(MeteredServiceSettings):
     """JetStream ack wait of a leased task; heartbeats extend it while generating."""
     swap_mode: Literal["inflight", "drain"] = "inflight"
     """inflight: pause keeping requests and KV cache, swap, resume (PipelineRL); drain: finish running requests first."""
+    eval_hold_versions: int = Field(default=4, ge=0)
+    """While an eval round is sampled at the engine's version, newer versions wait unless the learner is
+    more than this many ahead (so a round measures the version it names; train groups sampled meanwhile are
+    this much staler at most); 0: swap at once."""
     task: TaskSettings = ArithmeticSettings()
     """The broker's task, the same settings: a dataset task's prompt template and verifier apply here (its files
     are not read). A task message whose task digest is another task's is dead-lettered."""

@@ -25,7 +25,7 @@ from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
 from services.generator.server import GeneratorServicer
-from services.generator.swapper import Swapper
+from services.generator.swapper import EvalHold, Swapper
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,10 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             weights_dir = config.weights_dir / rt.instance_id
             source = weight_source(config.fanout, config.grpc_tls, metrics)
             relay = WeightRelay(metrics)
-            swapper = Swapper(engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics, relay)
+            hold = EvalHold(config.eval_hold_versions)
+            swapper = Swapper(
+                engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics, relay, hold
+            )
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             loop = RolloutLoop(
@@ -54,6 +57,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 metrics,
                 meter,
                 TaskScorer(config.task, config.engine.model_dir, metrics),
+                hold,
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
 

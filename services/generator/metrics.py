@@ -47,6 +47,11 @@ class GeneratorMetrics:
         self.inflight_groups = Gauge("asymptote_generator_inflight_groups", "Groups being generated", registry=r)
         self.policy_version = Gauge("asymptote_generator_policy_version", "Loaded policy version", registry=r)
         self.swaps = Counter("asymptote_generator_swaps", "Weight versions loaded", registry=r)
+        self.swap_held_s = Counter(
+            "asymptote_generator_swap_held_seconds",
+            "Time a newer weight version waited while an eval round was sampled at the current one",
+            registry=r,
+        )
         self.swaps_refused = Counter(
             "asymptote_generator_swaps_refused", "Weight versions refused", ["reason"], registry=r
         )
@@ -54,12 +59,12 @@ class GeneratorMetrics:
         for reason in SWAP_REFUSALS:
             self.swaps_refused.labels(reason)
         self.task_errors.labels("poison")
+        self.task_errors.labels("task_digest")
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
             "Generation stalled per swap (scheduler paused to resumed)",
             buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5),
             registry=r,
-        self.task_errors.labels("task_digest")
         )
         self.swap_pull_s = Histogram(
             "asymptote_generator_swap_pull_seconds",

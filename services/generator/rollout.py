@@ -6,12 +6,16 @@ batching), scores each completion with the task's verifier, publishes one
 ``RolloutGroup`` (train) or ``EvalResult`` (eval) per task with the task id
 as the JetStream message id, and acks the task only after the publish is
 stored, so a crash at any point re-delivers the task and a re-publish is
-deduplicated. A task it cannot decode is terminated and dead-lettered.
+deduplicated. A task it cannot decode, or whose task digest is not the one
+this generator holds (another task's prompts and verifier), is terminated
+and dead-lettered before anything is sampled; a train task's dead letter is
+recorded in the ledger first, as the broker records a poison group's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -27,12 +31,13 @@ from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
 from asymptote.jetstream.pull import durable_puller
+from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.messages import decode_task
 from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
 from services.generator.metrics import GeneratorMetrics
-from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from services.generator.scoring import TaskScorer
+from services.generator.swapper import EvalHold
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +89,11 @@ class RolloutLoop:
         metrics: GeneratorMetrics,
         meter: ComputeMeter,
         scorer: TaskScorer | None = None,
+        hold: EvalHold | None = None,
     ) -> None:
         self.engine = engine
+        self.hold = hold or EvalHold(0)
+        """Eval tasks leased, so that the swapper keeps the version their round is sampled at."""
         self.js = js
         self.names = names
         self.generator_id = generator_id
@@ -94,6 +102,8 @@ class RolloutLoop:
         self.metrics = metrics
         self.meter = meter
         self.scorer = scorer or TaskScorer(ArithmeticSettings(), engine.settings.model_dir, metrics)
+        self.ledger = Ledger(js, names, "generator")
+        """Where the dead letters of train tasks are recorded (the broker records every other outcome)."""
         self._inflight: set[asyncio.Task[None]] = set()
         self._waiting: deque[Msg] = deque()
         """Tasks leased and not started yet (at most ``prefetch``)."""
@@ -102,8 +112,6 @@ class RolloutLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         config = ConsumerConfig(
-        self.ledger = Ledger(js, names, "generator")
-        """Where the dead letters of train tasks are recorded (the broker records every other outcome)."""
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_s,
             max_deliver=MAX_DELIVER,
@@ -133,6 +141,8 @@ class RolloutLoop:
                 # Eval tasks first, and ahead of leased train tasks: a round is sampled by the
                 # version it names, not by whichever version the train queue has reached by then.
                 urgent = await evals.fetch_available(room)
+                for msg in urgent:
+                    self._hold_for(msg)
                 self._waiting.extendleft(reversed(urgent))
                 room -= len(urgent)
                 msgs = await sub.fetch(batch=room, timeout=0.2 if self._inflight else 1.0) if room > 0 else []
@@ -178,6 +188,19 @@ class RolloutLoop:
             t = asyncio.create_task(self._handle(msg))
             self._inflight.add(t)
             t.add_done_callback(self._finished)
+            t.add_done_callback(functools.partial(self._release, id(msg)))
+
+    def _hold_for(self, msg: Msg) -> None:
+        """Hold swaps for a leased eval task until it is done (a message that does not decode holds nothing:
+        it is refused as soon as it starts)."""
+        try:
+            task = decode_task(msg.data)
+        except PayloadError:
+            return
+        self.hold.begin(id(msg), int(task.require_version))
+
+    def _release(self, key: int, _: asyncio.Task[None]) -> None:
+        self.hold.end(key)
 
     def _finished(self, t: asyncio.Task[None]) -> None:
         self._inflight.discard(t)
@@ -253,6 +276,25 @@ class RolloutLoop:
         finally:
             heartbeat.cancel()
 
+    async def _refuse(self, msg: Msg, train_id: str, reason: str, error: str) -> None:
+        """Dead-letter a task no generator configured like this one can take, counted under ``error``.
+
+        A train task (``train_id``: an id the broker issued) gets its outcome
+        in the ledger before its dead letter, as the broker records a poison
+        group's, so the audit counts it dead-lettered rather than lost. When
+        the ledger cannot be written the task is handed back and refused
+        again on its next delivery.
+        """
+        if train_id.startswith(TRAIN_TASK_PREFIX):
+            try:
+                await self.ledger.record(self.ledger.entry(train_id, Event.LEDGER_EVENT_DEADLETTERED, reason))
+            except Exception as exc:
+                log.warning("ledger record of refused task %s failed, handing it back: %s", train_id, exc)
+                await msg.nak(delay=1.0)
+                return
+        await deadletter(self.js, self.names, msg, "tasks", reason)
+        self.metrics.task_errors.labels(error).inc()
+
     async def _heartbeat(self, msg: Msg) -> None:
         while True:
             await asyncio.sleep(self.ack_wait_s / 3)
@@ -276,25 +318,6 @@ class RolloutLoop:
             prompt_token_ids=prompt_ids,
             completions=[completion(x, r) for x, r in zip(samples, rewards)],
             generator_id=self.generator_id,
-    async def _refuse(self, msg: Msg, train_id: str, reason: str, error: str) -> None:
-        """Dead-letter a task no generator configured like this one can take, counted under ``error``.
-
-        A train task (``train_id``: an id the broker issued) gets its outcome
-        in the ledger before its dead letter, as the broker records a poison
-        group's, so the audit counts it dead-lettered rather than lost. When
-        the ledger cannot be written the task is handed back and refused
-        again on its next delivery.
-        """
-        if train_id.startswith(TRAIN_TASK_PREFIX):
-            try:
-                await self.ledger.record(self.ledger.entry(train_id, Event.LEDGER_EVENT_DEADLETTERED, reason))
-            except Exception as exc:
-                log.warning("ledger record of refused task %s failed, handing it back: %s", train_id, exc)
-                await msg.nak(delay=1.0)
-                return
-        await deadletter(self.js, self.names, msg, "tasks", reason)
-        self.metrics.task_errors.labels(error).inc()
-
             started_unix_s=started,
             finished_unix_s=time.time(),
             min_version=min(versions),

@@ -39,6 +39,51 @@ class SwapTarget(Protocol):
 
 RETRY_S = 1.0
 """Wait before pulling again a version that could not be pulled or staged."""
+HOLD_RECHECK_S = 0.5
+"""How often a held swap looks again at the learner's newest version."""
+
+
+class EvalHold:
+    """Keeps a generator on the version an eval round is being sampled at.
+
+    An eval round names the version it measures. With in-flight updates a
+    round would otherwise be sampled by whichever versions the learner makes
+    while the generators work through it (a round of a few hundred prompts
+    spans several steps), and its point on the curve would mix them. While
+    eval tasks at or below the engine's version are leased, the swapper
+    waits, unless the learner is more than ``max_versions`` ahead: train
+    groups sampled meanwhile are that much staler at most, and the broker's
+    staleness bound still applies to them. 0 turns the hold off.
+    """
+
+    def __init__(self, max_versions: int) -> None:
+        self.max_versions = max_versions
+        self._versions: dict[int, int] = {}
+        """Leased eval tasks: a key per task, the version it requires."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def begin(self, key: int, version: int) -> None:
+        self._versions[key] = version
+        self._idle.clear()
+
+    def end(self, key: int) -> None:
+        self._versions.pop(key, None)
+        if not self._versions:
+            self._idle.set()
+
+    def holds(self, current: int, newest: int) -> bool:
+        """Whether a swap from ``current`` to ``newest`` waits for the eval tasks sampled at ``current``."""
+        if self.max_versions <= 0 or newest - current > self.max_versions:
+            return False
+        return any(v <= current for v in self._versions.values())
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return when no eval task is leased, or after ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            pass
 
 
 class Swapper:
@@ -51,8 +96,10 @@ class Swapper:
         mode: str,
         metrics: GeneratorMetrics,
         relay: WeightRelay | None = None,
+        hold: EvalHold | None = None,
     ) -> None:
         self.engine = engine
+        self.hold = hold
         self.source = source
         self.model_dir = model_dir
         self.relay = relay
@@ -80,6 +127,12 @@ class Swapper:
             self._announced.clear()
             policy = self.latest
             if policy is None or policy.version <= self.engine.version or policy.version in self.refused:
+                continue
+            if self.hold is not None and self.hold.holds(self.engine.version, int(policy.version)):
+                held_from = time.monotonic()
+                await self.hold.wait(HOLD_RECHECK_S)
+                self.metrics.swap_held_s.inc(time.monotonic() - held_from)
+                self._announced.set()  # look again: the round may be done, or the learner too far ahead
                 continue
             await self.update(policy)
 

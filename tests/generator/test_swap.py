@@ -47,7 +47,7 @@ from services.generator.config import EngineSettings
 from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
-from services.generator.swapper import Swapper
+from services.generator.swapper import EvalHold, Swapper
 from services.generator.weights import SPARE_FILE, GrpcWeightSource, stage
 from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 from services.learner.model import load_model
@@ -508,6 +508,7 @@ def _watched_loop(
     max_inflight_groups: int,
     metrics: GeneratorMetrics,
     monkeypatch: pytest.MonkeyPatch,
+    hold: EvalHold | None = None,
 ) -> tuple[RolloutLoop, asyncio.Event]:
     """A rollout loop on the real engine, watched: the event is set once a group's tokens are under way."""
     loop = RolloutLoop(
@@ -519,6 +520,7 @@ def _watched_loop(
         ack_wait_s=30.0,
         metrics=metrics,
         meter=ComputeMeter("generator", "gen-test", "cpu", 1),
+        hold=hold,
     )
     under_way = asyncio.Event()
     sample = engine.sample
@@ -596,10 +598,20 @@ async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
 ) -> None:
     """Over a real nats-server: an eval task published behind four train tasks is sampled third
     (after the group in the engine and the one already leased), not fifth as a shared queue would.
-    Eval tasks have a consumer of their own, and the loop takes from it first."""
+    Eval tasks have a consumer of their own, and the loop takes from it first. While it is leased,
+    the eval task holds swaps away from the version it is sampled at (tests/generator/test_eval_hold.py)."""
     names = Names("evalfirst")
+    hold = EvalHold(max_versions=4)
+    leased: list[tuple[int, bool]] = []  # (version held, whether newer versions were held back then)
+    begin = hold.begin
+
+    def recorded_begin(key: int, version: int) -> None:
+        begin(key, version)
+        leased.append((version, hold.holds(engine.version, engine.version + 1)))
+
+    monkeypatch.setattr(hold, "begin", recorded_begin)
     async with _jetstream(tmp_path, names) as js:
-        loop, under_way = _watched_loop(engine, js, names, 1, GeneratorMetrics(), monkeypatch)
+        loop, under_way = _watched_loop(engine, js, names, 1, GeneratorMetrics(), monkeypatch, hold)
         for i in range(4):
             t = _task(f"train-{i}", rollout_pb2.TASK_KIND_TRAIN, num_samples=8)
             await js.publish(names.train_tasks, t.SerializeToString(), headers={"Nats-Msg-Id": t.task_id})
@@ -639,3 +651,5 @@ async def test_eval_tasks_go_before_the_train_tasks_queued_ahead_of_them(
         await asyncio.wait_for(running, 60)
     # One group at a time in the engine: the finishing order is the serving order.
     assert sorted(finished, key=finished.__getitem__) == ["train-0", "train-1", "eval-now", "train-2", "train-3"]
+    # The eval task held swaps from its lease until it was done; the train tasks held nothing.
+    assert leased == [(0, True)] and not hold.holds(engine.version, engine.version + 1)
