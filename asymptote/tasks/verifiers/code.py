@@ -173,6 +173,28 @@ _sig.signal(_sig.SIGALRM, _alarm)
 """
 
 
+def _each_test(items: str, run: str, caught: str, marker: str, test_timeout_s: float, dumps: str = "") -> str:
+    """The harness's loop: ``run`` (a statement appending ``["ok", value]``) for each of ``items``, a
+    timer per test, stopping at the first timeout or ``caught`` exception; then the results as JSON
+    after ``marker`` on a line of their own."""
+    return f"""_out = []
+for _item in {items}:
+    _sig.setitimer(_sig.ITIMER_REAL, {test_timeout_s!r})
+    try:
+        {run}
+    except _TestTimeout:
+        _out.append(["timeout", None])
+        break
+    except {caught} as _e:
+        _out.append(["error", repr(_e)[:200]])
+        break
+    finally:
+        _sig.setitimer(_sig.ITIMER_REAL, 0)
+_sys.stdout.flush()
+print("\\n{marker}" + _json.dumps(_out{dumps}))
+"""
+
+
 def call_harness(program: str, tests: CallTests, marker: str, test_timeout_s: float) -> str:
     return f"""{program}
 
@@ -182,22 +204,14 @@ def _target():
     if "Solution" in globals() and hasattr(globals()["Solution"], {tests.fn_name!r}):
         return getattr(globals()["Solution"](), {tests.fn_name!r})
     return globals()[{tests.fn_name!r}]
-_out = []
-for _args in _json.loads(_sys.stdin.read()):
-    _sig.setitimer(_sig.ITIMER_REAL, {test_timeout_s!r})
-    try:
-        _out.append(["ok", _target()(*_args)])
-    except _TestTimeout:
-        _out.append(["timeout", None])
-        break
-    except Exception as _e:
-        _out.append(["error", repr(_e)[:200]])
-        break
-    finally:
-        _sig.setitimer(_sig.ITIMER_REAL, 0)
-_sys.stdout.flush()
-print("\\n{marker}" + _json.dumps(_out, default=repr))
-"""
+""" + _each_test(
+        "_json.loads(_sys.stdin.read())",
+        '_out.append(["ok", _target()(*_item)])',
+        "Exception",
+        marker,
+        test_timeout_s,
+        ", default=repr",
+    )
 
 
 def assert_harness(program: str, tests: AssertTests | CheckTests, marker: str, test_timeout_s: float) -> str:
@@ -210,23 +224,13 @@ def assert_harness(program: str, tests: AssertTests | CheckTests, marker: str, t
 
 {_TIMER}
 import json as _json, sys as _sys
-_out = []
-for _test in {checks!r}:
-    _sig.setitimer(_sig.ITIMER_REAL, {test_timeout_s!r})
-    try:
-        exec(compile(_test, "<test>", "exec"), globals())
-        _out.append(["ok", None])
-    except _TestTimeout:
-        _out.append(["timeout", None])
-        break
-    except BaseException as _e:
-        _out.append(["error", repr(_e)[:200]])
-        break
-    finally:
-        _sig.setitimer(_sig.ITIMER_REAL, 0)
-_sys.stdout.flush()
-print("\\n{marker}" + _json.dumps(_out))
-"""
+""" + _each_test(
+        repr(checks),
+        'exec(compile(_item, "<test>", "exec"), globals()); _out.append(["ok", None])',
+        "BaseException",
+        marker,
+        test_timeout_s,
+    )
 
 
 class CodeVerifier:
