@@ -150,3 +150,27 @@ def test_the_line_shows_tokens_per_second_an_eta_and_warns_of_truncation(tmp_pat
     rows[-1]["rollout/truncation_rate"] = 0.5
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "warning" not in progress.line(progress.snapshot())
+
+
+def test_the_summary_shows_training_compute_and_eval_sampling_apart(tmp_path: Path) -> None:
+    from services.local.progress import compute_text
+
+    (tmp_path / "fit.json").write_text(json.dumps({"compute_by_service": {"generator": 3000.0, "learner": 600.0,
+                                                                          "eval": 1000.0}}))  # fmt: skip
+    progress = Progress(tmp_path, max_steps=12)
+    out = io.StringIO()
+    progress.console = Console(file=out, width=300)
+    progress.finish({})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["compute_by_service"] == {"generator": 3000.0, "learner": 600.0, "eval": 1000.0}
+    # By hand: training 3,600 s = 1.00 device-hours; eval 1,000 of the 4,000 generation seconds.
+    said = (
+        "training 1.00 device-hours (generator 0.83 device-hours, learner 0.17 device-hours); "
+        "eval sampling 0.28 device-hours, 25% of generation, off the curve's axis"
+    )
+    assert compute_text(summary["compute_by_service"]) == said and said in " ".join(out.getvalue().split())
+    assert compute_text({"generator": 100.0, "learner": 20.0}) == (
+        "training 120 device-s (generator 100 device-s, learner 20 device-s); eval sampling 0 device-s, "
+        "0% of generation, off the curve's axis"
+    )
+    assert compute_text({}) is None

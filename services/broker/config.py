@@ -49,7 +49,14 @@ class EvalSettings(Frozen):
     num_samples: int = Field(default=4, ge=1)
     """k: samples per held-out prompt; the pass rate is their mean."""
     num_prompts: int | None = Field(default=None, ge=1)
-    """Held-out prompts per round; None uses the whole held-out split."""
+    """Held-out prompts per round (the first this many, the same every round); None: as many as
+    ``max_share`` allows, at least ``min_prompts``, at most the whole held-out split."""
+    max_share: float = Field(default=0.10, gt=0.0)
+    """With num_prompts None: a round's completions at most this share of the train completions sampled
+    between two rounds (every_versions x batch_prompts x group_size), so evaluating costs little."""
+    min_prompts: int = Field(default=64, ge=1)
+    """With num_prompts None: the fewest prompts a round takes whatever max_share allows (a point from
+    fewer is too noisy to fit)."""
     temperature: float = Field(default=1.0, gt=0.0)
     """Eval sampling temperature (the RL temperature measures what RL optimises)."""
 
@@ -100,6 +107,14 @@ class BrokerConfig(ServiceSettings):
         if self.mode == "sync":
             return self.batch_prompts
         return self.max_outstanding_tasks or 2 * self.batch_prompts
+
+    def eval_num_prompts(self, heldout: int) -> int:
+        """Held-out prompts per eval round, out of ``heldout``: eval.num_prompts, else the max_share rule."""
+        if self.eval.num_prompts is not None:
+            return min(self.eval.num_prompts, heldout)
+        between = self.eval.every_versions * self.batch_prompts * self.sampling.group_size
+        allowed = int(self.eval.max_share * between / self.eval.num_samples)
+        return min(max(allowed, self.eval.min_prompts), heldout)
 
     @property
     def staleness_bound(self) -> int:

@@ -69,9 +69,15 @@ class BrokerPipeline:
         task = get_task(config.task.name, config.task)
         self.task_digest = task_digest(config.task)
         """Carried by every task issued: a generator holding another task's digest dead-letters the task."""
-        self.heldout: list[Problem] = list(task.problems("heldout"))
-        if config.eval.num_prompts:
-            self.heldout = self.heldout[: config.eval.num_prompts]
+        heldout = list(task.problems("heldout"))
+        self.heldout: list[Problem] = heldout[: config.eval_num_prompts(len(heldout))]
+        log.info(
+            "eval rounds: %d of %d held-out prompts x %d samples every %d versions",
+            len(self.heldout),
+            len(heldout),
+            config.eval.num_samples,
+            config.eval.every_versions,
+        )
         self._train = list(task.problems("train"))
         self.curriculum: Curriculum | None = None
         self.publisher = Publisher(js)

@@ -263,8 +263,10 @@ class Collector:
 
     def _write(self, proj: services_pb2.Projection, judged: Determination | None) -> None:
         """``fit.json``: the Projection's fields by name, plus ``run``, ``num_points``, ``determined``,
-        ``why_not_determined`` (for an attempt that failed, its reason) and ``not_determined`` (the
-        kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt)."""
+        ``why_not_determined`` (for an attempt that failed, its reason), ``not_determined`` (the
+        kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt) and
+        ``compute_by_service`` (device-seconds reported so far: generator and learner training, and
+        ``eval``, the eval rounds' sampling, which the curve's compute axis leaves out)."""
         from google.protobuf.json_format import MessageToDict
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -274,6 +276,7 @@ class Collector:
         body["determined"] = judged is not None and judged.determined
         body["why_not_determined"] = judged.why_not if judged is not None else proj.reason
         body["not_determined"] = [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else []
+        body["compute_by_service"] = self.axis.by_service()
         tmp = self.run_dir / "fit.json.tmp"
         tmp.write_text(json.dumps(body, indent=2))
         tmp.replace(self.run_dir / "fit.json")

@@ -1,4 +1,4 @@
-"""The compute axis: cumulative accelerator-seconds of the whole run.
+"""The compute axis: cumulative accelerator-seconds of the whole run's training.
 
 Owns integrating every instance's telemetry (generators and learner, any
 number of them coming and going) into one total, and remembering the total
@@ -6,7 +6,8 @@ at the moment each policy version was published, which is the x value of
 an eval of that version. The x values it hands out never decrease as the
 version grows, so the curve's compute axis is monotone even when a
 version's publication was missed and its value had to come from a later
-moment.
+moment. The time generators spent sampling eval rounds is left out of the
+axis and kept apart (``eval_total``): it measures the policy, not trains it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class _Instance:
     num_devices: int
     device_seconds: float
     unix_s: float
+    eval_device_seconds: float = 0.0
 
 
 class ComputeAxis:
@@ -44,7 +46,13 @@ class ComputeAxis:
         known = self._instances.get(t.instance_id)
         if known is not None and t.device_seconds_total < known.device_seconds:
             return  # out of order: totals only grow
-        self._instances[t.instance_id] = _Instance(t.service, t.num_devices, t.device_seconds_total, t.unix_s)
+        self._instances[t.instance_id] = _Instance(
+            t.service,
+            t.num_devices,
+            t.device_seconds_total,
+            t.unix_s,
+            min(max(t.eval_device_seconds_total, 0.0), t.device_seconds_total),
+        )
 
     def total(self, at_unix_s: float) -> float:
         """Total device-seconds at a moment, from each instance's latest report.
@@ -55,21 +63,30 @@ class ComputeAxis:
         died or left); before its report it is taken back the same way, to
         zero for an instance that had not started yet. A moment in the past
         (a version mark processed late) thus gets the total it had then.
+        Eval sampling time is left out: from an instance's latest report on,
+        or back to zero before it.
         """
         total = 0.0
         for inst in list(self._instances.values()):
             elapsed = at_unix_s - inst.unix_s
             if elapsed >= 0:
-                total += inst.device_seconds + min(elapsed, self.stale_s) * inst.num_devices
+                total += inst.device_seconds - inst.eval_device_seconds + min(elapsed, self.stale_s) * inst.num_devices
             else:
-                total += max(inst.device_seconds + elapsed * inst.num_devices, 0.0)
+                train = inst.device_seconds - inst.eval_device_seconds
+                total += max(train + elapsed * inst.num_devices, 0.0)
         return total
 
+    def eval_total(self) -> float:
+        """Reported device-seconds spent sampling eval rounds, over every instance (off the axis)."""
+        return sum(inst.eval_device_seconds for inst in list(self._instances.values()))
+
     def by_service(self) -> dict[str, float]:
-        """Reported device-seconds per service (no extrapolation)."""
+        """Reported device-seconds per service (no extrapolation); generators' eval sampling under ``eval``."""
         out: dict[str, float] = {}
         for inst in list(self._instances.values()):
-            out[inst.service] = out.get(inst.service, 0.0) + inst.device_seconds
+            out[inst.service] = out.get(inst.service, 0.0) + inst.device_seconds - inst.eval_device_seconds
+            if inst.eval_device_seconds > 0:
+                out["eval"] = out.get("eval", 0.0) + inst.eval_device_seconds
         return out
 
     @property

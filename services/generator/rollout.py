@@ -263,7 +263,7 @@ class RolloutLoop:
             self.metrics.completions_interrupted.labels(kind).inc(sum(x.interrupted for x in samples))
             self.metrics.completions_truncated.labels(kind).inc(sum(x.truncated for x in samples))
             self.metrics.groups.labels(kind).inc()
-            self.meter.num_tokens += num_tokens
+            self.meter.add_tokens(num_tokens, eval=kind == "eval")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # engine or NATS trouble: hand the task back

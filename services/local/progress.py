@@ -64,6 +64,25 @@ FIT_SUMMARY_KEYS = (
 """What ``summary.json`` keeps of the fitter's ``fit.json``."""
 
 
+def device_time(seconds: float) -> str:
+    """Accelerator time as people count it: seconds for short runs, hours (the paper's GPU-hours) else."""
+    return f"{seconds / 3600:,.2f} device-hours" if seconds >= 360 else f"{seconds:,.0f} device-s"
+
+
+def compute_text(by_service: Mapping[str, float]) -> str | None:
+    """The run's compute: training (the curve's axis) by service, and the eval rounds' sampling apart."""
+    if not by_service:
+        return None
+    train = {k: v for k, v in by_service.items() if k != "eval"}
+    evals = by_service.get("eval", 0.0)
+    generation = by_service.get("generator", 0.0) + evals
+    parts = ", ".join(f"{k} {device_time(v)}" for k, v in sorted(train.items()))
+    text = f"training {device_time(sum(train.values()))} ({parts}); eval sampling {device_time(evals)}"
+    if generation > 0:
+        text += f", {evals / generation:.0%} of generation, off the curve's axis"
+    return text
+
+
 def _interval(interval: Mapping[str, Any] | None) -> str:
     iv = interval or {}
     return f"[{iv.get('low', 0.0):.3f}, {iv.get('high', 0.0):.3f}]"
@@ -325,6 +344,7 @@ class Progress:
             "restarts": {name: n for name, n in restarts.items() if n},
             "ledger": read_json(self.run_dir / "ledger.json"),
             "length": length_rates(read_jsonl(self.run_dir / "metrics.jsonl")),
+            "compute_by_service": fit.get("compute_by_service") or {},
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         t = Table(title="run summary", show_header=False)
@@ -355,6 +375,9 @@ class Progress:
                 f"interrupted {rates['interruption_rate']:.3f}  truncated {rates['truncation_rate']:.3f} "
                 f"of all completions; truncated {rates['trained_truncation_rate'] or 0.0:.3f} of those trained",
             )
+        compute = compute_text(summary["compute_by_service"])
+        if compute is not None:
+            t.add_row("compute", compute)
         ledger = summary["ledger"]
         if ledger:
             t.add_row(

@@ -85,3 +85,47 @@ def test_a_mark_processed_late_gets_the_total_of_its_moment() -> None:
     assert axis.at_version(3, 0.0) == pytest.approx(60 + 120 + 0)
     axis.mark_version(4, 80.0)
     assert axis.at_version(4, 0.0) == pytest.approx(80 + 160 + 10)
+
+
+def test_eval_sampling_is_kept_off_the_axis_and_reported_apart() -> None:
+    axis = ComputeAxis(stale_s=5.0)
+    gen = report("gen-a", "generator", 0, 100)
+    gen.eval_device_seconds_total = 30.0  # 30 of its 100 device-seconds sampled eval rounds
+    axis.observe(gen)
+    axis.observe(report("learner-0", "learner", 0, 100))
+    assert axis.total(100.0) == pytest.approx(70 + 100)
+    assert axis.total(102.0) == pytest.approx(72 + 102)  # extrapolated as training from the report on
+    assert axis.total(50.0) == pytest.approx(20 + 50)  # taken back from the training part
+    assert axis.eval_total() == pytest.approx(30.0)
+    assert axis.by_service() == pytest.approx({"generator": 70, "learner": 100, "eval": 30})
+
+
+def test_the_meter_splits_each_interval_by_its_tokens() -> None:
+    """By hand: 10 device-seconds of 300 train and 100 eval tokens (2.5 s eval), then 10 of eval only
+    (10 s), then 10 with no tokens (none); the total never decreases."""
+    from asymptote.compute import ComputeMeter
+
+    meter = ComputeMeter("generator", "gen-a", "cpu-core", 1)
+    meter.add_tokens(300)
+    meter.add_tokens(100, eval=True)
+    assert meter._split_eval(10.0) == pytest.approx(2.5)
+    meter.add_tokens(50, eval=True)
+    assert meter._split_eval(20.0) == pytest.approx(12.5)
+    assert meter._split_eval(30.0) == pytest.approx(12.5)
+    meter.add_tokens(10)
+    assert meter._split_eval(40.0) == pytest.approx(12.5)  # the idle interval went to training
+    assert (meter.num_tokens, meter.num_eval_tokens) == (460, 150)
+    fresh = ComputeMeter("generator", "gen-b", "cpu-core", 2)  # on the real clock: all of its time was eval
+    fresh.add_tokens(5, eval=True)
+    t = fresh.snapshot()
+    assert t.eval_device_seconds_total == t.device_seconds_total > 0
+
+
+def test_telemetry_claiming_more_eval_time_than_device_time_is_refused() -> None:
+    from asymptote.errors import PayloadError
+    from asymptote.messages import decode_telemetry
+
+    bad = report("gen-a", "generator", 0, 10)
+    bad.eval_device_seconds_total = 11.0
+    with pytest.raises(PayloadError, match=r"eval_device_seconds_total 11\.0 exceeds device_seconds_total 10\.0"):
+        decode_telemetry(bad.SerializeToString())

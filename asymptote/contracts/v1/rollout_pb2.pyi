@@ -205,7 +205,7 @@ class PolicyVersion(_message.Message):
     def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., sha256: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ComputeTelemetry(_message.Message):
-    __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total")
+    __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total", "eval_device_seconds_total")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class ComputeTelemetry(_message.Message):
     UNIX_S_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EVAL_DEVICE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     service: str
     instance_id: str
     device_kind: str
@@ -224,7 +225,8 @@ class ComputeTelemetry(_message.Message):
     unix_s: float
     policy_version: int
     num_tokens_total: int
-    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ...) -> None: ...
+    eval_device_seconds_total: float
+    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ..., eval_device_seconds_total: _Optional[float] = ...) -> None: ...
 
 class CurriculumState(_message.Message):
     __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order", "ledger_seq")
