@@ -32,6 +32,7 @@ from asymptote.errors import ConfigError
 from services.generator.config import EngineSettings
 from services.learner.activations import ModelShape
 from services.learner.config import LearnerConfig
+from services.learner.cost import ACCELERATORS, DECODE_BANDWIDTH_EFFICIENCY, TRAIN_MFU, StepCost, step_cost
 from services.learner.plan import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_PROMPT_TOKENS,
@@ -66,6 +67,12 @@ class PlanInputs:
     max_tokens_from: str
     """Where max_tokens was read: the flag, or the values key and file."""
     group_size: int
+    batch_prompts: int
+    generator_gpus: int
+    generator_gpus_from: str
+    """Where generator_gpus was read: the flag, or the values keys."""
+    accelerator: str
+    mean_completion_tokens: int
     learner_key: str
     """Where the learner's settings live in --config: "learner.config." in a values file, "" in a learner config."""
 
@@ -154,12 +161,30 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         help=f"padded prompt length in tokens (default {DEFAULT_PROMPT_TOKENS})",
     )
     parser.add_argument("--max-tokens", type=int, help="completion cap (default: broker.config.sampling.max_tokens)")
+    parser.add_argument(
+        "--generator-gpus",
+        type=int,
+        help="GPUs generating, all generators together (default: generator.replicas x generator.gpus)",
+    )
+    parser.add_argument(
+        "--gpu",
+        choices=sorted(ACCELERATORS),
+        default="h100",
+        help="the GPU the time estimate assumes (its datasheet bandwidth and bf16 FLOPs)",
+    )
+    parser.add_argument(
+        "--mean-completion-tokens",
+        type=int,
+        help="mean completion length the time estimate assumes (default: half of max_tokens)",
+    )
     args = parser.parse_args(argv)
     for flag, value in (
         ("--gpus-per-node", args.gpus_per_node),
         ("--nodes", args.nodes),
         ("--prompt-tokens", args.prompt_tokens),
         ("--max-tokens", args.max_tokens),
+        ("--generator-gpus", args.generator_gpus),
+        ("--mean-completion-tokens", args.mean_completion_tokens),
     ):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value}: must be at least 1")
@@ -228,6 +253,12 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
             max_num_seqs=settings.max_num_seqs,
             fp32_lm_head=settings.fp32_lm_head,
         )
+    if args.generator_gpus is not None:
+        generator_gpus, generator_gpus_from = args.generator_gpus, "--generator-gpus"
+    else:
+        replicas, replicas_from = setting("generator", "replicas")
+        generator_gpus = int(replicas or 1) * int(tp or 1)
+        generator_gpus_from = f"{replicas_from} x {tp or 1} GPUs each"
     return PlanInputs(
         shape=shape,
         learner=learner,
@@ -239,6 +270,11 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         max_tokens=int(max_tokens),
         max_tokens_from=max_tokens_from,
         group_size=int(_dig(values, "broker", "config", "sampling", "group_size") or DEFAULT_GROUP_SIZE),
+        batch_prompts=learner.batch_prompts,
+        generator_gpus=generator_gpus,
+        generator_gpus_from=generator_gpus_from,
+        accelerator=args.gpu,
+        mean_completion_tokens=args.mean_completion_tokens or max(1, int(max_tokens) // 2),
         learner_key=learner_key,
     )
 
@@ -361,3 +397,77 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
         style="bold",
     )
     console.print(disk)
+    print_cost(console, run, inputs)
+
+
+def print_cost(console: Console, run: RunPlan, inputs: PlanInputs) -> None:
+    """The time and GPU-hours of 100 steps, at the split given and at the balanced one."""
+    learner_gpus = inputs.gpus_per_node * inputs.nodes
+
+    def at(generator_gpus: int) -> StepCost:
+        return step_cost(
+            run.shape,
+            run.generator,
+            accelerator=ACCELERATORS[inputs.accelerator],
+            generator_gpus=generator_gpus,
+            learner_gpus=learner_gpus,
+            batch_prompts=inputs.batch_prompts,
+            group_size=inputs.group_size,
+            prompt_tokens=inputs.prompt_tokens,
+            mean_completion_tokens=inputs.mean_completion_tokens,
+            activation_checkpointing=inputs.learner.activation_checkpointing,
+        )
+
+    given = at(inputs.generator_gpus)
+    t = Table(
+        title=f"Time and GPUs (an estimate on {given.accelerator.name}: decoding at {DECODE_BANDWIDTH_EFFICIENCY:.0%} "
+        f"of peak bandwidth, training at {TRAIN_MFU:.0%} MFU)",
+        title_justify="left",
+        highlight=False,
+    )
+    for column in ("", "value", "how it is counted"):
+        t.add_column(column, justify="right" if column == "value" else "left")
+    t.add_row(
+        "a step",
+        f"{given.completion_tokens:,} tokens",
+        f"{inputs.batch_prompts} prompts x {inputs.group_size} completions of {inputs.mean_completion_tokens:,} "
+        f"tokens on average (--mean-completion-tokens)",
+    )
+    t.add_row(
+        "generating",
+        f"{given.generate_tokens_per_s_per_gpu:,.0f} tokens/s",
+        f"a GPU, {given.concurrent_sequences_per_gpu} sequences at once; "
+        f"{given.generate_s:,.1f} s a step on {given.generator_gpus} GPUs ({inputs.generator_gpus_from})",
+    )
+    t.add_row(
+        "training",
+        f"{given.train_tokens_per_s_per_gpu:,.0f} tokens/s",
+        f"a GPU, prompts included; {given.train_s:,.1f} s a step on {learner_gpus} GPUs",
+    )
+    t.add_row(
+        "100 steps",
+        f"{100 * given.step_s / 3600:,.2f} h",
+        f"{given.gpu_hours_per_100_steps:,.1f} GPU-hours; generating and training overlap, the slower sets the pace",
+        style="bold",
+    )
+    balanced = given.balanced_generator_gpus
+    if balanced != given.generator_gpus:
+        other = step_cost(
+            run.shape,
+            run.generator,
+            accelerator=given.accelerator,
+            generator_gpus=balanced,
+            learner_gpus=given.generator_gpus + learner_gpus - balanced,
+            batch_prompts=inputs.batch_prompts,
+            group_size=inputs.group_size,
+            prompt_tokens=inputs.prompt_tokens,
+            mean_completion_tokens=inputs.mean_completion_tokens,
+            activation_checkpointing=inputs.learner.activation_checkpointing,
+        )
+        t.add_row(
+            "balanced split",
+            f"{balanced} + {other.learner_gpus} GPUs",
+            f"generating + training, same GPUs in all: 100 steps in {100 * other.step_s / 3600:,.2f} h "
+            f"({other.gpu_hours_per_100_steps:,.1f} GPU-hours), if the learner's ranks fit",
+        )
+    console.print(t)

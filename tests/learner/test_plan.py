@@ -47,6 +47,7 @@ from services.learner.model import PackedBatch, PolicyForward, Precision, count_
 from services.learner.plan import (
     GIB,
     USABLE_FRACTION,
+    GeneratorPlan,
     GeneratorSettings,
     check_learner,
     learner_fits,
@@ -488,3 +489,84 @@ def test_the_learner_refuses_at_start_what_does_not_fit(
     assert cli(["learner", "--config", str(config)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the learner's log of its config
     assert last.startswith("asymptote learner: micro_batch_tokens 131072") and "set micro_batch_tokens: 59392" in last
+
+
+# -- what 100 steps cost ------------------------------------------------------------------------------------
+
+
+def test_a_step_s_cost_follows_bandwidth_and_flops_by_hand() -> None:
+    from services.learner.cost import ACCELERATORS, step_cost
+
+    shape = ModelShape.from_config(QWEN3_8B)
+    gpu = GeneratorPlan(
+        gpu_memory_bytes=80 * GIB,
+        weights_bytes=16_000_000_000,
+        kv_cache_bytes=147_456 * 1_000_000,
+        kv_bytes_per_token=147_456,
+        sequence_tokens=8704,
+        max_num_seqs=256,
+        sized_by="memory fraction",
+    )
+    cost = step_cost(
+        shape,
+        gpu,
+        accelerator=ACCELERATORS["h100"],
+        generator_gpus=4,
+        learner_gpus=8,
+        batch_prompts=48,
+        group_size=16,
+        prompt_tokens=512,
+        mean_completion_tokens=4096,
+        activation_checkpointing=True,
+    )
+    # Decoding half-way: 512 + 2048 tokens of context; 1M KV tokens hold 390 such sequences, max_num_seqs 256.
+    assert cost.concurrent_sequences_per_gpu == 256
+    step_bytes = 16_000_000_000 + 256 * 2560 * 147_456
+    assert cost.generate_tokens_per_s_per_gpu == pytest.approx(256 * 3.35e12 * 0.5 / step_bytes)  # about 3,807
+    # Training: 4 passes (checkpointed) x (2N + 2 x 36 layers x 32 heads x 128 x 2,304 tokens of context).
+    flops = 4 * (2 * 8_190_735_360 + 2 * 36 * 32 * 128 * 2304)
+    assert cost.train_tokens_per_s_per_gpu == pytest.approx(989e12 * 0.35 / flops)  # about 5,072
+    assert (cost.completion_tokens, cost.trained_tokens) == (768 * 4096, 768 * 4608)
+    assert cost.generate_s == pytest.approx(768 * 4096 / (4 * cost.generate_tokens_per_s_per_gpu))
+    assert cost.step_s == cost.generate_s > cost.train_s  # four generator GPUs are the bottleneck
+    assert cost.gpu_hours_per_100_steps == pytest.approx(100 * cost.generate_s * 12 / 3600)
+    # The balanced split of the same 12 GPUs: the shortest step of all eleven.
+    steps = {
+        g: step_cost(
+            shape,
+            gpu,
+            accelerator=ACCELERATORS["h100"],
+            generator_gpus=g,
+            learner_gpus=12 - g,
+            batch_prompts=48,
+            group_size=16,
+            prompt_tokens=512,
+            mean_completion_tokens=4096,
+            activation_checkpointing=True,
+        ).step_s
+        for g in range(1, 12)
+    }
+    assert cost.balanced_generator_gpus == min(steps, key=steps.__getitem__) == 6  # 137.7 s; 7 would take 139.5
+    with pytest.raises(ValueError, match="at least 1 each"):
+        step_cost(shape, gpu, accelerator=ACCELERATORS["h100"], generator_gpus=0, learner_gpus=8, batch_prompts=1,
+                  group_size=2, prompt_tokens=1, mean_completion_tokens=1, activation_checkpointing=False)  # fmt: skip
+
+
+def test_plan_prints_the_time_of_100_steps_and_the_balanced_split(
+    qwen3_8b: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(["plan", "--model", str(qwen3_8b), "--config", str(EXAMPLE), "--generator-gpus", "4", "--gpu", "h200"])
+        == 0
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    inputs = plan_inputs(["--model", str(qwen3_8b), "--config", str(EXAMPLE), "--generator-gpus", "4"])
+    assert (inputs.generator_gpus, inputs.generator_gpus_from, inputs.mean_completion_tokens) == (
+        4,
+        "--generator-gpus",
+        4096,
+    )
+    assert "an estimate on H200 SXM" in out and "48 prompts x 16 completions of 4,096 tokens" in out
+    assert "100 steps" in out and "GPU-hours" in out and "balanced split" in out
+    defaults = plan_inputs(["--model", str(qwen3_8b), "--config", str(EXAMPLE)])
+    assert defaults.generator_gpus >= 1 and "generator.replicas" in defaults.generator_gpus_from
