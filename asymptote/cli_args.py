@@ -34,3 +34,40 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}\n")
+
+
+class _KeepLines(_WithDefaults, argparse.RawDescriptionHelpFormatter):
+    """Flags with their defaults, and a description and epilog printed as written."""
+
+
+def service_parser(service: str, config: type[Any], env_prefix: str) -> ArgumentParser:
+    """``asymptote <service>``'s parser: ``--config``, described by the service's config model (its
+    docstring, and each top-level setting's first sentence and default, as the config file takes them),
+    within 80 columns."""
+    import json
+    import re
+    import textwrap
+
+    from pydantic import BaseModel
+
+    lines = []
+    for name, field in config.model_fields.items():
+        if field.is_required():
+            default = "required"
+        else:
+            value = field.get_default(call_default_factory=True)
+            default = "a section" if isinstance(value, BaseModel) else f"default {json.dumps(value, default=str)}"
+        sentence = re.split(r"(?<=\.)\s+", " ".join((field.description or "").split()))[0]
+        said = f"{name} ({default})" + (f": {sentence}" if sentence else "")
+        lines.append(textwrap.fill(said, width=78, initial_indent="  ", subsequent_indent="      "))
+    about = (config.__doc__ or "").strip().splitlines()[0]
+    settings = (
+        f"Settings come from --config (YAML), then {env_prefix}__<KEY> environment variables "
+        f"({env_prefix}__NATS__URL sets nats.url); docs/configuration.md gives every one."
+    )
+    return ArgumentParser(
+        prog=f"asymptote {service}",
+        description=f"{textwrap.fill(about, 78)}\n\n{textwrap.fill(settings, 78)}",
+        epilog="top-level settings:\n" + "\n".join(lines),
+        formatter_class=_KeepLines,
+    )

@@ -622,7 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="asymptote bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
     parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
-    parser.add_argument("--only", choices=SECTIONS, help="run this section alone")
+    parser.add_argument(
+        "--only", choices=SECTIONS, metavar="SECTION", help=f"run this section alone: {', '.join(SECTIONS)}"
+    )
     parser.add_argument(
         "--scale",
         action="store_true",

@@ -94,3 +94,25 @@ def test_each_documented_command_answers_help_with_every_documented_flag(name: s
     text = help_of(name)
     missing = sorted(flag for flag in COMMANDS_SHOWN[name] if flag not in text)
     assert not missing, f"{name}: the documents give {missing}, which its --help does not list"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_s_help_fits_80_columns(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    text = help_of(f"asymptote {command}")
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert text.strip() and not wide, wide
+
+
+@pytest.mark.parametrize("service", ["broker", "generator", "learner", "fitter"])
+def test_a_service_s_help_gives_each_top_level_setting_with_its_default(service: str) -> None:
+    import importlib
+
+    config = {"broker": "BrokerConfig", "generator": "GeneratorConfig", "learner": "LearnerConfig",
+              "fitter": "FitterConfig"}[service]  # fmt: skip
+    cls = getattr(importlib.import_module(f"services.{service}.config"), config)
+    text = help_of(f"asymptote {service}")
+    assert f"ASY_{service.upper()}__" in text and "docs/configuration.md" in text
+    for name, field in cls.model_fields.items():
+        assert f"  {name} (" in text, name
+    assert '  prefix (default "asy")' in text

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from asymptote.cli_args import ArgumentParser
+from asymptote.cli_args import service_parser
 from asymptote.config import load_config, log_resolved
 from asymptote.jetstream.names import ensure_bucket
 from asymptote.jetstream.preflight import check_max_payload
@@ -61,8 +61,8 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="asymptote broker", description=__doc__)
-    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_BROKER__...)")
+    parser = service_parser("broker", BrokerConfig, "ASY_BROKER")
+    parser.add_argument("--config", type=Path, help="YAML config file")
     args = parser.parse_args(argv)
     config = load_config(BrokerConfig, args.config, "ASY_BROKER")
     setup_logging("broker", config.log_format)

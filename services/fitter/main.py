@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from asymptote.cli_args import ArgumentParser
+from asymptote.cli_args import service_parser
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
 from asymptote.errors import PayloadError
@@ -142,8 +142,8 @@ async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="asymptote fitter", description=__doc__)
-    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_FITTER__...)")
+    parser = service_parser("fitter", FitterConfig, "ASY_FITTER")
+    parser.add_argument("--config", type=Path, help="YAML config file")
     args = parser.parse_args(argv)
     config = load_config(FitterConfig, args.config, "ASY_FITTER")
     setup_logging("fitter", config.log_format)

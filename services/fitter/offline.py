@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
@@ -216,65 +218,75 @@ def _format_interval(interval: Interval, digits: int) -> str:
     return f"[{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
-def _runs_table(results: Sequence[RunResult]) -> Table:
-    table = Table(title="Sigmoid fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)")
-    for column in ("run", "A", "B", "C_mid", "R0", "points used", "RMSE", "projected pass rate"):
-        table.add_column(column, justify="left" if column in ("run", "projected pass rate") else "right")
+def _table(title: str, columns: Sequence[str], caption: str | None = None) -> Table:
+    """A compact table (numbers and names only): the long texts go below it as notes, so that nothing is
+    cut at 80 columns."""
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1), title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "run" else "right", overflow="fold")
+    return table
+
+
+def _print_notes(console: Console, notes: Sequence[tuple[str, str]]) -> None:
+    """Each run's long text on lines of its own, wrapped at the console's width (never cut)."""
+    for name, text in notes:
+        console.print(f"[bold]{escape(name)}[/bold]: {text}", highlight=False)
+
+
+def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
+    """The fitted parameters, and per run its projections and advice (or why it failed)."""
+    table = _table(
+        "Sigmoid fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
+        ("run", "A [95% interval]", "B", "C_mid", "R0", "points", "RMSE"),
+        caption="* at the bound of its search range: not pinned down by the data",
+    )
+    notes: list[tuple[str, str]] = []
     for result in results:
         fit, intervals = result.fit, result.intervals
         if fit is None or intervals is None:
-            table.add_row(
-                result.data.name,
-                "[red]fit failed[/red]",
-                "",
-                "",
-                f"{result.data.r0:.3f}",
-                "",
-                "",
-                f"[red]{result.error}[/red]",
-            )
+            table.add_row(result.data.name, "[red]fit failed[/red]", "", "", f"{result.data.r0:.3f}", "", "")
+            notes.append((result.data.name, f"[red]fit failed: {escape(result.error or '')}[/red]"))
             continue
-        half_width = (intervals.a.high - intervals.a.low) / 2.0
         judged = result.determination or determination(fit, intervals)
         advice = result.recommendation
         if judged.determined:
-            projections = "\n".join(
-                f"{float(fit.predict(target)):.3f} {_format_interval(interval, 3)} @ {target:.4g}"
+            said = "; ".join(
+                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {target:.4g}"
                 for target, interval in zip(intervals.target_compute, intervals.projection)
             )
             if advice is not None:
-                projections += f"\n{advice.action}: {advice.reason}"
+                said += f"; {advice.action}: {advice.reason}"
         else:
             # An undetermined fit's projection reads like a real one: show what would determine it instead.
             action = f"{advice.action}: " if advice is not None else ""
-            projections = f"[yellow]{action}not yet determined: {judged.why_not}[/yellow]"
-        # A parameter on its search bound is not pinned down by the data: say so beside it.
-        bound = {
-            name: " [yellow](at bound)[/yellow]" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")
-        }
+            said = f"[yellow]{escape(action)}not yet determined: {escape(judged.why_not)}[/yellow]"
+        notes.append((result.data.name, f"B {_format_interval(intervals.b, 2)}; {said}"))
+        bound = {name: "*" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")}
         table.add_row(
             result.data.name,
-            f"{fit.a:.3f}{bound['A']} ± {half_width:.3f} {_format_interval(intervals.a, 3)}",
-            f"{fit.b:.2f}{bound['B']} {_format_interval(intervals.b, 2)}",
+            f"{fit.a:.3f}{bound['A']} {_format_interval(intervals.a, 3)}",
+            f"{fit.b:.2f}{bound['B']}",
             f"{fit.c_mid:.4g}{bound['C_mid']}",
             f"{fit.r0:.3f}",
             str(fit.num_points_used),
             f"{fit.rmse:.4f}",
-            projections,
         )
-    return table
+    return table, notes
 
 
-def _half_run_table(results: Sequence[RunResult]) -> Table:
-    table = Table(title="Half-run check: fit on compute <= half the final, projected to the final compute")
-    for column in ("run", "half compute", "points used", "projected", "measured", "error"):
-        table.add_column(column, justify="left" if column == "run" else "right")
+def _half_run_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
+    table = _table(
+        "Half-run check: fit on the first half of the compute, projected to the end",
+        ("run", "half compute", "points", "projected", "measured", "error"),
+    )
+    notes: list[tuple[str, str]] = []
     for result in results:
         check = result.half_run
         if check is None:
             continue
         if check["projected"] is None:
-            table.add_row(result.data.name, "", "", f"[red]{check['reason']}[/red]", "", "")
+            table.add_row(result.data.name, "", "", "-", "", "")
+            notes.append((result.data.name, f"[red]half-run check: {escape(check['reason'])}[/red]"))
             continue
         low, high = check["interval"]
         table.add_row(
@@ -285,16 +297,15 @@ def _half_run_table(results: Sequence[RunResult]) -> Table:
             f"{check['measured']:.3f}",
             f"{check['error']:+.3f}",
         )
-    return table
+    return table, notes
 
 
-def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
-    table = Table(
-        title=f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)",
-        caption=summary_line(rows),
+def _comparison_table(rows: Sequence[RunComparison], margin: float) -> tuple[Table, list[tuple[str, str]]]:
+    table = _table(
+        f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)",
+        ("rank", "run", "A [95% interval]", "B", "shared A", "B at shared A"),
     )
-    for column in ("rank", "run", "A", "B", "shared A", "B at shared A", "decided by", "verdict"):
-        table.add_column(column, justify="left" if column in ("run", "decided by", "verdict") else "right")
+    notes: list[tuple[str, str]] = []
     for row in rows:
         table.add_row(
             "-" if row.rank is None else str(row.rank),
@@ -303,10 +314,11 @@ def _comparison_table(rows: Sequence[RunComparison], margin: float) -> Table:
             f"{row.b:.2f}",
             "" if row.shared_a is None else f"{row.shared_a:.3f}",
             "" if row.b_at_shared_a is None else f"{row.b_at_shared_a:.2f}",
-            row.decided_by,
-            row.verdict,
         )
-    return table
+        decided = "" if row.decided_by == "undecided" else f"decided by {escape(row.decided_by)}: "
+        notes.append((row.name, f"{decided}{escape(row.verdict)}"))
+    notes.append(("comparison", escape(summary_line(rows))))
+    return table, notes
 
 
 def _with_rivals(results: list[RunResult], budget: float | None, margin: float) -> list[RunResult]:
@@ -389,8 +401,9 @@ def main_fit(
         return refuse(str(error))
 
     results = _with_rivals([fit_run(data, settings, targets, planned_compute=budget) for data in runs], budget, margin)
-    console.print(_runs_table(results))
-    console.print(_half_run_table(results))
+    for table, notes in (_runs_table(results), _half_run_table(results)):
+        console.print(table)
+        _print_notes(console, notes)
     fitted = {r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0) for r in results if r.fit is not None}
     comparison: list[RunComparison] = []
     if len(fitted) > 1:
@@ -399,7 +412,9 @@ def main_fit(
         except FitError as error:
             error_console.print(f"[red]fit: comparison failed: {error}[/red]")
         if comparison:
-            console.print(_comparison_table(comparison, margin))
+            table, notes = _comparison_table(comparison, margin)
+            console.print(table)
+            _print_notes(console, notes)
 
     out = output_dir if output_dir is not None else Path(DEFAULT_OUTPUT_DIR)
     try:

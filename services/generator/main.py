@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from asymptote.cli_args import ArgumentParser
+from asymptote.cli_args import service_parser
 from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
@@ -94,8 +94,8 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="asymptote generator", description=__doc__)
-    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_GENERATOR__...)")
+    parser = service_parser("generator", GeneratorConfig, "ASY_GENERATOR")
+    parser.add_argument("--config", type=Path, help="YAML config file")
     args = parser.parse_args(argv)
     config = load_config(GeneratorConfig, args.config, "ASY_GENERATOR")
     setup_logging("generator", config.log_format)

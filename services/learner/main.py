@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from asymptote.cli_args import ArgumentParser
+from asymptote.cli_args import service_parser
 from asymptote.config import load_config, log_resolved
 from asymptote.lifecycle import die_with_launcher, run_until_stopped
 from asymptote.logs import setup_logging
@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="asymptote learner", description=__doc__)
-    parser.add_argument("--config", type=Path, help="YAML config file (env overrides: ASY_LEARNER__...)")
+    parser = service_parser("learner", LearnerConfig, "ASY_LEARNER")
+    parser.add_argument("--config", type=Path, help="YAML config file")
     args = parser.parse_args(argv)
     config = load_config(LearnerConfig, args.config, "ASY_LEARNER")
     setup_logging("learner", config.log_format)

@@ -40,9 +40,9 @@ def _write_run(run_dir: Path, a: float = A, b: float = B, c_mid: float = C_MID, 
     return path
 
 
-def _console() -> tuple[Console, io.StringIO]:
+def _console(width: int = 200) -> tuple[Console, io.StringIO]:
     buffer = io.StringIO()
-    return Console(file=buffer, width=200, color_system=None), buffer
+    return Console(file=buffer, width=width, color_system=None), buffer
 
 
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=100)
@@ -139,7 +139,7 @@ def test_fit_command_leaves_a_fit_at_its_bound_unranked_and_undecided(tmp_path: 
     _write_run(tmp_path / "at-bound", a=0.9, seed=1)
     _write_run(tmp_path / "steady", a=0.61, seed=2)
     out = tmp_path / "out"
-    console, output = _console()
+    console, output = _console(width=80)
     settings = CurveFitSettings(a_min=0.45, a_max=0.8, num_bootstrap_resamples=100)
     code = main_fit([tmp_path / "at-bound", tmp_path / "steady"], out, settings, [], console=console)
     assert code == EXIT_OK
@@ -157,6 +157,10 @@ def test_fit_command_leaves_a_fit_at_its_bound_unranked_and_undecided(tmp_path: 
     text = " ".join(output.getvalue().split())
     assert "continue: not yet determined: A at the bound of the search range: run longer" in text
     assert "undecided: run longer" in text
+    # Within 80 columns, and nothing cut: the long verdicts are notes wrapped below the tables.
+    lines = output.getvalue().splitlines()
+    assert not [line for line in lines if len(line) > 80] and "…" not in output.getvalue()
+    assert "at-bound: B [" in text and "0.800* [" in text
 
 
 def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
