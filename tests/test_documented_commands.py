@@ -113,6 +113,6 @@ def test_a_service_s_help_gives_each_top_level_setting_with_its_default(service:
     cls = getattr(importlib.import_module(f"services.{service}.config"), config)
     text = help_of(f"asymptote {service}")
     assert f"ASY_{service.upper()}__" in text and "docs/configuration.md" in text
-    for name, field in cls.model_fields.items():
+    for name in cls.model_fields:
         assert f"  {name} (" in text, name
     assert '  prefix (default "asy")' in text
