@@ -15,6 +15,7 @@ them the other rank times out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,10 +67,20 @@ def exits_within(proc: subprocess.Popen[bytes], marker: Path, deadline_s: float)
     return time.time() - fired
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], out: Path) -> None:
+    """End the launch and its ranks: torchrun starts each rank in a session of its own, so killing its
+    group leaves a rank stuck in a collective running until the collective's timeout."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    for path in out.glob("pid.rank*"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+    wait_until(
+        lambda: not [p for p in out.glob("pid.rank*") if Path(f"/proc/{p.read_text()}").exists()],
+        30,
+        "every rank to end",
+    )
 
 
 @pytest.mark.slow  # torchrun
@@ -79,7 +90,7 @@ def test_an_exception_on_any_rank_ends_every_rank(tmp_path: Path, fail_rank: int
     try:
         took = exits_within(proc, marker, FAIL_FAST_S)
     finally:
-        stop(proc)
+        stop(proc, tmp_path / "run")
     print(f"rank {fail_rank} raised: every rank gone {took:.1f}s later")
     pids = [int(p.read_text()) for p in (tmp_path / "run").glob("pid.rank*")]
     assert len(pids) == 2 and not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
@@ -92,7 +103,7 @@ def test_the_check_fails_when_rank0_swallows_the_exception(tmp_path: Path) -> No
         with pytest.raises(AssertionError, match="still running"):
             exits_within(proc, marker, TWIN_WAIT_S)
     finally:
-        stop(proc)
+        stop(proc, tmp_path / "run")
 
 
 @pytest.mark.slow  # torchrun
@@ -109,7 +120,7 @@ def test_a_wait_for_data_longer_than_the_timeout_is_no_failure_with_heartbeats(
     try:
         proc.wait(timeout=120)
     finally:
-        stop(proc)
+        stop(proc, tmp_path / "run")
     log = (tmp_path / "run" / "log").read_text(errors="replace")
     if heartbeat_s:
         assert proc.returncode == 0, log[-3000:]
