@@ -1,4 +1,4 @@
-# The four images, built with `docker buildx bake` from the repository root:
+# The five images, built with `docker buildx bake` from the repository root:
 #   PYTHON_DIGEST=sha256:... VLLM_DIGEST=sha256:... PYTORCH_DIGEST=sha256:... \
 #     docker buildx bake --push
 # Each base image is pinned by digest; find one with
@@ -45,7 +45,7 @@ variable "PYTORCH_DIGEST" {
 }
 
 group "default" {
-  targets = ["generator", "learner", "broker", "fitter"]
+  targets = ["generator", "learner", "broker", "fitter", "sandbox-pool"]
 }
 
 target "_common" {
@@ -83,4 +83,11 @@ target "fitter" {
   dockerfile = "deploy/docker/fitter.Dockerfile"
   args       = { PYTHON_DIGEST = PYTHON_DIGEST }
   tags       = ["${REGISTRY}/asymptote-fitter:${VERSION}"]
+}
+
+target "sandbox-pool" {
+  inherits   = ["_common"]
+  dockerfile = "deploy/docker/sandbox-pool.Dockerfile"
+  args       = { PYTHON_DIGEST = PYTHON_DIGEST }
+  tags       = ["${REGISTRY}/asymptote-sandbox-pool:${VERSION}"]
 }

@@ -61,9 +61,19 @@ def service_parser(service: str, config: type[Any], env_prefix: str) -> Argument
         said = f"{name} ({default})" + (f": {sentence}" if sentence else "")
         lines.append(textwrap.fill(said, width=78, initial_indent="  ", subsequent_indent="      "))
     about = (config.__doc__ or "").strip().splitlines()[0]
+    # An example key the service has: nats.url, or (a service without NATS) the first nested setting.
+    example = "nats.url"
+    if "nats" not in config.model_fields:
+        nested = [
+            f"{name}.{next(iter(field.annotation.model_fields))}"
+            for name, field in config.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ]
+        example = nested[0] if nested else next(iter(config.model_fields))
     settings = (
         f"Settings come from --config (YAML), then {env_prefix}__<KEY> environment variables "
-        f"({env_prefix}__NATS__URL sets nats.url); docs/configuration.md gives every one."
+        f"({env_prefix}__{example.upper().replace('.', '__')} sets {example}); docs/configuration.md gives "
+        "every one."
     )
     return ArgumentParser(
         prog=f"asymptote {service}",

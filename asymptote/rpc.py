@@ -98,10 +98,15 @@ async def start_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: list[str],
     tls: TlsSettings | None = None,
+    max_receive_bytes: int | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """Start a grpc.aio server with health checking; returns (server, port)."""
+    """Start a grpc.aio server with health checking; returns (server, port). ``max_receive_bytes`` raises
+    gRPC's 4 MiB limit on one request for a service whose requests are not chunked (the sandbox pool's)."""
     credentials = server_credentials(tls) if tls is not None and tls.server_enabled else None
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    options = [*SERVER_OPTIONS]
+    if max_receive_bytes is not None:
+        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(options=options)
     register(server)
     health_pb2_grpc.add_HealthServicer_to_server(health.grpc, server)
     health.track_grpc(*service_names)

@@ -1,8 +1,8 @@
 """What a sandboxed program may use, how the sandbox is chosen, and what a run reports.
 
 Owns the ``SandboxSettings`` config section (backend choice, limits, the
-``unsafe_no_sandbox`` escape hatch) and the ``RunResult`` record every
-backend returns. Knows nothing about how a backend confines a program.
+``unsafe_no_sandbox`` escape hatch, a sandbox pool to send programs to
+instead) and the ``RunResult`` record every backend returns. Knows nothing about how a backend confines a program.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from asymptote.config import Frozen
+from asymptote.config import Frozen, TlsSettings
 
 BackendName = Literal["bubblewrap", "landlock", "none"]
 """bubblewrap: namespaces + seccomp; landlock: Landlock + seccomp without namespaces; none: no isolation."""
@@ -57,6 +57,18 @@ class Limits(Frozen):
         }
 
 
+class PoolClientSettings(Frozen):
+    """A sandbox pool (``asymptote sandbox-pool``) that runs the programs instead of this machine's sandbox."""
+
+    endpoint: str = Field(min_length=1, pattern=r"^[^\s]+:[0-9]+$")
+    """host:port of the pool's gRPC service."""
+    tls: TlsSettings = TlsSettings()
+    """TLS (or mTLS) of the calls to the pool; off by default."""
+    queue_wait_s: float = Field(default=60.0, gt=0.0)
+    """Time one call may spend waiting beyond its program's own deadline: queued in the pool, or for a
+    pool that is restarting; past it the call fails and the completion scores as an error."""
+
+
 class SandboxSettings(Frozen):
     """Where model-written programs run: the backend a start-up self-test chooses, and its limits."""
 
@@ -72,6 +84,45 @@ class SandboxSettings(Frozen):
     root, needs one that uid 65534 can read, e.g. /usr/bin/python3)."""
     limits: Limits = Limits()
     """Default limits of a run (a code verifier sets its own per test)."""
+    pool: PoolClientSettings | None = None
+    """Send programs to this sandbox pool over gRPC instead of running them here (the other settings are then
+    the pool's own business); None runs them in this machine's sandbox."""
+
+
+Settings = TypeVar("Settings")
+
+
+def sandbox_sections(value: object) -> list[SandboxSettings]:
+    """Every ``SandboxSettings`` within ``value`` (a config model, or lists and mappings of them): one per
+    code verifier in a task, a mixture's included. None means nothing in it runs programs."""
+    if isinstance(value, SandboxSettings):
+        return [value]
+    if isinstance(value, BaseModel):
+        return [found for name in type(value).model_fields for found in sandbox_sections(getattr(value, name))]
+    if isinstance(value, list | tuple):
+        return [found for item in value for found in sandbox_sections(item)]
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in sandbox_sections(item)]
+    return []
+
+
+def with_pool(value: Settings, pool: PoolClientSettings | None) -> Settings:
+    """``value`` with every ``SandboxSettings`` in it sending its programs to ``pool`` (unchanged when None)."""
+    if pool is None:
+        return value
+    if isinstance(value, SandboxSettings):
+        return value.model_copy(update={"pool": pool})
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        changed = {n: with_pool(getattr(value, n), pool) for n in fields}
+        changed = {n: v for n, v in changed.items() if v is not getattr(value, n)}
+        return value.model_copy(update=changed) if changed else value
+    if isinstance(value, list | tuple):
+        items = [with_pool(item, pool) for item in value]
+        if any(new is not old for new, old in zip(items, value)):
+            return type(value)(items)
+        return value
+    return value
 
 
 @dataclass(frozen=True, slots=True)

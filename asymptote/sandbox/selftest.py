@@ -37,7 +37,8 @@ PROBE_LIMITS = Limits(timeout_s=10.0, memory_mib=512, open_files=64)
 class Sandbox(Protocol):
     """Runs one Python program confined; never raises for what the program does."""
 
-    name: BackendName
+    @property
+    def name(self) -> BackendName: ...
 
     def run(self, program: str, stdin: bytes = b"", limits: Limits | None = None) -> RunResult: ...
 

@@ -192,6 +192,31 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "nats": {"auth": {"credsSecret": "asymptote-nats-creds"}, "tls": {"caSecret": "nats-ca"}},
     },
+    # A code task whose programs run in the sandbox pool, under gVisor, with mTLS between the pods.
+    "sandbox-pool-gvisor": {
+        "model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"},
+        "task": {
+            "name": "dataset",
+            "path": "/models/data/mbpp/train.jsonl",
+            "eval_path": "/models/data/mbpp/test.jsonl",
+            "preset": "mbpp",
+            "verifier": {"kind": "code", "test_timeout_s": 4.0, "program_timeout_s": 20.0},
+            "score_timeout_s": 30.0,
+        },
+        "sandboxPool": {
+            "enabled": True,
+            "replicas": 3,
+            "runtimeClassName": "gvisor",
+            "config": {"max_concurrent_runs": 8, "max_runs": 5000},
+        },
+        "images": {"sandboxPool": {"repository": "registry.example/asymptote-sandbox-pool", "digest": DIGEST}},
+        "grpcTls": {
+            "enabled": True,
+            "secretName": "lab-grpc-tls",
+            "requireClientCert": True,
+            "certManager": {"issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"}},
+        },
+    },
 }
 
 

