@@ -43,12 +43,14 @@ def commands() -> list[Command]:
     from services.generator.config import GeneratorConfig
     from services.learner.config import LearnerConfig
     from services.local.config import StackConfig
+    from services.sandbox_pool.config import SandboxPoolConfig
 
     return [
         Command("asymptote broker", "ASY_BROKER", BrokerConfig),
         Command("asymptote generator", "ASY_GENERATOR", GeneratorConfig),
         Command("asymptote learner", "ASY_LEARNER", LearnerConfig),
         Command("asymptote fitter", "ASY_FITTER", FitterConfig),
+        Command("asymptote sandbox-pool", "ASY_SANDBOX_POOL", SandboxPoolConfig),
         Command("asymptote up", "ASY_UP", StackConfig),
     ]
 

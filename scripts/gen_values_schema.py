@@ -41,6 +41,7 @@ OWNED_FIELDS: dict[str, tuple[str, ...]] = {
         "engine.model_dir",
         "fanout.peer_endpoint",
         "fanout.index",
+        "sandbox_pool",
     ),
     "learner": (
         "nats",
@@ -57,6 +58,8 @@ OWNED_FIELDS: dict[str, tuple[str, ...]] = {
         "num_devices",
     ),
     "fitter": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "run_dir", "run_name"),
+    # The generators' sandbox_pool above: the chart points them at sandboxPool when it is enabled.
+    "sandbox_pool": ("grpc", "grpc_tls", "http", "log_format"),
 }
 
 
@@ -66,8 +69,15 @@ def config_models() -> dict[str, type[BaseModel]]:
     from services.fitter.config import FitterConfig
     from services.generator.config import GeneratorConfig
     from services.learner.config import LearnerConfig
+    from services.sandbox_pool.config import SandboxPoolConfig
 
-    return {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
+    return {
+        "broker": BrokerConfig,
+        "generator": GeneratorConfig,
+        "learner": LearnerConfig,
+        "fitter": FitterConfig,
+        "sandbox_pool": SandboxPoolConfig,
+    }
 
 
 def _rename_refs(node: Any, service: str) -> Any:
@@ -414,6 +424,19 @@ def values_schema() -> dict[str, Any]:
     )
     broker = service_values("broker (CPU nodes)", configs["broker"], {})
     fitter = service_values("fitter (CPU nodes)", configs["fitter"], {"persistence": persistence()})
+    sandbox_pool = service_values(
+        "sandbox pool: code tasks' programs, in pods of their own that the generators call",
+        configs["sandbox_pool"],
+        {
+            "enabled": BOOL,
+            "replicas": {"type": "integer", "minimum": 1},
+            "podSecurityContext": OBJECT,
+            "containerSecurityContext": OBJECT,
+            "tmpSizeLimit": QUANTITY,
+            "pdb": obj({"enabled": BOOL, "maxUnavailable": {"type": "integer", "minimum": 1}}, required=("enabled",)),
+        },
+    )
+    sandbox_pool["required"] = [*sandbox_pool["required"], "enabled"]
     nats = obj(
         {
             "url": {
@@ -530,6 +553,7 @@ def values_schema() -> dict[str, Any]:
                     "learner": image(),
                     "broker": image(),
                     "fitter": image(),
+                    "sandboxPool": image(),
                     "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
                     "pullSecrets": {"type": "array", "items": {"type": "object", "required": ["name"]}},
                 },
@@ -543,6 +567,7 @@ def values_schema() -> dict[str, Any]:
             "learner": learner,
             "broker": broker,
             "fitter": fitter,
+            "sandboxPool": sandbox_pool,
             "networkPolicy": obj(
                 {
                     "enabled": BOOL,

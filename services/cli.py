@@ -29,7 +29,7 @@ from asymptote.errors import ConfigError
 if TYPE_CHECKING:
     import argparse
 
-    from asymptote.tasks import ArithmeticSettings, DatasetSettings
+    from asymptote.tasks import DatasetSettings, TaskSettingsValue
     from services.local.config import StackConfig
 
 USAGE = """asymptote <command> [options]   (asymptote <command> --help; asymptote --version)
@@ -39,6 +39,7 @@ services:
   generator    vLLM rollouts with in-flight weight swaps
   learner      CISPO learner serving weights over gRPC
   fitter       compute-performance curve fit and projections
+  sandbox-pool runs model-written programs for the code verifier (gRPC)
 
 local and offline:
   up           run nats-server and the four services on this machine
@@ -111,7 +112,7 @@ def _first_row(path: Path, flag: str, settings: Mapping[str, Any]) -> dict[str, 
     raise ConfigError(f"{flag} {path}: no readable row")
 
 
-def dataset_task(task: ArithmeticSettings | DatasetSettings | None, args: argparse.Namespace) -> DatasetSettings | None:
+def dataset_task(task: TaskSettingsValue | None, args: argparse.Namespace) -> DatasetSettings | None:
     """The dataset task the ``up`` flags describe (over a dataset task of ``--config``), or None without them.
 
     Without ``--preset`` (and no field mapping in the config) a file whose
@@ -191,9 +192,10 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument(
         "--workload",
-        choices=["words", "arithmetic"],
-        help="the embedded task: words (default: word problems, thinking, math-verify, length control) or "
-        "arithmetic (four-token answers, for the quickest smoke runs)",
+        choices=["words", "arithmetic", "words-code", "words+code"],
+        help="the embedded task: words (default: word problems, thinking, math-verify, length control), "
+        "arithmetic (four-token answers, for the quickest smoke runs), words-code (the word problems answered "
+        "by a Python program run in the sandbox) or words+code (both in one run, a curve and fit each)",
     )
     parser.add_argument("--max-tokens", type=int, help="completion length cap (with --model: the size preset's)")
     parser.add_argument("--lr", type=float, help="learner peak learning rate (with --model: the size preset's)")
@@ -524,6 +526,11 @@ def _service(name: str) -> Callable[[list[str]], int]:
             from services.generator.main import main
         elif name == "learner":
             from services.learner.main import main
+        elif name == "sandbox-pool":
+            # Before gRPC is imported: its fork handlers, run in each sandboxed program's child between fork
+            # and exec while the server's threads are busy, crash that child (SIGSEGV, SIGABRT) at random.
+            os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+            from services.sandbox_pool.main import main
         else:
             from services.fitter.main import main
         return main(argv)
@@ -532,7 +539,7 @@ def _service(name: str) -> Callable[[list[str]], int]:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    **{name: _service(name) for name in ("broker", "generator", "learner", "fitter")},
+    **{name: _service(name) for name in ("broker", "generator", "learner", "fitter", "sandbox-pool")},
     "up": _up,
     "fit": _fit,
     "export": _export,

@@ -97,6 +97,8 @@ TORCH_FREE_MODULES = (
     "services.broker.main",
     "services.fitter.main",
     "services.fitter.curve",
+    "services.sandbox_pool.main",
+    "asymptote.sandbox.remote",
     "services.local.stack",
     "services.cli",
     "ops.kube",
@@ -115,7 +117,7 @@ def test_torch_free_core_does_not_import_torch_or_vllm() -> None:
     assert loaded == [], f"torch/vllm imported by the torch-free core: {loaded[:10]}"
 
 
-DEPLOYABLES = ("generator", "broker", "learner", "fitter")
+DEPLOYABLES = ("generator", "broker", "learner", "fitter", "sandbox_pool")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -151,7 +153,7 @@ def test_no_service_imports_another() -> None:
 
 
 def test_services_holds_the_services_and_the_local_stack_only() -> None:
-    """services/ is the four deployables, the local stack and the command line; benchmarks live in
+    """services/ is the five deployables, the local stack and the command line; benchmarks live in
     benchmarks/ and operator tools in ops/, so no module under services/ is a benchmark."""
     folders = sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == sorted([*DEPLOYABLES, "local"])

@@ -72,7 +72,9 @@ def test_every_recipe_knob_reaches_its_service_s_recorded_config(
     for name, model in models.items():
         assert contains(read_back(paths[name], model), RECIPE[name]), name
     for i in range(2):
-        assert contains(read_back(paths[f"generator-{i}"], GeneratorConfig), RECIPE["generator"])
+        generator = read_back(paths[f"generator-{i}"], GeneratorConfig)
+        assert contains(generator, RECIPE["generator"])
+        assert generator["eval_hold_versions"] == 2  # half the broker's staleness bound of 4 (at most 4)
     # What each service starts with: its recorded file, and of overrides only the run's NATS credentials.
     for name in paths:
         role = name.split("-")[0].upper()

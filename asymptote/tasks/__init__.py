@@ -18,6 +18,7 @@ from asymptote.tasks.arithmetic import ALPHABET, ArithmeticSettings, ArithmeticT
 from asymptote.tasks.base import Problem, Split, Task
 from asymptote.tasks.dataset import DatasetSettings, DatasetTask
 from asymptote.tasks.length import LengthControlSettings
+from asymptote.tasks.mixture import MixtureEntry, MixtureSettings, MixtureTask
 from asymptote.tasks.readers import DatasetError
 
 __all__ = [
@@ -28,10 +29,14 @@ __all__ = [
     "DatasetSettings",
     "DatasetTask",
     "LengthControlSettings",
+    "MixtureEntry",
+    "MixtureSettings",
+    "MixtureTask",
     "Problem",
     "Split",
     "Task",
     "TaskSettings",
+    "TaskSettingsValue",
     "get_task",
     "parse_task_settings",
     "task_digest",
@@ -47,20 +52,25 @@ def _task_name(value: object) -> str:
 
 
 TaskSettings = Annotated[
-    Annotated[ArithmeticSettings, Tag("arithmetic")] | Annotated[DatasetSettings, Tag("dataset")],
+    Annotated[ArithmeticSettings, Tag("arithmetic")]
+    | Annotated[DatasetSettings, Tag("dataset")]
+    | Annotated[MixtureSettings, Tag("mixture")],
     Discriminator(_task_name),
 ]
 """A task's settings; ``name`` picks the task (arithmetic when a mapping has no name)."""
+TaskSettingsValue = ArithmeticSettings | DatasetSettings | MixtureSettings
+"""A validated ``TaskSettings`` value (for annotations)."""
 
-_ADAPTER: TypeAdapter[ArithmeticSettings | DatasetSettings] = TypeAdapter(TaskSettings)
+_ADAPTER: TypeAdapter[TaskSettingsValue] = TypeAdapter(TaskSettings)
 
 _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Task]]] = {
     "arithmetic": (ArithmeticSettings, ArithmeticTask),
     "dataset": (DatasetSettings, DatasetTask),
+    "mixture": (MixtureSettings, MixtureTask),
 }
 
 
-def parse_task_settings(value: object) -> ArithmeticSettings | DatasetSettings:
+def parse_task_settings(value: object) -> TaskSettingsValue:
     """Validated task settings from a mapping (a missing name means arithmetic); ValidationError if bad."""
     return _ADAPTER.validate_python(value)
 
@@ -71,7 +81,7 @@ DIGEST_CHARS = 16
 """Hex characters of a task digest (64 bits: a collision between two tasks of one run is not a concern)."""
 
 
-def task_digest(settings: ArithmeticSettings | DatasetSettings) -> str:
+def task_digest(settings: TaskSettingsValue) -> str:
     """A stable hash of what a task's rewards mean, which every generation task carries.
 
     It covers every setting of the task (its kind, verifier, reward style,
@@ -81,9 +91,14 @@ def task_digest(settings: ArithmeticSettings | DatasetSettings) -> str:
     defaults filled in, so values that spell the same settings differently
     hash alike. Left out are OPERATIONAL_FIELDS (scoring workers, the time
     limit of one scoring). The files' contents are not read: the generator
-    that checks the digest never opens them.
+    that checks the digest never opens them. A mixture's digest covers every
+    sub-task's settings, name and weight.
     """
-    values = settings.model_dump(mode="json", exclude=set(OPERATIONAL_FIELDS))
+    if isinstance(settings, MixtureSettings):
+        operational = {"__all__": {"task": set(OPERATIONAL_FIELDS)}}
+        values = settings.model_dump(mode="json", exclude={"tasks": operational})
+    else:
+        values = settings.model_dump(mode="json", exclude=set(OPERATIONAL_FIELDS))
     canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 

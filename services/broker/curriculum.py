@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.tasks import Problem
+from asymptote.tasks import MixtureTask, Problem
+from asymptote.tasks.mixture import next_sub_task
 
 
 class Curriculum:
@@ -75,9 +76,19 @@ class Curriculum:
         self.state.num_issued += 1
         return problem, int(self.state.epoch), position
 
+    def at_epoch_end(self) -> bool:
+        """Whether the last :meth:`next` took the epoch's last prompt (a chunk of issued tasks ends there,
+        where :meth:`rewind` is exact)."""
+        return self.state.cursor >= len(self.state.epoch_order)
+
     def mark(self) -> tuple[int, int, int]:
         """Where the cursor is, for :meth:`rewind`."""
         return int(self.state.epoch), int(self.state.cursor), int(self.state.num_issued)
+
+    def rewinder(self) -> Callable[[], None]:
+        """A call that undoes every :meth:`next` from now on (a chunk of tasks that could not be issued)."""
+        mark = self.mark()
+        return lambda: self.rewind(mark)
 
     def rewind(self, mark: tuple[int, int, int]) -> None:
         """Undo :meth:`next` calls since ``mark`` (a task that could not be issued)."""
@@ -92,6 +103,79 @@ class Curriculum:
     def record(self, prompt_id: str, pass_rate: float) -> None:
         """Keep the latest observed pass rate of a prompt."""
         self.state.pass_rates[prompt_id] = pass_rate
+
+
+class MixtureCurriculum:
+    """The curricula of a mixture's sub-tasks, and the weighted draw among them.
+
+    Each sub-task keeps its own epochs, shuffle, cursor and pass rates
+    (No-Positive-Resampling per sub-task), saved in ``state.sub_tasks``
+    under its name; the top-level state's ``num_issued`` counts every draw.
+    Which sub-task gives the next prompt is ``mixture.next_sub_task`` over
+    the sub-tasks' own ``num_issued``: deterministic and seeded, each
+    sub-task's count within one of its weight's share at any point.
+    """
+
+    def __init__(
+        self, task: MixtureTask, seed: int, retire_at: float, state: rollout_pb2.CurriculumState | None = None
+    ) -> None:
+        self.task = task
+        self.state = state if state is not None else rollout_pb2.CurriculumState(seed=seed)
+        self.weights = task.settings.weights
+        self.sub_tasks: dict[str, Curriculum] = {}
+        for index, name in enumerate(task.settings.names):
+            fresh = name not in self.state.sub_tasks
+            sub_state = self.state.sub_tasks[name]  # created empty when missing; a reference into the state
+            if fresh:
+                sub_state.seed = int(self.state.seed) + index  # sub-tasks shuffle apart
+            self.sub_tasks[name] = Curriculum(
+                task.sub_problems(name, "train"), int(sub_state.seed), retire_at, sub_state
+            )
+        self._last: Curriculum | None = None
+
+    @property
+    def num_retired(self) -> int:
+        return sum(c.num_retired for c in self.sub_tasks.values())
+
+    def counts(self) -> dict[str, int]:
+        """Train prompts issued so far, by sub-task."""
+        return {name: int(c.state.num_issued) for name, c in self.sub_tasks.items()}
+
+    def next(self) -> tuple[Problem, int, int]:
+        """The next prompt of the sub-task the draw picks, with its (epoch, position) in that sub-task."""
+        name = next_sub_task(self.weights, self.counts(), int(self.state.seed))
+        self._last = self.sub_tasks[name]
+        problem, epoch, position = self._last.next()
+        self.state.num_issued += 1
+        return problem, epoch, position
+
+    def at_epoch_end(self) -> bool:
+        """Whether the last :meth:`next` took its sub-task's last prompt of an epoch."""
+        return self._last is not None and self._last.at_epoch_end()
+
+    def mark(self) -> tuple[int, dict[str, tuple[int, int, int]]]:
+        return int(self.state.num_issued), {name: c.mark() for name, c in self.sub_tasks.items()}
+
+    def rewinder(self) -> Callable[[], None]:
+        """A call that undoes every :meth:`next` from now on, in every sub-task."""
+        mark = self.mark()
+        return lambda: self.rewind(mark)
+
+    def rewind(self, mark: tuple[int, dict[str, tuple[int, int, int]]]) -> None:
+        """Undo :meth:`next` calls since ``mark`` in every sub-task (a chunk ends at any sub-task's epoch end,
+        so each sub-task's rewind is exact)."""
+        num_issued, subs = mark
+        self.state.num_issued = num_issued
+        for name, sub_mark in subs.items():
+            self.sub_tasks[name].rewind(sub_mark)
+
+    def record(self, prompt_id: str, pass_rate: float) -> None:
+        """Keep the latest observed pass rate of a prompt, in its sub-task's curriculum."""
+        try:
+            name = self.task.sub_task_of(prompt_id)
+        except KeyError:
+            return  # not a prompt of this mixture (a task of another run): nothing to learn from it
+        self.sub_tasks[name].record(prompt_id, pass_rate)
 
 
 def _as_float32(value: float) -> float:

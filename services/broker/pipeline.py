@@ -3,7 +3,9 @@
 Owns issuing train tasks with back-pressure, consuming rollout groups into
 the batcher, dead-lettering poison messages, scheduling eval rounds on
 policy-version changes, and persisting the curriculum. The gRPC face is in
-server.py; wiring in main.py.
+server.py; wiring in main.py. A mixture of tasks issues each train task
+under its sub-task's name, drawn by weight (curriculum.MixtureCurriculum),
+and holds one eval round per sub-task at each eval version.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.lifecycle import wait_or_stop
 from asymptote.messages import decode, decode_group, max_group_bytes
 from asymptote.policy import watch_policy
-from asymptote.tasks import Problem, get_task, task_digest
+from asymptote.tasks import MixtureTask, Problem, Task, get_task, task_digest
 from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
-from services.broker.curriculum import Curriculum
+from services.broker.curriculum import Curriculum, MixtureCurriculum
 from services.broker.metrics import BrokerMetrics
 from services.broker.shaping import shape_overlong
 
@@ -67,19 +69,14 @@ class BrokerPipeline:
         self.policy_kv = policy_kv
         self.metrics = metrics
         task = get_task(config.task.name, config.task)
+        self.task = task
         self.task_digest = task_digest(config.task)
         """Carried by every task issued: a generator holding another task's digest dead-letters the task."""
-        heldout = list(task.problems("heldout"))
-        self.heldout: list[Problem] = heldout[: config.eval_num_prompts(len(heldout))]
-        log.info(
-            "eval rounds: %d of %d held-out prompts x %d samples every %d versions",
-            len(self.heldout),
-            len(heldout),
-            config.eval.num_samples,
-            config.eval.every_versions,
-        )
+        self.eval_sets = self._eval_sets(task)
+        """Each eval round's prompts, by sub-task ("" for the one task of a single-task run)."""
+        self.heldout: list[Problem] = [p for problems in self.eval_sets.values() for p in problems]
         self._train = list(task.problems("train"))
-        self.curriculum: Curriculum | None = None
+        self.curriculum: Curriculum | MixtureCurriculum | None = None
         self.publisher = Publisher(js)
         self.ledger = Ledger(js, names, "broker", self.publisher)
         self.batcher = Batcher(
@@ -109,11 +106,58 @@ class BrokerPipeline:
         self.run_finished = False
         """The learner announced its final version (max_steps): generators are wanted only to drain the tasks left."""
 
+    def _eval_sets(self, task: Task) -> dict[str, list[Problem]]:
+        """The held-out prompts of each eval round: the task's, within the eval budget; a mixture's budget
+        split evenly among its sub-tasks, a share a sub-task's split cannot fill going to the others, and
+        (without eval.num_prompts) at least eval.min_prompts each: each round, over one sub-task's held-out
+        split, is a point of that sub-task's curve."""
+        config = self.config
+        if not isinstance(task, MixtureTask):
+            heldout = list(task.problems("heldout"))
+            chosen = heldout[: config.eval_num_prompts(len(heldout))]
+            log.info(
+                "eval rounds: %d of %d held-out prompts x %d samples every %d versions",
+                len(chosen),
+                len(heldout),
+                config.eval.num_samples,
+                config.eval.every_versions,
+            )
+            return {"": chosen}
+        names = task.settings.names
+        subs = {name: task.sub_problems(name, "heldout") for name in names}
+        task.problems("heldout")  # every sub-task's ids known to sub_task_of
+        # Even shares of the budget; what a small held-out split leaves goes to the others.
+        left = config.eval_num_prompts(sum(map(len, subs.values())))
+        shares: dict[str, int] = {}
+        for i, name in enumerate(sorted(names, key=lambda n: len(subs[n]))):
+            shares[name] = min(len(subs[name]), math.ceil(left / (len(names) - i)))
+            left -= shares[name]
+            if config.eval.num_prompts is None:  # each round is a point of its own curve: min_prompts each
+                shares[name] = max(shares[name], min(config.eval.min_prompts, len(subs[name])))
+        for name in names:
+            log.info(
+                "eval rounds of %s: %d of %d held-out prompts x %d samples every %d versions",
+                name,
+                shares[name],
+                len(subs[name]),
+                config.eval.num_samples,
+                config.eval.every_versions,
+            )
+        return {name: subs[name][: shares[name]] for name in names}
+
+    def task_name_of(self, problem: Problem) -> str:
+        """The ``task_name`` a task of ``problem`` carries: its sub-task in a mixture, else the task's name."""
+        if isinstance(self.task, MixtureTask):
+            return self.task.sub_task_of(problem.prompt_id)
+        return self.config.task.name
+
     def largest_message(self) -> MessageSize:
         """The largest message this run makes: a rollout group of the longest prompt, every completion
         at max_tokens (what NATS's max_payload must admit; checked at start)."""
         s = self.config.sampling
-        system = getattr(self.config.task, "system_prompt", None) or ""
+        settings = self.config.task
+        tasks = [e.task for e in settings.tasks] if settings.name == "mixture" else [settings]
+        system = max((getattr(t, "system_prompt", None) or "" for t in tasks), key=len)
         prompt_bytes = max((len(p.prompt.encode()) for p in (*self._train, *self.heldout)), default=0)
         return MessageSize(
             max_group_bytes(s.group_size, s.max_tokens, prompt_bytes + len(system.encode())),
@@ -137,7 +181,10 @@ class BrokerPipeline:
                 )
         except Exception as exc:  # KeyNotFoundError on a fresh run
             log.info("fresh curriculum (%s)", type(exc).__name__)
-        self.curriculum = Curriculum(self._train, self.config.seed, self.config.pass_rate_retire, state)
+        if isinstance(self.task, MixtureTask):
+            self.curriculum = MixtureCurriculum(self.task, self.config.seed, self.config.pass_rate_retire, state)
+        else:
+            self.curriculum = Curriculum(self._train, self.config.seed, self.config.pass_rate_retire, state)
         # Tasks past the saved cursor may have been issued, and even ended,
         # under the previous broker: read what the ledger holds since the save
         # before issuing them again (see Ledger).
@@ -254,8 +301,7 @@ class BrokerPipeline:
         """
         assert self.curriculum is not None
         async with self._issue_lock:
-            mark = self.curriculum.mark()
-            state = self.curriculum.state
+            rewind = self.curriculum.rewinder()
             tasks: list[rollout_pb2.GenerationTask] = []
             ahead = self.pending_tasks + len(self.batcher.ready)
             taken = 0
@@ -264,7 +310,7 @@ class BrokerPipeline:
                 taken += 1
                 if not self.ledger.known_ended(task.task_id):
                     tasks.append(task)
-                if state.cursor >= len(state.epoch_order):
+                if self.curriculum.at_epoch_end():
                     break
             try:
                 # Recorded first: a task in the queue is always in the ledger.
@@ -280,7 +326,7 @@ class BrokerPipeline:
                     [Outgoing(self.names.train_tasks, t.SerializeToString(), t.task_id) for t in tasks]
                 )
             except BaseException:
-                self.curriculum.rewind(mark)  # issued again, under the same ids, on the next try
+                rewind()  # issued again, under the same ids, on the next try
                 raise
         self.pending_tasks += len(tasks)
         self._issued_since_count += len(tasks)
@@ -306,7 +352,7 @@ class BrokerPipeline:
         return rollout_pb2.GenerationTask(
             task_id=f"{TRAIN_TASK_PREFIX}e{epoch}-p{position}-{problem.prompt_id}",
             kind=rollout_pb2.TASK_KIND_TRAIN,
-            task_name=self.config.task.name,
+            task_name=self.task_name_of(problem),
             prompt_id=problem.prompt_id,
             prompt=problem.prompt,
             reference=problem.reference,
@@ -321,43 +367,49 @@ class BrokerPipeline:
         )
 
     async def issue_eval_round(self, version: int) -> None:
-        """One eval task per held-out prompt, at ``version``; ids dedupe reissues."""
+        """One eval task per held-out prompt, at ``version``; ids dedupe reissues. A mixture: one round
+        per sub-task (``eval-v<version>-<sub-task>``), each over that sub-task's prompts."""
         assert self.curriculum is not None
         async with self._eval_lock:
             state = self.curriculum.state
             if state.eval_issued and version <= state.last_eval_version:
                 return
-            eval_id = f"eval-v{version}"
-            e = self.config.eval
-            for problem in self.heldout:
-                task = rollout_pb2.GenerationTask(
-                    task_id=f"{eval_id}-{problem.prompt_id}",
-                    kind=rollout_pb2.TASK_KIND_EVAL,
-                    task_name=self.config.task.name,
-                    prompt_id=problem.prompt_id,
-                    prompt=problem.prompt,
-                    reference=problem.reference,
-                    sampling=rollout_pb2.SamplingParams(
-                        num_samples=e.num_samples,
-                        temperature=e.temperature,
-                        top_p=1.0,
-                        max_tokens=self.config.sampling.max_tokens,
-                    ),
-                    issued_at_version=version,
-                    issued_unix_s=time.time(),
-                    eval_id=eval_id,
-                    eval_num_prompts=len(self.heldout),
-                    require_version=version,
-                    task_digest=self.task_digest,
-                )
-                await self.js.publish(
-                    self.names.eval_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
-                )
+            for sub_task, problems in self.eval_sets.items():
+                await self._publish_eval_round(version, sub_task, problems)
             state.last_eval_version = version
             state.eval_issued = True
             await self.save_state()
             self.metrics.tasks_issued.labels("eval").inc(len(self.heldout))
-            log.info("eval round %s issued: %d prompts x %d samples", eval_id, len(self.heldout), e.num_samples)
+
+    async def _publish_eval_round(self, version: int, sub_task: str, problems: list[Problem]) -> None:
+        """The eval tasks of one round: ``sub_task``'s (a mixture's) or the task's (``sub_task`` empty)."""
+        eval_id = f"eval-v{version}-{sub_task}" if sub_task else f"eval-v{version}"
+        e = self.config.eval
+        for problem in problems:
+            task = rollout_pb2.GenerationTask(
+                task_id=f"{eval_id}-{problem.prompt_id}",
+                kind=rollout_pb2.TASK_KIND_EVAL,
+                task_name=sub_task or self.config.task.name,
+                prompt_id=problem.prompt_id,
+                prompt=problem.prompt,
+                reference=problem.reference,
+                sampling=rollout_pb2.SamplingParams(
+                    num_samples=e.num_samples,
+                    temperature=e.temperature,
+                    top_p=1.0,
+                    max_tokens=self.config.sampling.max_tokens,
+                ),
+                issued_at_version=version,
+                issued_unix_s=time.time(),
+                eval_id=eval_id,
+                eval_num_prompts=len(problems),
+                require_version=version,
+                task_digest=self.task_digest,
+            )
+            await self.js.publish(
+                self.names.eval_tasks, task.SerializeToString(), headers={"Nats-Msg-Id": task.task_id}
+            )
+        log.info("eval round %s issued: %d prompts x %d samples", eval_id, len(problems), e.num_samples)
 
     async def _issue_eval_round_retrying(self, version: int, stop: asyncio.Event) -> None:
         """Issue the round, retrying while JetStream is unavailable (ids dedupe the retries)."""

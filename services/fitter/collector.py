@@ -10,6 +10,13 @@ version 0.
 Readers in other threads (a Prometheus scrape, a gRPC call) see the state
 through ``snapshot()``: one immutable object replaced whole after each
 refit, so a reader never mixes two fits.
+
+A mixture of tasks (asymptote/tasks/mixture.py) has one curve per
+sub-task: ``RunCollectors`` keeps a ``Collector`` per sub-task (the eval
+results name theirs), each fitted as if it were alone; their rows share
+``eval.jsonl``, each tagged with its ``task``, and ``fit.json`` holds each
+one's fit under ``tasks``. A single-task run's files are as they always
+were (no ``task`` in a row, the fit at the top of ``fit.json``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +62,15 @@ class Point:
     """Completion tokens of the round each policy version sampled (JSON keys are strings)."""
     compute_by_version: dict[str, float] = field(default_factory=dict)
     """Those versions' compute; ``compute`` is their token-weighted mean."""
+    task: str | None = None
+    """The mixture's sub-task the point belongs to; None (and no ``task`` key in the row) in a single-task run."""
+
+    def row(self) -> dict[str, Any]:
+        """The point as a line of ``eval.jsonl`` (without ``task`` in a single-task run)."""
+        values = asdict(self)
+        if self.task is None:
+            del values["task"]
+        return values
 
 
 def sampled_compute(tokens_by_version: dict[int, int], compute_of: Callable[[int], float]) -> float:
@@ -96,8 +113,9 @@ class _Round:
     results: dict[str, rollout_pb2.EvalResult] = field(default_factory=dict)
 
 
-def load_points(path: Path) -> list[Point]:
-    """The points of a previous life of this fitter, in policy-version order.
+def load_points(path: Path, task: str | None = None) -> list[Point]:
+    """The points of a previous life of this fitter, in policy-version order: those of sub-task ``task``
+    (None: the rows without a task, a single-task run's).
 
     A line that does not parse (a write cut short by a crash) is skipped
     with a warning: its round's results were not acked, so they are
@@ -110,10 +128,28 @@ def load_points(path: Path) -> list[Point]:
         if not line.strip():
             continue
         try:
-            points.append(Point(**json.loads(line)))
+            point = Point(**json.loads(line))
         except (json.JSONDecodeError, TypeError) as exc:
             log.warning("skipping unreadable curve point %s:%d: %s", path, line_number, exc)
+            continue
+        if point.task == task:
+            points.append(point)
     return sorted(points, key=lambda p: p.policy_version)
+
+
+def tasks_in(path: Path) -> list[str]:
+    """The sub-tasks whose rows ``eval.jsonl`` holds, in order of first appearance (none: a single task)."""
+    if not path.exists():
+        return []
+    found: dict[str, None] = {}
+    for line in path.read_text().splitlines():
+        try:
+            task = json.loads(line).get("task")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(task, str):
+            found[task] = None
+    return list(found)
 
 
 class Collector:
@@ -128,16 +164,22 @@ class Collector:
         axis: ComputeAxis,
         plot: bool,
         planned_compute: float | None = None,
+        task: str | None = None,
+        on_fit: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.run_name = run_name
+        self.task = task
+        """The mixture's sub-task this curve is of; None in a single-task run."""
+        self.on_fit = on_fit
+        """A sub-task's fit goes here (RunCollectors merges them into fit.json); None: this writes fit.json."""
         self.settings = settings
         self.target_multiples = target_multiples
         self.planned_compute = planned_compute
         self.axis = axis
         self.plot = plot
         self.eval_path = run_dir / "eval.jsonl"
-        self.points: list[Point] = load_points(self.eval_path)
+        self.points: list[Point] = load_points(self.eval_path, task)
         self._rounds: dict[str, _Round] = {}
         self._done = {p.policy_version for p in self.points}
         self._lock = threading.Lock()
@@ -195,14 +237,16 @@ class Collector:
             min_version=min(int(r.min_version) for r in rs),
             max_version=max(int(r.max_version) for r in rs),
             unix_s=time.time(),
+            task=self.task,
         )
         self.points.append(point)
         self.points.sort(key=lambda p: p.policy_version)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with self.eval_path.open("a") as f:
-            f.write(json.dumps(asdict(point)) + "\n")
+            f.write(json.dumps(point.row()) + "\n")
         log.info(
-            "eval point: version %d, compute %.1f, pass rate %.3f (%d prompts)",
+            "eval point%s: version %d, compute %.1f, pass rate %.3f (%d prompts)",
+            f" of {self.task}" if self.task else "",
             point.policy_version,
             point.compute,
             point.pass_rate,
@@ -253,13 +297,22 @@ class Collector:
         if self.plot and len(pts):
             try:
                 plot_curves(
-                    [PlotSeries(self.run_name, compute, pass_rate, *(fitted or (None, None)))],
-                    self.run_dir / "curve.png",
+                    [PlotSeries(self.series_name, compute, pass_rate, *(fitted or (None, None)))],
+                    self.run_dir / (f"curve-{self.task}.png" if self.task else "curve.png"),
                     target_compute=max((v.compute for v in proj.projections), default=None),
                 )
             except Exception as exc:  # a plot must never stop the fitter
                 log.warning("curve plot not written: %s", exc)
         return proj
+
+    def series(self) -> list[tuple[str, Collector]]:
+        """This curve with its name (as ``RunCollectors.series``)."""
+        return [(self.series_name, self)]
+
+    @property
+    def series_name(self) -> str:
+        """The curve's name: the run's, or ``run/sub-task`` in a mixture."""
+        return f"{self.run_name}/{self.task}" if self.task else self.run_name
 
     def _write(self, proj: services_pb2.Projection, judged: Determination | None) -> None:
         """``fit.json``: the Projection's fields by name, plus ``run``, ``num_points``, ``determined``,
@@ -277,9 +330,108 @@ class Collector:
         body["why_not_determined"] = judged.why_not if judged is not None else proj.reason
         body["not_determined"] = [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else []
         body["compute_by_service"] = self.axis.by_service()
-        tmp = self.run_dir / "fit.json.tmp"
-        tmp.write_text(json.dumps(body, indent=2))
-        tmp.replace(self.run_dir / "fit.json")
+        if self.on_fit is not None and self.task is not None:
+            self.on_fit(self.task, body)
+            return
+        write_fit_json(self.run_dir, body)
+
+
+def write_fit_json(run_dir: Path, body: dict[str, Any]) -> None:
+    """Replace ``run_dir/fit.json`` with ``body`` (written beside it, then renamed: never half a file)."""
+    tmp = run_dir / "fit.json.tmp"
+    tmp.write_text(json.dumps(body, indent=2))
+    tmp.replace(run_dir / "fit.json")
+
+
+class RunCollectors:
+    """The run's curves: one ``Collector`` for a single-task run, or one per sub-task of a mixture.
+
+    Which it is comes from the eval results (a mixture's name their
+    sub-task) or, after a restart, from ``eval.jsonl``'s rows. A mixture's
+    ``fit.json`` is ``{"run", "num_points", "compute_by_service", "tasks":
+    {sub-task: that sub-task's fit, as a single-task run's fit.json has it}}``.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        run_name: str,
+        settings: CurveFitSettings,
+        target_multiples: tuple[float, ...],
+        axis: ComputeAxis,
+        plot: bool,
+        planned_compute: float | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.run_name = run_name
+        self.settings = settings
+        self.target_multiples = target_multiples
+        self.axis = axis
+        self.plot = plot
+        self.planned_compute = planned_compute
+        self.by_task: dict[str, Collector] = {}
+        """A mixture's collectors, by sub-task (empty in a single-task run)."""
+        self._fits: dict[str, dict[str, Any]] = {}
+        self._single: Collector | None = None
+        tasks = tasks_in(run_dir / "eval.jsonl")
+        for task in tasks:
+            self.collector(task)
+        if not tasks:  # a single-task run (or a mixture before its first point): its points, refitted now
+            self.collector()
+
+    def collector(self, task: str = "") -> Collector:
+        """The collector of sub-task ``task`` (made on first use); empty: the single task's."""
+        if not task:
+            if self._single is None:
+                self._single = self._new(None)
+            return self._single
+        if task not in self.by_task:
+            self.by_task[task] = self._new(task)
+        return self.by_task[task]
+
+    def _new(self, task: str | None) -> Collector:
+        return Collector(
+            self.run_dir,
+            self.run_name,
+            self.settings,
+            self.target_multiples,
+            self.axis,
+            self.plot,
+            self.planned_compute,
+            task=task,
+            on_fit=self._task_fit,
+        )
+
+    @property
+    def mixed(self) -> bool:
+        return bool(self.by_task)
+
+    def add_result(self, result: rollout_pb2.EvalResult) -> Point | None:
+        """Add one eval result to its sub-task's curve (the run's, in a single-task run)."""
+        return self.collector(result.task).add_result(result)
+
+    def is_done(self, result: rollout_pb2.EvalResult) -> bool:
+        """Whether the round ``result`` belongs to has its point."""
+        return self.collector(result.task).is_done(int(result.eval_version))
+
+    def series(self) -> list[tuple[str, Collector]]:
+        """Each curve with its name (``run``, or ``run/sub-task`` in a mixture)."""
+        if self.by_task:
+            return [(c.series_name, c) for c in self.by_task.values()]
+        return [(self.run_name, self.collector())]
+
+    def _task_fit(self, task: str, body: dict[str, Any]) -> None:
+        self._fits[task] = body  # called from within a new collector too, before by_task holds it
+        tasks = dict(self._fits)
+        write_fit_json(
+            self.run_dir,
+            {
+                "run": self.run_name,
+                "num_points": sum(body["num_points"] for body in tasks.values()),
+                "compute_by_service": self.axis.by_service(),
+                "tasks": tasks,
+            },
+        )
 
 
 def fit_projection(

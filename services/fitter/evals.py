@@ -2,7 +2,9 @@
 
 Owns the format of ``eval.jsonl`` as the offline tools read it (one JSON
 object per line with at least ``step``, ``policy_version``, ``compute`` in
-cumulative accelerator-seconds and ``pass_rate``; other keys are ignored),
+cumulative accelerator-seconds and ``pass_rate``; a mixture's rows also
+name their sub-task in ``task``, one curve per sub-task; other keys are
+ignored),
 the checks a run's records must pass (values in range, compute never
 decreasing as the steps grow), and which record is R0. Knows nothing about
 fitting; the live fitter writes the file (``collector.py``).
@@ -37,6 +39,8 @@ class EvalRecord(BaseModel):
     """Cumulative training compute at that version (accelerator-seconds)."""
     pass_rate: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     """Mean pass rate over the held-out prompts and samples."""
+    task: str | None = None
+    """The mixture's sub-task the record is of; None in a single-task run."""
 
 
 def _record(raw: object, where: str) -> EvalRecord:
@@ -73,8 +77,23 @@ def _in_run_order(located: Iterable[tuple[str, EvalRecord]], source: str) -> lis
     return [record for _, record in ordered]
 
 
-def read_eval_log(path: Path) -> list[EvalRecord]:
-    """Parse an eval log into records in step order; blank lines are skipped.
+def eval_log_tasks(path: Path) -> list[str]:
+    """The sub-tasks an eval log has rows of, in order of first appearance; empty for a single-task log."""
+    found: dict[str, None] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # read_eval_log names it
+            if isinstance(raw, Mapping) and isinstance(raw.get("task"), str):
+                found[raw["task"]] = None
+    return list(found)
+
+
+def read_eval_log(path: Path, task: str | None = None) -> list[EvalRecord]:
+    """Parse an eval log into records in step order; blank lines are skipped. With ``task``, only that
+    sub-task's records (a mixture's log); without, those that name no sub-task (a single-task log's).
 
     Raises EvalFileError naming the file and line of a bad record, or of a
     step whose compute is below an earlier step's.
@@ -89,8 +108,10 @@ def read_eval_log(path: Path) -> list[EvalRecord]:
                 raw = json.loads(line)
             except json.JSONDecodeError as error:
                 raise EvalFileError(f"{where}: not valid JSON ({error.msg})") from error
-            located.append((where, _record(raw, where)))
-    return _in_run_order(located, str(path))
+            record = _record(raw, where)
+            if record.task == task:
+                located.append((where, record))
+    return _in_run_order(located, f"{path} (sub-task {task})" if task else str(path))
 
 
 def records_from_rows(rows: Sequence[object], source: str = "eval rows") -> list[EvalRecord]:

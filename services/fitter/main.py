@@ -23,10 +23,10 @@ from asymptote.messages import decode_eval_result, decode_telemetry
 from asymptote.policy import watch_policy
 from asymptote.rpc import start_server
 from asymptote.runtime import Runtime, service_runtime, supervise
-from services.fitter.collector import Collector
+from services.fitter.collector import RunCollectors
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.config import FitterConfig
-from services.fitter.metrics import ProjectionCollector, registry_with
+from services.fitter.metrics import RunCollector, registry_with
 from services.fitter.server import FitterServicer
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) ->
         await sub.unsubscribe()
 
 
-async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> None:
+async def evals_loop(rt: Runtime, collector: RunCollectors, stop: asyncio.Event) -> None:
     sub = await rt.js.pull_subscribe(
         rt.names.eval_results,
         durable=rt.names.fitter_evals_consumer,
@@ -69,7 +69,7 @@ async def evals_loop(rt: Runtime, collector: Collector, stop: asyncio.Event) -> 
 
 
 async def _collect_evals(
-    sub: JetStreamContext.PullSubscription, rt: Runtime, collector: Collector, stop: asyncio.Event
+    sub: JetStreamContext.PullSubscription, rt: Runtime, collector: RunCollectors, stop: asyncio.Event
 ) -> None:
     held: dict[str, list[Msg]] = {}
     last_heartbeat = time.monotonic()
@@ -90,7 +90,7 @@ async def _collect_evals(
             # fitter that dies mid-round gets them redelivered (results are
             # keyed by task id, so a redelivered copy counts once).
             held.setdefault(result.eval_id, []).append(msg)
-            if collector.is_done(int(result.eval_version)):
+            if collector.is_done(result):
                 for m in held.pop(result.eval_id):
                     await m.ack()
         if held and time.monotonic() - last_heartbeat > 15.0:  # well inside the 60 s ack wait
@@ -107,7 +107,7 @@ async def policy_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) -> No
 
 async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
     axis = ComputeAxis(config.telemetry_stale_s)
-    collector = Collector(
+    collector = RunCollectors(
         config.run_dir,
         config.run_name,
         config.curve,
@@ -116,7 +116,9 @@ async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
         config.plot,
         config.planned_compute,
     )
-    registry = registry_with(ProjectionCollector(config.run_name, collector.snapshot, axis.by_service))
+    registry = registry_with(
+        RunCollector(lambda: [(name, c.snapshot) for name, c in collector.series()], axis.by_service)
+    )
     async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:
         servicer = FitterServicer(collector)
         server, _ = await start_server(

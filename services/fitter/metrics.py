@@ -138,7 +138,31 @@ class ProjectionCollector(Collector):
         yield projected
 
 
-def registry_with(collector: ProjectionCollector) -> CollectorRegistry:
+class RunCollector(Collector):
+    """Gauges of every curve of the run: one ``ProjectionCollector`` per curve (``series`` gives each
+    curve's ``run`` label and snapshot: the run's, or ``run/sub-task`` for each sub-task of a mixture),
+    their samples merged into one family per gauge."""
+
+    def __init__(
+        self,
+        series: Callable[[], list[tuple[str, Callable[[], Snapshot]]]],
+        compute: Callable[[], dict[str, float]],
+    ) -> None:
+        self.series = series
+        self.compute = compute
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for run, snapshot in self.series():
+            for family in ProjectionCollector(run, snapshot, self.compute).collect():
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()
+
+
+def registry_with(collector: Collector) -> CollectorRegistry:
     """A registry holding only ``collector`` (the fitter's /metrics)."""
     registry = CollectorRegistry()
     registry.register(collector)

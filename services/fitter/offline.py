@@ -11,6 +11,10 @@ R0 is the pass rate at step 0, or at the first step when there is no step
 0; that point defines R0 and is not itself a point of the curve. Compute is
 cumulative accelerator-seconds as the live fitter writes it (any positive
 unit works if all runs share it).
+
+A mixture's eval log (rows tagged with their sub-task) is one curve per
+sub-task, named ``run/sub-task`` and fitted as if alone; runs are compared
+only with runs of the same sub-task.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from services.fitter.decision import (
     recommend,
     summary_line,
 )
-from services.fitter.evals import EvalFileError, read_eval_log, split_baseline
+from services.fitter.evals import EvalFileError, eval_log_tasks, read_eval_log, split_baseline
 from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, plot_curves
 
@@ -79,6 +83,8 @@ class RunData:
     compute: npt.NDArray[np.float64]
     pass_rate: npt.NDArray[np.float64]
     r0: float
+    task: str | None = None
+    """The mixture's sub-task this curve is of; None for a single-task run."""
 
 
 @dataclass(frozen=True)
@@ -109,17 +115,27 @@ def resolve_eval_path(path: Path) -> Path:
     return candidate
 
 
-def load_run(path: Path, name: str) -> RunData:
-    """Read a run's eval log and split off the R0 point (step 0, else the first step)."""
+def load_run(path: Path, name: str, task: str | None = None) -> RunData:
+    """Read a run's eval log (with ``task``, that sub-task's rows) and split off the R0 point (step 0,
+    else the first step)."""
     eval_path = resolve_eval_path(path)
-    baseline, rest = split_baseline(read_eval_log(eval_path))
+    baseline, rest = split_baseline(read_eval_log(eval_path, task))
     return RunData(
         name=name,
         eval_path=eval_path,
         compute=np.array([record.compute for record in rest], dtype=np.float64),
         pass_rate=np.array([record.pass_rate for record in rest], dtype=np.float64),
         r0=baseline.pass_rate,
+        task=task,
     )
+
+
+def load_runs(path: Path, name: str) -> list[RunData]:
+    """A run's curves: its one curve, or one per sub-task of a mixture (named ``name/sub-task``)."""
+    tasks = eval_log_tasks(resolve_eval_path(path))
+    if not tasks:
+        return [load_run(path, name)]
+    return [load_run(path, f"{name}/{task}", task) for task in tasks]
 
 
 def _run_names(paths: Sequence[Path]) -> list[str]:
@@ -334,7 +350,8 @@ def _with_rivals(results: list[RunResult], budget: float | None, margin: float) 
         if r.fit is None or r.intervals is None:
             out.append(r)
             continue
-        rivals = {name: a for name, a in asymptotes.items() if name != r.data.name}
+        same_task = {o.data.name for o in results if o.data.task == r.data.task}
+        rivals = {name: a for name, a in asymptotes.items() if name != r.data.name and name in same_task}
         advice = recommend(r.fit, r.intervals, float(r.data.compute.max()), budget, margin, rivals)
         out.append(replace(r, recommendation=advice))
     return out
@@ -396,7 +413,7 @@ def main_fit(
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         return refuse(f"--budget must be a finite compute > 0, got {budget}")
     try:
-        runs = [load_run(path, name) for path, name in zip(paths, _run_names(paths))]
+        runs = [data for path, name in zip(paths, _run_names(paths)) for data in load_runs(path, name)]
     except (EvalFileError, OSError) as error:
         return refuse(str(error))
 
@@ -404,17 +421,27 @@ def main_fit(
     for table, notes in (_runs_table(results), _half_run_table(results)):
         console.print(table)
         _print_notes(console, notes)
-    fitted = {r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0) for r in results if r.fit is not None}
     comparison: list[RunComparison] = []
-    if len(fitted) > 1:
+    verdicts: list[str] = []
+    for task in dict.fromkeys(r.data.task for r in results):  # runs are compared on the same sub-task only
+        fitted = {
+            r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0)
+            for r in results
+            if r.fit is not None and r.data.task == task
+        }
+        if len(fitted) < 2:
+            continue
         try:
-            comparison = compare_runs(fitted, settings, margin=margin)
+            rows = compare_runs(fitted, settings, margin=margin)
         except FitError as error:
             error_console.print(f"[red]fit: comparison failed: {error}[/red]")
-        if comparison:
-            table, notes = _comparison_table(comparison, margin)
+            continue
+        if rows:
+            table, notes = _comparison_table(rows, margin)
             console.print(table)
             _print_notes(console, notes)
+            comparison += rows
+            verdicts.append(summary_line(rows))
 
     out = output_dir if output_dir is not None else Path(DEFAULT_OUTPUT_DIR)
     try:
@@ -423,7 +450,7 @@ def main_fit(
             "settings": settings.model_dump(),
             "runs": {result.data.name: run_summary(result) for result in results},
             "comparison": [asdict(row) for row in comparison],
-            "comparison_verdict": summary_line(comparison) if comparison else None,
+            "comparison_verdict": "; ".join(verdicts) if verdicts else None,
         }
         (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         target_compute = max((t for r in results for t in r.targets), default=None)

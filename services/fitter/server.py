@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
-from services.fitter.collector import Collector, fit_projection
+from services.fitter.collector import Collector, RunCollectors, fit_projection
 
 MAX_POINTS = 100_000
 MAX_RUN_NAME_CHARS = 200
@@ -72,9 +72,10 @@ def check_points(points: Sequence[services_pb2.CurvePoint]) -> str | None:
 
 
 class FitterServicer(services_pb2_grpc.FitterServicer):
-    """Serves the live collector's projection and fits submitted runs."""
+    """Serves the live run's projection (a mixture's: each sub-task's, as ``run/sub-task``) and fits
+    submitted runs."""
 
-    def __init__(self, collector: Collector) -> None:
+    def __init__(self, collector: Collector | RunCollectors) -> None:
         self.collector = collector
         self.submitted: OrderedDict[str, services_pb2.Projection] = OrderedDict()
 
@@ -85,7 +86,7 @@ class FitterServicer(services_pb2_grpc.FitterServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"run: give a name of 1 to {MAX_RUN_NAME_CHARS} characters"
             )
-        if request.run == self.collector.run_name:
+        if request.run in (self.collector.run_name, *(name for name, _ in self.collector.series())):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"run: {request.run!r} is the live run's name; choose another"
             )
@@ -114,8 +115,12 @@ class FitterServicer(services_pb2_grpc.FitterServicer):
     async def GetProjection(
         self, request: services_pb2.GetProjectionRequest, context: grpc.aio.ServicerContext
     ) -> services_pb2.Projection:
-        if request.run and request.run != self.collector.run_name:
-            if request.run not in self.submitted:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"run: no run named {request.run!r}")
-            return self.submitted[request.run]
-        return self.collector.projection
+        live = dict(self.collector.series())
+        if request.run in live or (not request.run and self.collector.run_name in live):
+            return live[request.run or self.collector.run_name].projection
+        if not request.run or request.run == self.collector.run_name:
+            curves = ", ".join(live)
+            return services_pb2.Projection(ok=False, reason=f"a mixture of tasks: ask for each curve ({curves})")
+        if request.run not in self.submitted:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run: no run named {request.run!r}")
+        return self.submitted[request.run]

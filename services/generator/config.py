@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
+from asymptote.sandbox import PoolClientSettings
 from asymptote.tasks import ArithmeticSettings, TaskSettings
 
 
@@ -103,3 +104,6 @@ class GeneratorConfig(MeteredServiceSettings):
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""
     fanout: FanoutSettings = FanoutSettings()
     """Where weight versions come from: the learner, or peers in a fan-out tree."""
+    sandbox_pool: PoolClientSettings | None = None
+    """A code task's programs run in this sandbox pool (``asymptote sandbox-pool``) instead of this machine's
+    sandbox; the verdicts are the same. Not part of the task (nor of its digest): it says where scoring runs."""

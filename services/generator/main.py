@@ -22,8 +22,8 @@ from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine, check_platform
 from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_server, weight_source
 from services.generator.metrics import GeneratorMetrics
+from services.generator.mixing import make_scorer
 from services.generator.rollout import RolloutLoop
-from services.generator.scoring import TaskScorer
 from services.generator.server import GeneratorServicer
 from services.generator.swapper import EvalHold, Swapper
 
@@ -56,7 +56,7 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 config.task_ack_wait_s,
                 metrics,
                 meter,
-                TaskScorer(config.task, config.engine.model_dir, metrics),
+                make_scorer(config.task, config.engine.model_dir, metrics, config.sandbox_pool),
                 hold,
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)

@@ -36,6 +36,7 @@ from asymptote.messages import decode_task
 from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
 from services.generator.metrics import GeneratorMetrics
+from services.generator.mixing import MixtureScorer, Scorer
 from services.generator.scoring import TaskScorer
 from services.generator.swapper import EvalHold
 
@@ -88,7 +89,7 @@ class RolloutLoop:
         ack_wait_s: float,
         metrics: GeneratorMetrics,
         meter: ComputeMeter,
-        scorer: TaskScorer | None = None,
+        scorer: Scorer | None = None,
         hold: EvalHold | None = None,
     ) -> None:
         self.engine = engine
@@ -343,6 +344,7 @@ class RolloutLoop:
             min_version=min(versions),
             max_version=max(versions),
             eval_num_prompts=task.eval_num_prompts,
+            task=task.task_name if isinstance(self.scorer, MixtureScorer) else "",
             generator_id=self.generator_id,
             finished_unix_s=time.time(),
             num_tokens=num_tokens,

@@ -12,6 +12,11 @@ A generator serves the one task it is configured with: a task message
 whose task digest (``asymptote.tasks.task_digest``) is not this task's is
 refused by :meth:`TaskScorer.check`, since scoring it here would judge it
 by another task's rules.
+
+A code task's programs run in a sandbox pool when the generator names one
+(``sandbox_pool``): its verifier settings are the task's with the pool in
+their ``sandbox`` section, so the verifier's path and verdicts are the
+same either way, and the task digest is the task's own.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.sandbox import PoolClientSettings, with_pool
 from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task, task_digest
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.verifiers import reward
@@ -30,9 +36,15 @@ from services.generator.metrics import GeneratorMetrics
 
 class TaskScorer:
     def __init__(
-        self, settings: ArithmeticSettings | DatasetSettings, model_dir: Path, metrics: GeneratorMetrics
+        self,
+        settings: ArithmeticSettings | DatasetSettings,
+        model_dir: Path,
+        metrics: GeneratorMetrics,
+        sandbox_pool: PoolClientSettings | None = None,
     ) -> None:
         self.settings = settings
+        self.sandbox_pool = sandbox_pool
+        """Where a code verifier's programs run (None: this machine's sandbox)."""
         self.digest = task_digest(settings)
         """The digest every task this generator takes must carry."""
         self.model_dir = model_dir
@@ -81,7 +93,8 @@ class TaskScorer:
         s = self.settings
         if isinstance(s, DatasetSettings) and task_name == s.name:
             if self._pool is None:
-                self._pool = ScoringPool(s.verifier, s.num_score_workers, s.score_timeout_s)
+                verifier = with_pool(s.verifier, self.sandbox_pool)
+                self._pool = ScoringPool(verifier, s.num_score_workers, s.score_timeout_s)
             verdicts = await self._pool.judge_all(completions, reference)
             for v in verdicts:
                 self.metrics.verdicts.labels(v.reason).inc()

@@ -8,7 +8,10 @@ every setting that shaped them. What the model sees and is taught is a
 (character tokenizer); on a dataset task whose rows carry a worked
 ``solution`` (the embedded word problems, asymptote/tasks/words.py), the
 prompt through the chat template and ``<think>`` steps ``</think>`` then ``\\boxed{answer}``
-+ EOS, with a byte-level BPE tokenizer trained here on the train rows.
++ EOS, with a byte-level BPE tokenizer trained here on the train rows. A
+code task's answer is its row's gold program in a fenced ```` ```python ````
+block instead of the box (the words-code rows, asymptote/tasks/words_code.py);
+a mixture teaches each sub-task's problems in that sub-task's format.
 
 The pass is deliberately short: RL needs a policy that solves some problems
 sometimes (a pass rate well above 0 and well below 1 when sampled at
@@ -38,8 +41,19 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTok
 
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
-from asymptote.tasks import ArithmeticSettings, DatasetSettings, Problem, Task, TaskSettings, get_task
+from asymptote.tasks import (
+    ArithmeticSettings,
+    DatasetSettings,
+    MixtureSettings,
+    MixtureTask,
+    Problem,
+    Task,
+    TaskSettingsValue,
+    get_task,
+)
+from asymptote.tasks.code import CODE_LAYOUTS, fenced, gold_program
 from asymptote.tasks.dataset import prompt_id_of
+from asymptote.tasks.mixture import mixture_prompt_id
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.readers import DatasetError, read_rows
 from asymptote.tasks.words import SOLUTION_FIELD
@@ -128,11 +142,11 @@ held-out problems and the most likely answer is right about twice as often: the 
 
 
 def tiny_model_settings(
-    task: TaskSettings, model: dict[str, object] | None = None, warmstart: dict[str, object] | None = None
+    task: TaskSettingsValue, model: dict[str, object] | None = None, warmstart: dict[str, object] | None = None
 ) -> tuple[ModelSpec, WarmstartSettings]:
     """The tiny model's shape and warm start for ``task``: the task kind's defaults under ``model`` and
     ``warmstart`` (overrides, as a stack config gives them)."""
-    dataset = isinstance(task, DatasetSettings)
+    dataset = isinstance(task, (DatasetSettings, MixtureSettings))
     spec = ModelSpec.model_validate({**(DATASET_MODEL if dataset else {}), **(model or {})})
     settings = WarmstartSettings.model_validate({**(DATASET_WARMSTART if dataset else {}), **(warmstart or {})})
     return spec, settings
@@ -161,21 +175,28 @@ INTERRUPTED_SHARE = 0.25
 it to completions that think past their budget, and the model must answer after it."""
 DATASET_FORMAT_VERSION = 2
 """Bump when the dataset format's targets change, so cached dataset models are rebuilt."""
+CODE_FORMAT_VERSION = 1
+"""Bump when a code task's targets (the fenced gold program) change; in the cache key of code tasks and
+mixtures only."""
 
 
-def thinking_completion(solution: str, reference: str, interruption: str | None = None, seed: str = "") -> str:
-    """``<think>`` with the worked steps, then the answer in ``\\boxed{}``.
+def thinking_completion(
+    solution: str, reference: str, interruption: str | None = None, seed: str = "", program: str | None = None
+) -> str:
+    """``<think>`` with the worked steps, then the answer in ``\\boxed{}`` (or, with ``program``, that
+    program in a fenced Python block: a code task's answer, which the code verifier runs).
 
     With ``interruption`` (length control's phrase, which closes the
     thinking), the steps stop after a number of them fixed by ``seed`` and
     the phrase stands in for ``</think>``.
     """
+    answer = fenced(program) if program is not None else f"\\boxed{{{reference}}}"
     if interruption is None:
-        return f"<think>\n{solution}\n</think>\n\n\\boxed{{{reference}}}"
+        return f"<think>\n{solution}\n</think>\n\n{answer}"
     steps = [step for step in solution.removesuffix(".").split(". ") if step]
     kept = random.Random(seed).randint(0, max(0, len(steps) - 1))
     thinking = "".join(f"{step}. " for step in steps[:kept])
-    return f"<think>\n{thinking}{interruption}\n\n\\boxed{{{reference}}}"
+    return f"<think>\n{thinking}{interruption}\n\n{answer}"
 
 
 def interrupted(prompt_id: str, share: float = INTERRUPTED_SHARE) -> bool:
@@ -204,15 +225,50 @@ def worked_solutions(settings: DatasetSettings) -> dict[str, str]:
     return out
 
 
+def gold_programs(settings: DatasetSettings) -> dict[str, str]:
+    """A code layout's gold program of each row by problem id, over the train and held-out files;
+    DatasetError when a row has none (a code task's warm start teaches it)."""
+    assert settings.preset in CODE_LAYOUTS, "only code layouts have gold programs"
+    out: dict[str, str] = {}
+    names = settings.field_names
+    for path in (settings.path, settings.eval_path):
+        if path is None:
+            continue
+        for number, row in read_rows(path, settings.format, settings.split):
+            if not isinstance(row, dict) or names.prompt not in row:
+                continue
+            try:
+                program = gold_program(row, settings.preset)
+            except ValueError:
+                program = None
+            if not program:
+                raise DatasetError(f"{path} row {number}: a warm start on a code task needs a gold solution per row")
+            file_id = row.get(names.id) if names.id is not None else None
+            out[prompt_id_of(file_id, str(row[names.prompt]))] = program.strip()
+    return out
+
+
+def _programs(settings: DatasetSettings) -> dict[str, str] | None:
+    """The gold programs a code task's warm start answers with; None for a task answered in a box."""
+    return gold_programs(settings) if settings.preset in CODE_LAYOUTS else None
+
+
+def _program(programs: dict[str, str] | None, prompt_id: str) -> str | None:
+    return programs[prompt_id] if programs is not None else None
+
+
 def dataset_format(settings: DatasetSettings, tokenizer: PreTrainedTokenizerBase) -> Format:
-    """The chat-rendered prompt, and the worked solution in ``<think>`` before the ``\\boxed{}`` answer;
-    with length control on, a share of the problems (``interrupted``) is cut off by its phrase."""
+    """The chat-rendered prompt, and the worked solution in ``<think>`` before the ``\\boxed{}`` answer
+    (a code layout's: before its gold program in a fenced Python block); with length control on, a share
+    of the problems (``interrupted``) is cut off by its phrase."""
     solutions = worked_solutions(settings)
+    programs = _programs(settings)
     phrase = settings.length_control.interruption_phrase if settings.length_control.enabled else None
 
     def target(p: Problem) -> str:
         cut = phrase if phrase is not None and interrupted(p.prompt_id) else None
-        return thinking_completion(solutions[p.prompt_id], p.reference, cut, seed=p.prompt_id)
+        program = _program(programs, p.prompt_id)
+        return thinking_completion(solutions[p.prompt_id], p.reference, cut, seed=p.prompt_id, program=program)
 
     return Format(
         prompt=lambda p: render_prompt(p.prompt, settings, tokenizer),
@@ -221,10 +277,41 @@ def dataset_format(settings: DatasetSettings, tokenizer: PreTrainedTokenizerBase
     )
 
 
+def mixture_format(task: MixtureTask, tokenizer: PreTrainedTokenizerBase) -> Format:
+    """Each problem of a mixture in its own sub-task's format (its ids are the sub-task's, prefixed)."""
+    formats = {name: format_for(sub, tokenizer) for name, sub in task.sub_tasks.items()}
+
+    def own(p: Problem) -> tuple[Format, Problem]:
+        name = task.sub_task_of(p.prompt_id)
+        return formats[name], Problem(p.prompt_id.removeprefix(mixture_prompt_id(name, "")), p.prompt, p.reference)
+
+    def prompt(p: Problem) -> str:
+        fmt, problem = own(p)
+        return fmt.prompt(problem)
+
+    def target(p: Problem) -> str:
+        fmt, problem = own(p)
+        return fmt.target(problem)
+
+    # One tokenization for every problem: chat-rendered text unless every sub-task wants its specials.
+    specials = all(f.add_special_tokens for f in formats.values())
+    return Format(prompt=prompt, target=target, add_special_tokens=specials)
+
+
 def format_for(task: Task, tokenizer: PreTrainedTokenizerBase) -> Format:
-    """The warm start's format for ``task``: dataset tasks think then box, the arithmetic task answers bare."""
+    """The warm start's format for ``task``: dataset tasks think then box (code tasks: then a program),
+    the arithmetic task answers bare, a mixture each problem as its sub-task does."""
+    if isinstance(task, MixtureTask):
+        return mixture_format(task, tokenizer)
     settings = getattr(task, "settings", None)
     return dataset_format(settings, tokenizer) if isinstance(settings, DatasetSettings) else ARITHMETIC_FORMAT
+
+
+def score_problem(task: Task, completion_text: str, problem: Problem) -> float:
+    """``problem``'s reward for ``completion_text``: a mixture's by the problem's sub-task."""
+    if isinstance(task, MixtureTask):
+        return task.score_in(task.sub_task_of(problem.prompt_id), completion_text, problem.reference)
+    return task.score(completion_text, problem.reference)
 
 
 def encode_prompts(
@@ -280,7 +367,7 @@ def sampled_pass_rate(
             generator=gen,
         )
         texts = tokenizer.batch_decode(out.completions, skip_special_tokens=True)
-        total += sum(task.score(t, p.reference) for t, p in zip(texts, rows[start : start + batch_rows]))
+        total += sum(score_problem(task, t, p) for t, p in zip(texts, rows[start : start + batch_rows]))
         truncated += sum(out.truncated)
     model.train(was_training)
     return EvalResult(
@@ -340,6 +427,8 @@ def supervised_pass(
     prompts = encode_prompts(tokenizer, problems, fmt)
     targets = encode_targets(tokenizer, problems, fmt)
     probe = problems[: settings.num_probe_problems]
+    if isinstance(task, MixtureTask):  # every sub-task in the probe: its problems come sub-task after sub-task
+        probe = problems[:: max(1, len(problems) // settings.num_probe_problems)][: settings.num_probe_problems]
     rng = random.Random(settings.seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
@@ -407,7 +496,7 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> str:
+def cache_key(spec: ModelSpec, task_settings: TaskSettingsValue, settings: WarmstartSettings) -> str:
     """Hash of everything that shapes the finished model (and the code's format version).
 
     A dataset task's files are hashed by content: editing them makes a new model, moving them does not.
@@ -424,6 +513,21 @@ def cache_key(spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartS
         fields["data"] = [_file_digest(p) for p in (task_settings.path, task_settings.eval_path) if p is not None]
         fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
         fields["dataset_format"] = DATASET_FORMAT_VERSION
+        if task_settings.preset in CODE_LAYOUTS:
+            fields["code_format"] = CODE_FORMAT_VERSION
+    if isinstance(task_settings, MixtureSettings):
+        located = {"__all__": {"task": {"path", "eval_path", "check_gold"}}}
+        fields["task"] = task_settings.model_dump(mode="json", exclude={"tasks": located})
+        fields["data"] = [
+            _file_digest(p)
+            for e in task_settings.tasks
+            if isinstance(e.task, DatasetSettings)
+            for p in (e.task.path, e.task.eval_path)
+            if p is not None
+        ]
+        fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
+        fields["dataset_format"] = DATASET_FORMAT_VERSION
+        fields["code_format"] = CODE_FORMAT_VERSION
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -431,14 +535,29 @@ def tokenizer_for(task: Task, spec: ModelSpec) -> PreTrainedTokenizerFast:
     """The character tokenizer of a task with an alphabet; otherwise BPE trained on the warm start's train texts."""
     if task.alphabet:
         return build_tokenizer(task.alphabet, spec.vocab_multiple)
+    return train_bpe_tokenizer(tokenizer_texts(task), BPE_VOCAB_SIZE)
+
+
+def tokenizer_texts(task: Task) -> list[str]:
+    """What a dataset task's (or a mixture's) BPE tokenizer is trained on: each train problem's prompt
+    (as its prompt format words it) and taught completion, and the interruption phrase."""
+    if isinstance(task, MixtureTask):
+        return [text for sub in task.sub_tasks.values() for text in tokenizer_texts(sub)]
     settings = getattr(task, "settings", None)
     if not isinstance(settings, DatasetSettings):
+        if task.alphabet:
+            return [f"{p.prompt}{p.reference}" for p in task.problems("train")]
         raise ValueError(f"task {task.name!r} has no alphabet and is not a dataset task: no tokenizer to build")
     solutions = worked_solutions(settings)
-    texts = [f"{p.prompt}\n{thinking_completion(solutions[p.prompt_id], p.reference)}" for p in task.problems("train")]
+    programs = _programs(settings)
+    texts = [
+        f"{settings.prompt_format.format(prompt=p.prompt) if programs is not None else p.prompt}\n"
+        f"{thinking_completion(solutions[p.prompt_id], p.reference, program=_program(programs, p.prompt_id))}"
+        for p in task.problems("train")
+    ]
     # The interruption phrase, often enough to be merged: length control appends it.
     texts += [settings.length_control.interruption_phrase] * 16
-    return train_bpe_tokenizer(texts, BPE_VOCAB_SIZE)
+    return texts
 
 
 LOCKS_DIR = ".locks"
@@ -448,7 +567,7 @@ LOCKS_DIR = ".locks"
 def prepare_model(
     cache_dir: Path,
     spec: ModelSpec | None = None,
-    task_settings: TaskSettings | None = None,
+    task_settings: TaskSettingsValue | None = None,
     settings: WarmstartSettings | None = None,
 ) -> Path:
     """The warm-started model directory for these settings, built once and cached.
@@ -475,7 +594,7 @@ def prepare_model(
         return _build_into(final, spec, task_settings, settings)
 
 
-def _build_into(final: Path, spec: ModelSpec, task_settings: TaskSettings, settings: WarmstartSettings) -> Path:
+def _build_into(final: Path, spec: ModelSpec, task_settings: TaskSettingsValue, settings: WarmstartSettings) -> Path:
     """Build and warm-start the model, written beside ``final`` and renamed into place."""
     cache_dir = final.parent
     tmp = Path(tempfile.mkdtemp(prefix=".warmstart-", dir=cache_dir))

@@ -9,7 +9,10 @@ The defaults are the embedded word-problem workload: the shipped dataset
 file (data/words/), the chat template, math-verify and interruption length
 control, the same path a GPU run on GSM8K takes. ``workload: arithmetic``
 swaps in the quick arithmetic task (four-token answers) for the shortest
-smoke runs.
+smoke runs; ``workload: words-code`` the same word problems answered by a
+Python program run in the sandbox (data/words-code/, the code verifier);
+``workload: words+code`` both in one run, mixed half and half (a
+``mixture`` task: one held-out curve and fit each).
 """
 
 from __future__ import annotations
@@ -21,10 +24,19 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from asymptote.config import Frozen, merge
 from asymptote.faults import parse as parse_failpoints
-from asymptote.tasks import DatasetSettings, LengthControlSettings, TaskSettings, words
+from asymptote.tasks import (
+    DatasetSettings,
+    LengthControlSettings,
+    MixtureEntry,
+    MixtureSettings,
+    TaskSettings,
+    words,
+    words_code,
+)
+from asymptote.tasks.verifiers import CodeSettings
 from services.broker.config import ZeroVariance
 
-Workload = Literal["words", "arithmetic"]
+Workload = Literal["words", "arithmetic", "words-code", "words+code"]
 
 ARITHMETIC_WORKLOAD: dict[str, Any] = {
     "task": {"name": "arithmetic"},
@@ -47,6 +59,45 @@ def words_task() -> DatasetSettings:
         template="chat",
         length_control=LengthControlSettings(thinking_budget_tokens=(16, 64), answer_budget_tokens=16),
     )
+
+
+def words_code_task() -> DatasetSettings:
+    """The word problems as a code task: each answered by a Python program that prints the answer, run in
+    the sandbox against the answer (data/words-code/, APPS layout). The rows' gold programs are checked by
+    a test, not at every start (``check_gold``: thousands of sandboxed runs)."""
+    return DatasetSettings(
+        path=words_code.DATA_DIR / words_code.FILES["train"],
+        eval_path=words_code.DATA_DIR / words_code.FILES["heldout"],
+        preset="apps",
+        template="chat",
+        prompt_format=words_code.PROMPT_FORMAT,
+        verifier=CodeSettings(test_timeout_s=2.0, program_timeout_s=4.0, memory_mib=512),
+        score_timeout_s=10.0,
+        check_gold=False,
+    )
+
+
+def words_mixture_task() -> MixtureSettings:
+    """The word problems in both formats in one run, half and half: ``words`` answered in a box (math-verify),
+    ``code`` by a program (the code verifier)."""
+    return MixtureSettings(
+        tasks=(
+            MixtureEntry(name="words", weight=1.0, task=words_task()),
+            MixtureEntry(name="code", weight=1.0, task=words_code_task()),
+        )
+    )
+
+
+WORDS_CODE_WORKLOAD: dict[str, Any] = {"task": words_code_task()}
+"""The fields ``workload: words-code`` sets where the config does not (the warm start's targets, thinking
+and a fenced program, are at most about 70 tokens: the default max_tokens holds them)."""
+WORDS_MIXTURE_WORKLOAD: dict[str, Any] = {"task": words_mixture_task()}
+"""The fields ``workload: words+code`` sets where the config does not."""
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "arithmetic": ARITHMETIC_WORKLOAD,
+    "words-code": WORDS_CODE_WORKLOAD,
+    "words+code": WORDS_MIXTURE_WORKLOAD,
+}
 
 
 STACK_OWNED: dict[str, tuple[str, ...]] = {
@@ -105,7 +156,9 @@ class StackConfig(Frozen):
     workload: Workload = "words"
     """words: the defaults below, the shipped word problems with a Qwen3-shaped tiny model that thinks
     in ``<think>`` and answers in ``\\boxed{}``; arithmetic: the quick arithmetic task's task, max_tokens,
-    batch_prompts and eval settings, for smoke runs (fields the config gives still win)."""
+    batch_prompts and eval settings, for smoke runs; words-code: the word problems answered by a Python
+    program that prints the answer, run in the sandbox; words+code: both in one run, half and half, with a
+    held-out curve and fit each (fields the config gives still win)."""
     run_dir: Path | None = None
     """Run directory; None makes runs/<timestamp>."""
     cache_dir: Path = Path(".cache/asymptote")
@@ -206,8 +259,8 @@ class StackConfig(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _workload(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("workload") == "arithmetic":
-            return {**ARITHMETIC_WORKLOAD, **data}
+        if isinstance(data, dict) and data.get("workload") in WORKLOADS:
+            return {**WORKLOADS[data["workload"]], **data}
         return data
 
     @model_validator(mode="after")

@@ -3,7 +3,9 @@
 Reads only what the services write to the run directory (``metrics.jsonl``
 from the learner, ``eval.jsonl`` and ``fit.json`` from the fitter) and what
 the stack hands it (each service's readiness, restarts): the stack learns
-nothing through a side channel. Renders a live panel (for a terminal) or a
+nothing through a side channel. A mixture of tasks has one held-out curve
+and fit per sub-task (eval rows tagged ``task``, fit.json's ``tasks``): the
+line, the panel and the summary name each sub-task's pass rate and fit. Renders a live panel (for a terminal) or a
 line, and writes ``summary.json``. Knows nothing of processes: the stack
 (services.local.stack) drives the run and calls it.
 """
@@ -62,6 +64,41 @@ FIT_SUMMARY_KEYS = (
     "recommendation_reason",
 )
 """What ``summary.json`` keeps of the fitter's ``fit.json``."""
+
+
+def eval_tasks(evals: list[dict[str, Any]]) -> list[str]:
+    """The sub-tasks a mixture's eval rows name, in order of first appearance; empty for a single task."""
+    return list(dict.fromkeys(e["task"] for e in evals if isinstance(e.get("task"), str)))
+
+
+def curves(evals: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The eval rows of each curve: ``{"": rows}`` for a single task, else each sub-task's rows by name."""
+    tasks = eval_tasks(evals)
+    if not tasks:
+        return {"": evals}
+    return {task: [e for e in evals if e.get("task") == task] for task in tasks}
+
+
+def curve_fits(fit: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """fit.json's fit of each curve: ``{"": fit}`` for a single task, else fit.json's ``tasks``."""
+    tasks = fit.get("tasks")
+    return dict(tasks) if isinstance(tasks, Mapping) else {"": fit}
+
+
+def heldout_gain(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """One curve's held-out pass rate at version 0 and at its last round, and the gain between them."""
+    r0 = next((e["pass_rate"] for e in rows if e["policy_version"] == 0), None)
+    final = rows[-1]["pass_rate"] if rows else None
+    return {
+        "heldout_pass_rate_step0": r0,
+        "heldout_pass_rate_final": final,
+        "heldout_gain": (final - r0) if final is not None and r0 is not None else None,
+    }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
 def device_time(seconds: float) -> str:
@@ -277,15 +314,16 @@ class Progress:
         if snap["staleness"] is not None:
             t.add_row("mean staleness", f"{snap['staleness']:.2f} versions")
         evals = snap["evals"]
-        if evals:
-            first, last = evals[0], evals[-1]
+        for task, rows in curves(evals).items() if evals else ():
+            first, last = rows[0], rows[-1]
             t.add_row(
-                "held-out pass rate",
+                f"held-out pass rate{f' ({task})' if task else ''}",
                 f"{last['pass_rate']:.3f} at v{last['policy_version']} (R0 {first['pass_rate']:.3f})",
             )
-        text = fit_text(snap["fit"])
-        if text is not None:
-            t.add_row("projection", text if snap["fit"].get("ok") else f"[dim]{text}[/dim]")
+        for task, fit in curve_fits(snap["fit"]).items():
+            text = fit_text(fit)
+            if text is not None:
+                t.add_row(f"projection{f' ({task})' if task else ''}", text if fit.get("ok") else f"[dim]{text}[/dim]")
         services = "  ".join(
             f"{name}:{'[green]ready[/green]' if is_ready else '[red]not ready[/red]'}"
             for name, is_ready in ready.items()
@@ -302,8 +340,9 @@ class Progress:
             parts.append(waiting)
         if snap["batch_pass_rate"] is not None:
             parts.append(f"batch pass {snap['batch_pass_rate']:.3f}")
-        if snap["evals"]:
-            parts.append(f"held-out {snap['evals'][-1]['pass_rate']:.3f}@v{snap['evals'][-1]['policy_version']}")
+        for task, rows in curves(snap["evals"]).items() if snap["evals"] else ():
+            name = f"{task} " if task else ""
+            parts.append(f"held-out {name}{rows[-1]['pass_rate']:.3f}@v{rows[-1]['policy_version']}")
         if snap["samples_per_s"]:
             parts.append(f"{snap['samples_per_s']:.1f} samples/s")
         if snap.get("tokens_per_s"):
@@ -312,15 +351,22 @@ class Progress:
             parts.append(f"ETA {duration(snap['eta_s'])}")
         if (snap.get("truncated") or 0.0) >= TRUNCATION_WARNING:
             parts.append(f"warning: {snap['truncated']:.0%} of completions truncated: raise max_tokens")
-        a = a_text(snap["fit"], brief=True)
-        if a is not None:
-            parts.append(a)
+        for task, fit in curve_fits(snap["fit"]).items():
+            a = a_text(fit, brief=True)
+            if a is not None:
+                parts.append(f"{task}: {a}" if task else a)
         return "  ".join(parts)
 
     def finished(self, snap: dict[str, Any]) -> bool:
-        """Every step is trained and an eval round has measured the last policy version."""
-        return snap["step"] >= self.max_steps and any(
-            e["policy_version"] >= snap["policy_version"] for e in snap["evals"]
+        """Every step is trained and an eval round has measured the last policy version (a mixture: one
+        round of each sub-task)."""
+        return (
+            snap["step"] >= self.max_steps
+            and bool(snap["evals"])
+            and all(
+                any(e["policy_version"] >= snap["policy_version"] for e in rows)
+                for rows in curves(snap["evals"]).values()
+            )
         )
 
     def finish(self, restarts: Mapping[str, int]) -> None:
@@ -328,24 +374,36 @@ class Progress:
         snap = self.snapshot()
         evals = snap["evals"]
         fit = snap["fit"]
-        r0 = next((e["pass_rate"] for e in evals if e["policy_version"] == 0), None)
-        final = evals[-1]["pass_rate"] if evals else None
+        by_curve = curves(evals) if evals else {}
+        gains = {task: heldout_gain(rows) for task, rows in by_curve.items()}
         rl_s = (self.rl_finished - self.rl_started) if self.rl_started and self.rl_finished else None
+        mixed = bool(eval_tasks(evals)) or "tasks" in fit
+        # A mixture's top-level figures are the mean over its sub-tasks (each one's is in heldout_by_task).
+        overall = (
+            {key: _mean([g[key] for g in gains.values()]) for key in next(iter(gains.values()))}
+            if mixed and gains
+            else gains.get("", heldout_gain([]))
+        )
         summary = {
             "outcome": self.outcome,
             "steps": snap["step"],
-            "heldout_pass_rate_step0": r0,
-            "heldout_pass_rate_final": final,
-            "heldout_gain": (final - r0) if final is not None and r0 is not None else None,
+            **overall,
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
-            "fit": {k: fit.get(k) for k in FIT_SUMMARY_KEYS},
-            "half_run_projection": half_run_projection(evals) if evals else None,
+            "fit": {k: fit.get(k) for k in FIT_SUMMARY_KEYS}
+            if not mixed
+            else {"tasks": {task: {k: f.get(k) for k in FIT_SUMMARY_KEYS} for task, f in curve_fits(fit).items()}},
+            "half_run_projection": half_run_projection(evals) if evals and not mixed else None,
             "restarts": {name: n for name, n in restarts.items() if n},
             "ledger": read_json(self.run_dir / "ledger.json"),
             "length": length_rates(read_jsonl(self.run_dir / "metrics.jsonl")),
             "compute_by_service": fit.get("compute_by_service") or {},
         }
+        if mixed:
+            summary["heldout_by_task"] = gains
+            summary["half_run_projection_by_task"] = {
+                task: half_run_projection(rows) for task, rows in by_curve.items()
+            }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         t = Table(title="run summary", show_header=False)
         for k in (
@@ -358,9 +416,16 @@ class Progress:
         ):
             v = summary[k]
             t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
-        text = fit_text(fit)
-        if text is not None:
-            t.add_row("fit", text)
+        if mixed:
+            for task, gain in gains.items():
+                t.add_row(
+                    f"held-out ({task})",
+                    "  ".join(f"{k.removeprefix('heldout_')} {v:.3f}" for k, v in gain.items() if v is not None),
+                )
+        for task, task_fit in curve_fits(fit).items():
+            text = fit_text(task_fit)
+            if text is not None:
+                t.add_row(f"fit ({task})" if task else "fit", text)
         hp = summary["half_run_projection"]
         if hp and hp["projected"] is not None:
             t.add_row(

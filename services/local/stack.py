@@ -3,7 +3,8 @@
 Owns starting a real nats-server with JetStream in the run directory, the
 warm-started tiny model (built once, cached), one config file per service
 derived from the stack's few dials, the four services as separate OS
-processes on loopback ports, following the run to its end (restarting
+processes on loopback ports (and, for a code task only, the sandbox pool
+the generators send programs to), following the run to its end (restarting
 exited processes), and a clean stop that leaves no process behind. What is
 shown while it runs, and the summary, is services.local.progress's.
 Torch-free: the model is prepared in a child process.
@@ -39,6 +40,7 @@ from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
 from asymptote.lifecycle import die_with_parent, interrupt_on_sigterm
 from asymptote.nats_local import free_port, new_password, start_nats
+from asymptote.sandbox import Limits, PoolClientSettings, sandbox_sections
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
 from services.generator.config import EngineSettings, GeneratorConfig
@@ -48,9 +50,12 @@ from services.local.config import StackConfig
 from services.local.placement import Gpu, Placement, place, visible_gpus
 from services.local.progress import Progress
 from services.local.trackers import Mirror
+from services.sandbox_pool.config import SandboxPoolConfig
 
 log = logging.getLogger(__name__)
 
+HOLD_VERSIONS: int = GeneratorConfig.model_fields["eval_hold_versions"].default
+"""The generators' eval hold, at most half the run's staleness bound."""
 SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
 INTERRUPTED = 130
 """``LocalStack.run``'s exit code when Ctrl-C, SIGTERM or SIGHUP stopped it (128 + SIGINT, the shell's)."""
@@ -83,7 +88,9 @@ class Proc:
             return ""
 
 
-SERVICE_ENV_PREFIXES = tuple(f"ASY_{role.upper()}__" for role in ("broker", "learner", "generator", "fitter"))
+SERVICE_ENV_PREFIXES = tuple(
+    f"ASY_{role.upper()}__" for role in ("broker", "learner", "generator", "fitter", "sandbox_pool")
+)
 """The environment overrides of the services' configs (asymptote.config.load_config): never passed on."""
 
 ServiceConfig = TypeVar("ServiceConfig", bound=BaseModel)
@@ -120,6 +127,8 @@ class LocalStack:
         """The run's metrics mirrored to the trackers of ``report_to`` (started with the services)."""
         self.placement: Placement | None = None
         """Which GPUs each process sees; None: the CPU (``resolve_placement`` at start)."""
+        self.sandbox_pool_path: Path | None = None
+        """The sandbox pool's config, written for a code task only (``write_sandbox_pool_config``)."""
 
     def __enter__(self) -> Self:
         return self
@@ -379,6 +388,7 @@ class LocalStack:
         for name, cfg in (("broker", broker), ("learner", learner), ("fitter", fitter)):
             paths[name] = cfg_dir / f"{name}.yaml"
             dump_config(cfg, paths[name])
+        sandbox_pool = self.write_sandbox_pool_config(cfg_dir)
         for i in range(self.num_generators):
             gen = GeneratorConfig(
                 nats=nats,
@@ -387,15 +397,60 @@ class LocalStack:
                 http=ListenSettings(port=free_port()),
                 engine=self.engine_settings(model_dir),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
+                # A hold within half the staleness bound: train groups sampled meanwhile stay admissible.
+                eval_hold_versions=min(HOLD_VERSIONS, broker.max_staleness_versions // 2),
                 task=c.task,
                 device_kind="gpu" if self.placement else "cpu-core",
                 num_devices=c.tensor_parallel_size if self.placement else 1,
+                sandbox_pool=sandbox_pool,
             )
             gen = with_section(gen, c.services.generator)
             self.ports[f"generator-{i}"] = (gen.grpc.port, gen.http.port)
             paths[f"generator-{i}"] = cfg_dir / f"generator-{i}.yaml"
             dump_config(gen, paths[f"generator-{i}"])
         return paths
+
+    def write_sandbox_pool_config(self, cfg_dir: Path) -> PoolClientSettings | None:
+        """For a task that runs programs (a code verifier in it), the sandbox pool's config on loopback ports,
+        with the task's own sandbox choice, and how the generators reach it; None (no pool) for any other task.
+
+        The pool takes whatever limits the verifier asks for (this machine is the user's own) and runs on
+        the generators' cores, where their scoring workers ran programs before."""
+        sections = sandbox_sections(self.config.task)
+        self.sandbox_pool_path = None
+        if not sections:
+            return None
+        own = sections[0].model_copy(update={"pool": None})
+        pool = SandboxPoolConfig(
+            log_format="text",
+            grpc=ListenSettings(port=free_port()),
+            http=ListenSettings(port=free_port()),
+            sandbox=own.model_copy(update={"limits": Limits()}),
+            max_limits=Limits(
+                timeout_s=3600.0,
+                memory_mib=1 << 20,
+                num_processes=4096,
+                file_size_mib=1 << 14,
+                open_files=1 << 16,
+                output_bytes=16 << 20,
+            ),
+        )
+        self.ports["sandbox-pool"] = (pool.grpc.port, pool.http.port)
+        self.sandbox_pool_path = cfg_dir / "sandbox-pool.yaml"
+        dump_config(pool, self.sandbox_pool_path)
+        return PoolClientSettings(endpoint=f"127.0.0.1:{pool.grpc.port}")
+
+    def start_sandbox_pool(self) -> None:
+        """The sandbox pool's process, when write_configs wrote its config (a code task); supervised like the rest,
+        so a pool that recycles itself (``max_runs``) is started again."""
+        if self.sandbox_pool_path is None:
+            return
+        self._spawn(
+            "sandbox-pool",
+            [sys.executable, "-m", "services.cli", "sandbox-pool", "--config", str(self.sandbox_pool_path)],
+            cpus=self.cores_for("generator"),
+            http_port=self.ports["sandbox-pool"][1],
+        )
 
     def engine_settings(self, model_dir: Path) -> EngineSettings:
         """A generator's engine: the CPU build's float32 and fixed KV cache, or on GPUs bf16 with the FP32
@@ -579,7 +634,9 @@ class LocalStack:
         (self.run_dir / "stack.json").write_text(json.dumps(c.model_dump(mode="json"), indent=2))
         self.progress.started = time.monotonic()  # the run's clock starts once the model is ready
         self.start_nats()
-        self.start_services(self.write_configs(model_dir))
+        paths = self.write_configs(model_dir)
+        self.start_sandbox_pool()
+        self.start_services(paths)
         if c.report_to:
             self.mirror = Mirror(self.run_dir, c.report_to, self.run_dir.name, c.model_dump(mode="json"))
         print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)

@@ -148,6 +148,8 @@ class Mirror:
             logged += 1
         for row in self.evals.rows():
             values = _numbers(row, ("policy_version", "unix_s"))
+            if isinstance(row.get("task"), str):  # a mixture's sub-task: a curve of its own
+                values = {f"{row['task']}/{name}": value for name, value in values.items()}
             for sink in self.sinks:
                 sink.eval(int(row.get("policy_version", 0)), values)
             logged += 1

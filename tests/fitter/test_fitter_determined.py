@@ -336,3 +336,50 @@ def test_replayed_streams_keep_the_stability_rule_and_end_determined_or_say_why(
     assert offline.intervals.a.high == pytest.approx(final["a_interval"]["high"], rel=1e-12)
     assert offline.determination.determined is final["determined"]
     assert offline.determination.why_not == final["why_not_determined"]
+
+
+# Recorded streams: the eval.jsonl of real runs of the embedded default (`asymptote up`, the word problems,
+# each with its seed), kept in tests/fitter/streams/ and replayed row by row through the live fitter's path.
+RECORDED = sorted((Path(__file__).parent / "streams").glob("*.jsonl"))
+RECORDED_RUNS = 5
+
+
+def replay_recorded(path: Path, run_dir: Path) -> list[dict[str, Any]]:
+    """fit.json after each round of a recorded run, as the live fitter writes it (``Collector.refit`` over
+    the rows so far, planned to twice the run's compute)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    budget = 2 * max(row["compute"] for row in rows)
+    fits = []
+    for i in range(1, len(rows) + 1):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:i]))
+        collector = Collector(
+            run_dir, path.stem, SETTINGS, TARGET_MULTIPLES, ComputeAxis(30.0), plot=False, planned_compute=budget
+        )
+        collector.refit()
+        fits.append(json.loads((run_dir / "fit.json").read_text()))
+    return fits
+
+
+def test_the_recorded_runs_are_there() -> None:
+    assert len(RECORDED) == RECORDED_RUNS, RECORDED
+
+
+@pytest.mark.slow  # about ten seconds a run: a bootstrap per round
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_runs_keep_the_stability_rule_and_end_determined_or_say_why(path: Path, tmp_path: Path) -> None:
+    fits = replay_recorded(path, tmp_path / "run")
+    for fit in fits:
+        assert isinstance(fit["determined"], bool)
+        assert fit["determined"] or fit["why_not_determined"]
+        if fit["ok"] and not fit["determined"]:
+            assert fit["recommendation_reason"] == f"not yet determined: {fit['why_not_determined']}"
+    shown = [(first, second) for first, second in pairwise(fits) if shows_interval(first) and shows_interval(second)]
+    apart = [(first["num_points"], second["num_points"]) for first, second in shown if not overlap(first, second)]
+    assert apart == []
+    statements = [
+        f"{f['num_points']}: " + (a_text(f) or f"no fit: {f.get('reason') or f['why_not_determined']}") for f in fits
+    ]
+    print("\n".join(statements))
+    final = fits[-1]
+    assert final["determined"] or (final["why_not_determined"] and final["not_determined"])

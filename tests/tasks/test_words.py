@@ -8,21 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asymptote.tasks import DatasetSettings, DatasetTask, words
+from asymptote.tasks import DatasetSettings, DatasetTask, words, words_code
 from asymptote.tasks.verifiers import MathSettings, make_verifier
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_files_are_the_scripts_output(tmp_path: Path) -> None:
+    out, code = tmp_path / "words", tmp_path / "words-code"
     subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gen_word_problems.py"), "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "scripts" / "gen_word_problems.py"), "--out", str(out), "--code-out", str(code)],
         capture_output=True,
         check=True,
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(words.FILES.values())
-    for name in words.FILES.values():
-        assert (tmp_path / name).read_bytes() == (words.DATA_DIR / name).read_bytes(), f"{name} differs"
+    for folder, shipped in ((out, words.DATA_DIR), (code, words_code.DATA_DIR)):
+        assert sorted(p.name for p in folder.iterdir()) == sorted(words.FILES.values())
+        for name in words.FILES.values():
+            assert (folder / name).read_bytes() == (shipped / name).read_bytes(), f"{shipped / name} differs"
 
 
 def test_another_seed_gives_other_problems() -> None:

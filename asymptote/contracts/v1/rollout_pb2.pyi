@@ -146,7 +146,7 @@ class RolloutGroupLogprobRuns(_message.Message):
     def __init__(self, completions: _Optional[_Union[CompletionLogprobRuns, _Mapping]] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens", "tokens_by_version")
+    __slots__ = ("eval_id", "task_id", "prompt_id", "num_samples", "num_correct", "eval_version", "min_version", "max_version", "eval_num_prompts", "generator_id", "finished_unix_s", "num_tokens", "tokens_by_version", "task")
     class TokensByVersionEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class EvalResult(_message.Message):
     FINISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_BY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     eval_id: str
     task_id: str
     prompt_id: str
@@ -180,7 +181,8 @@ class EvalResult(_message.Message):
     finished_unix_s: float
     num_tokens: int
     tokens_by_version: _containers.ScalarMap[int, int]
-    def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ..., tokens_by_version: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    task: str
+    def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ..., tokens_by_version: _Optional[_Mapping[int, int]] = ..., task: _Optional[str] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
     __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained", "step", "final")
@@ -229,7 +231,7 @@ class ComputeTelemetry(_message.Message):
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ..., eval_device_seconds_total: _Optional[float] = ...) -> None: ...
 
 class CurriculumState(_message.Message):
-    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order", "ledger_seq")
+    __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order", "ledger_seq", "sub_tasks")
     class PassRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +239,13 @@ class CurriculumState(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class SubTasksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: CurriculumState
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[CurriculumState, _Mapping]] = ...) -> None: ...
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     PASS_RATES_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +255,7 @@ class CurriculumState(_message.Message):
     EVAL_ISSUED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_ORDER_FIELD_NUMBER: _ClassVar[int]
     LEDGER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SUB_TASKS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     cursor: int
     pass_rates: _containers.ScalarMap[str, float]
@@ -255,7 +265,8 @@ class CurriculumState(_message.Message):
     eval_issued: bool
     epoch_order: _containers.RepeatedScalarFieldContainer[int]
     ledger_seq: int
-    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ..., ledger_seq: _Optional[int] = ...) -> None: ...
+    sub_tasks: _containers.MessageMap[str, CurriculumState]
+    def __init__(self, epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., pass_rates: _Optional[_Mapping[str, float]] = ..., num_issued: _Optional[int] = ..., seed: _Optional[int] = ..., last_eval_version: _Optional[int] = ..., eval_issued: _Optional[bool] = ..., epoch_order: _Optional[_Iterable[int]] = ..., ledger_seq: _Optional[int] = ..., sub_tasks: _Optional[_Mapping[str, CurriculumState]] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("task_id", "event", "reason", "policy_version", "batch_id", "unix_s", "service")

@@ -1,0 +1,65 @@
+"""The word problems as a code task: every gold program passes its own test in the sandbox, and the warm
+start's target (thinking, then a fenced program that prints the answer) is what the code verifier pays for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asymptote.tasks import DatasetTask, Problem, words, words_code
+from services.learner.build import ModelSpec
+from services.learner.warmstart import dataset_format, gold_programs, tokenizer_for
+from services.local.config import words_code_task
+
+NUM_SCORED = 24
+"""Problems of each split whose warm-start target is run in the sandbox here (the gold check runs all)."""
+
+
+def test_programs_are_the_worked_steps_with_named_results() -> None:
+    assert words_code.program("8 * 2 = 16. 16 - 5 = 11. 8 + 11 = 19.") == "a = 8 * 2\nb = a - 5\nprint(8 + b)"
+    assert words_code.program("13 + 7 = 20. 20 / 5 = 4.") == "a = 13 + 7\nprint(a // 5)"
+    # An operand equal to an earlier result names it once per step: 2 + 2 after a step giving 2.
+    assert words_code.program("4 * 2 = 8. 8 - 6 = 2. 2 + 2 = 4.") == "a = 4 * 2\nb = a - 6\nprint(b + 2)"
+    with pytest.raises(ValueError, match="not 'x op y = z'"):
+        words_code.program("8 * 2 is 16.")
+
+
+def test_rows_are_the_word_problems_in_the_apps_layout() -> None:
+    for split, name in words.FILES.items():
+        plain = [json.loads(line) for line in (words.DATA_DIR / name).open()]
+        code = [json.loads(line) for line in (words_code.DATA_DIR / name).open()]
+        assert len(code) == len(plain) == (words.NUM_TRAIN if split == "train" else words.NUM_HELDOUT)
+        for p, c in zip(plain, code):
+            assert (c["problem_id"], c["question"], c["solution"]) == (p["id"], p["prompt"], p["solution"])
+            assert json.loads(c["input_output"]) == {"inputs": [""], "outputs": [f"{p['answer']}\n"]}
+            assert json.loads(c["solutions"]) == [words_code.program(p["solution"])]
+
+
+@pytest.mark.slow
+def test_every_rows_gold_program_passes_its_own_test_in_the_sandbox() -> None:
+    """All 3,200 rows, each program run by the code verifier as the dataset task's gold check runs it."""
+    task = DatasetTask(words_code_task().model_copy(update={"check_gold": True}))
+    assert (len(task.problems("train")), len(task.problems("heldout"))) == (words.NUM_TRAIN, words.NUM_HELDOUT)
+    for split in ("train", "heldout"):
+        report = task.reports[split]
+        assert report.num_loaded == report.num_rows and not report.bad, report.summary()
+
+
+def test_the_warm_start_target_is_paid_by_the_code_verifier_and_nothing_else_is() -> None:
+    settings = words_code_task()
+    task = DatasetTask(settings)
+    fmt = dataset_format(settings, tokenizer_for(task, ModelSpec()))
+    programs = gold_programs(settings)
+    for split in ("train", "heldout"):
+        for problem in list(task.problems(split))[:NUM_SCORED]:
+            target = fmt.target(problem)
+            assert target.endswith(f"</think>\n\n```python\n{programs[problem.prompt_id]}\n```")
+            assert task.score(target, problem.reference) == 1.0, target
+    problem: Problem = task.problems("heldout")[0]
+    answer = json.loads(problem.reference)["cases"][0]["output"].strip()
+    thinking = fmt.target(problem).split("</think>")[0] + "</think>\n\n"
+    assert task.score(thinking + f"\\boxed{{{answer}}}", problem.reference) == 0.0  # the words format: no program
+    assert task.score(thinking + f"```python\nprint({int(answer) + 1})\n```", problem.reference) == 0.0
+    assert task.score(thinking + f"```python\nprint({answer})\n```", problem.reference) == 1.0
+    assert task.score(f"```python\nprint({answer})\n```\n<think>", problem.reference) == 0.0  # cut while thinking
