@@ -7,11 +7,12 @@ it. Then recorded eval streams replayed through the live fitter's own path
 (``Collector.add_result``, as the evals loop feeds it) with ``fit.json``
 read after every round, as the progress line reads it.
 
-The streams are synthetic, as no run's eval.jsonl is kept in the repository:
-the sigmoid's pass rate, measured as a held-out round measures it (200
+Synthetic streams first: the sigmoid's pass rate, measured as a held-out round measures it (200
 prompts x 4 samples, each prompt's correct count binomial), every 10
 versions up to 300, seeded. Rising runs, one that stays flat, one still
-early and one whose A stays open (the reported run's shape).
+early and one whose A stays open (the reported run's shape). Then the
+eval.jsonl of real runs of the embedded default (tests/fitter/streams/: three
+of 120 steps, one of 300), replayed round by round the same way.
 """
 
 from __future__ import annotations
@@ -341,7 +342,7 @@ def test_replayed_streams_keep_the_stability_rule_and_end_determined_or_say_why(
 # Recorded streams: the eval.jsonl of real runs of the embedded default (`asymptote up`, the word problems,
 # each with its seed), kept in tests/fitter/streams/ and replayed row by row through the live fitter's path.
 RECORDED = sorted((Path(__file__).parent / "streams").glob("*.jsonl"))
-RECORDED_RUNS = 5
+RECORDED_RUNS = 4
 
 
 def replay_recorded(path: Path, run_dir: Path) -> list[dict[str, Any]]:
@@ -365,7 +366,6 @@ def test_the_recorded_runs_are_there() -> None:
     assert len(RECORDED) == RECORDED_RUNS, RECORDED
 
 
-@pytest.mark.slow  # about ten seconds a run: a bootstrap per round
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_recorded_runs_keep_the_stability_rule_and_end_determined_or_say_why(path: Path, tmp_path: Path) -> None:
     fits = replay_recorded(path, tmp_path / "run")
