@@ -34,7 +34,9 @@ fi
 # uv installs what pip would, several times faster (parallel, from its own cache). It reads none of
 # pip's configuration: the local wheel folders pip is told of (PIP_FIND_LINKS, pip.conf) are passed on.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.5"
-uv=("$VENV/bin/python" -m uv pip install --quiet --python "$VENV/bin/python")
+# --compile-bytecode: as pip does; without it the first start of every service in a fresh .venv compiles
+# torch and vLLM itself, minutes on a small machine (each service, at once).
+uv=("$VENV/bin/python" -m uv pip install --quiet --compile-bytecode --python "$VENV/bin/python")
 links="${PIP_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}"
 for link in $links; do
   uv+=(--find-links "$link")
