@@ -404,7 +404,7 @@ def print_cost(console: Console, run: RunPlan, inputs: PlanInputs) -> None:
     """The time and GPU-hours of 100 steps, at the split given and at the balanced one."""
     learner_gpus = inputs.gpus_per_node * inputs.nodes
 
-    def at(generator_gpus: int) -> StepCost:
+    def at(generator_gpus: int, learner_gpus: int) -> StepCost:
         return step_cost(
             run.shape,
             run.generator,
@@ -418,7 +418,7 @@ def print_cost(console: Console, run: RunPlan, inputs: PlanInputs) -> None:
             activation_checkpointing=inputs.learner.activation_checkpointing,
         )
 
-    given = at(inputs.generator_gpus)
+    given = at(inputs.generator_gpus, learner_gpus)
     t = Table(
         title=f"Time and GPUs (an estimate on {given.accelerator.name}: decoding at {DECODE_BANDWIDTH_EFFICIENCY:.0%} "
         f"of peak bandwidth, training at {TRAIN_MFU:.0%} MFU)",
@@ -452,18 +452,7 @@ def print_cost(console: Console, run: RunPlan, inputs: PlanInputs) -> None:
     )
     balanced = given.balanced_generator_gpus
     if balanced != given.generator_gpus:
-        other = step_cost(
-            run.shape,
-            run.generator,
-            accelerator=given.accelerator,
-            generator_gpus=balanced,
-            learner_gpus=given.generator_gpus + learner_gpus - balanced,
-            batch_prompts=inputs.batch_prompts,
-            group_size=inputs.group_size,
-            prompt_tokens=inputs.prompt_tokens,
-            mean_completion_tokens=inputs.mean_completion_tokens,
-            activation_checkpointing=inputs.learner.activation_checkpointing,
-        )
+        other = at(balanced, given.generator_gpus + learner_gpus - balanced)
         t.add_row(
             "balanced split",
             f"{balanced} + {other.learner_gpus} GPUs",
