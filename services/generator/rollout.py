@@ -106,6 +106,11 @@ class RolloutLoop:
         self.ledger = Ledger(js, names, "generator")
         """Where the dead letters of train tasks are recorded (the broker records every other outcome)."""
         self._inflight: set[asyncio.Task[None]] = set()
+        self._parked = 0
+        """Started tasks that wait for the version they name (an eval round issued ahead of this engine):
+        they hold no place in the engine, so a task the engine can sample now is never stuck behind them."""
+        self._slots = asyncio.Semaphore(max_inflight_groups)
+        """Places in the engine: a parked task takes one when its version arrives."""
         self._waiting: deque[Msg] = deque()
         """Tasks leased and not started yet (at most ``prefetch``)."""
         self.prefetch = max(1, max_inflight_groups // 4)
@@ -184,7 +189,7 @@ class RolloutLoop:
 
     def _start_waiting(self) -> None:
         """Start leased tasks while the engine has room (also called as each group finishes)."""
-        while self._waiting and len(self._inflight) < self.max_inflight and not self._drain.is_set():
+        while self._waiting and len(self._inflight) - self._parked < self.max_inflight and not self._drain.is_set():
             msg = self._waiting.popleft()
             t = asyncio.create_task(self._handle(msg))
             self._inflight.add(t)
@@ -226,6 +231,8 @@ class RolloutLoop:
                 # version the task names (the lease is kept alive meanwhile).
                 # A generator draining hands such a task back instead: the
                 # version may come only after it is gone.
+                self._parked += 1
+                self._start_waiting()  # its place in the engine goes to a task that can start now
                 waiting = asyncio.create_task(self.engine.wait_for_version(int(task.require_version)))
                 draining = asyncio.create_task(self._drain.wait())
                 try:
@@ -233,21 +240,30 @@ class RolloutLoop:
                 finally:
                     waiting.cancel()
                     draining.cancel()
+                    self._parked -= 1
                 if self._drain.is_set() and task.require_version > self.engine.version:
                     await msg.nak(delay=HAND_BACK_DELAY_S)
                     return
-            started = time.time()
-            s = task.sampling
-            prompt = self.scorer.prompt(task.task_name, task.prompt)
-            length = self.scorer.length_control(task.task_name)
-            if length is None:
-                prompt_ids, samples = await self.engine.sample(
-                    prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
-                )
-            else:
-                prompt_ids, samples = await length.sample(
-                    self.engine, task.task_id, prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
-                )
+            async with self._slots:
+                started = time.time()
+                s = task.sampling
+                prompt = self.scorer.prompt(task.task_name, task.prompt)
+                length = self.scorer.length_control(task.task_name)
+                if length is None:
+                    prompt_ids, samples = await self.engine.sample(
+                        prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+                    )
+                else:
+                    prompt_ids, samples = await length.sample(
+                        self.engine,
+                        task.task_id,
+                        prompt,
+                        s.num_samples,
+                        s.temperature,
+                        s.top_p,
+                        s.max_tokens,
+                        int(s.seed),
+                    )
             rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
             num_tokens = sum(len(x.token_ids) for x in samples)
             kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
