@@ -1,0 +1,155 @@
+"""Tokenizers and tiny models with tool-using chat templates, built here (nothing comes from a hub).
+
+Two templates written for these tests in the formats real models use:
+Qwen3's (tools in the system message, ``<tool_call>`` calls, tool results
+as ``<tool_response>`` blocks in a user turn, ``<think>`` blocks kept only
+after the last user query, an empty think block on a last assistant turn)
+and Llama 3's (a BOS, header tokens, ``<|eot_id|>`` ends a turn, tool
+results under the ``ipython`` role). Both render message contents
+verbatim, as the real ones do for text without think blocks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from services.learner.build import (
+    ModelSpec,
+    build_model,
+    save_model_dir,
+    train_bpe_tokenizer,
+    word_problem_corpus,
+)
+
+QWEN3_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' and not (message.content.startswith('<tool_response>')"
+    " and message.content.endswith('</tool_response>')) %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set content = message.content %}"
+    "{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- endif %}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \''
+    " + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+"""Qwen3's chat format (see the module docstring)."""
+
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if tools %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n"
+    'Call a function by answering with {"name": function name, "parameters": arguments}:\\n\' }}'
+    "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- set role = 'ipython' if message.role == 'tool' else message.role %}"
+    "{{- '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' + message.content }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{{- '{\"name\": \"' + call.function.name + '\", \"parameters\": ' + (call.function.arguments | tojson) + '}' }}"
+    "{%- endfor %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+"""Llama 3's chat format (see the module docstring)."""
+
+Flavour = Literal["qwen3", "llama"]
+
+
+def chat_tokenizer(flavour: Flavour) -> PreTrainedTokenizerFast:
+    """The test BPE tokenizer with ``flavour``'s chat template (and, for llama, its special tokens)."""
+    tok = train_bpe_tokenizer(word_problem_corpus(), 512)
+    if flavour == "qwen3":
+        tok.chat_template = QWEN3_TEMPLATE
+        return tok
+    tok.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIALS)})
+    tok.bos_token = "<|begin_of_text|>"
+    tok.eos_token = "<|eot_id|>"
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok
+
+
+EOS_FEATURE = 0.3
+"""The end token's weight on the constant feature (about +3.3 logits): most turns end by themselves
+within ten tokens, some run into their token limit."""
+
+
+def chat_model_dir(flavour: Flavour, out: Path) -> Path:
+    """A tiny random model (Qwen3 or Llama) with ``flavour``'s tokenizer, saved to ``out``.
+
+    Shaped so that a turn's text renders verbatim: a constant feature in
+    every embedding lets the LM head rule out every special or added token
+    but the end token (no think blocks, no headers mid-turn) and every
+    token that decodes to part of a UTF-8 character, and makes the end
+    token likely (turns of a few tokens, both ended and cut).
+    """
+    tok = chat_tokenizer(flavour)
+    spec = ModelSpec(
+        family="qwen3" if flavour == "qwen3" else "llama",
+        tie_word_embeddings=False,
+        hidden_size=128,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64 if flavour == "qwen3" else None,
+        max_position_embeddings=512,
+        init_seed=3,
+    )
+    net = build_model(spec, tok)
+    special = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids(["<think>", "</think>"]))
+    with torch.no_grad():
+        net.model.embed_tokens.weight[:, 0] = 1.0
+        head = net.lm_head.weight
+        head[:, 0] = 0.0
+        for i in range(len(tok)):
+            if i == tok.eos_token_id:
+                head[i, 0] = EOS_FEATURE
+            elif i in special or "\ufffd" in tok.decode([i]):
+                head[i, 0] = -2.0
+    return save_model_dir(net, tok, out)

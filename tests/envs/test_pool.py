@@ -1,0 +1,115 @@
+"""Environments in worker processes: each way an environment can fail ends only its episode, with its reason.
+
+One pool of real spawned workers runs an environment that misbehaves as
+each task asks (raises, hangs, returns garbage, sends an oversize
+observation, exits); after every failure a well-behaved episode runs on
+the same pool. A hang is cut at the time limit (measured, not slept), its
+worker killed and replaced; failures the worker reports itself leave the
+worker in service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from asymptote.envs import EnvFailure, EnvironmentPool, EnvironmentSettings, EnvTask
+from asymptote.errors import ConfigError
+
+TIMEOUT_S = 1.0
+SETTINGS = EnvironmentSettings(
+    entry="tests.envs.tool_classes:Misbehaves", tool_timeout_s=TIMEOUT_S, max_observation_bytes=4096, num_workers=2
+)
+
+
+@pytest.fixture(scope="module")
+async def pool() -> AsyncIterator[EnvironmentPool]:
+    p = EnvironmentPool(SETTINGS)
+    await p.start()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+async def well_behaved(pool: EnvironmentPool) -> None:
+    async with pool.episode() as env:
+        messages, tools = await env.reset(EnvTask(prompt="Count.", reference="well"))
+        assert [m["role"] for m in messages] == ["system", "user"]
+        assert tools[0]["function"]["name"] == "count"
+        first = await env.step("abc")
+        assert first.model_dump() == {
+            "observation": [{"role": "tool", "name": "count", "content": "3 characters"}],
+            "reward": None,
+            "done": False,
+        }
+        last = await env.step("de")
+        assert (last.observation, last.reward, last.done) == ([], 2.0, True)
+
+
+async def test_workers_are_reused_between_episodes(pool: EnvironmentPool) -> None:
+    before = pool.num_started
+    for _ in range(3):
+        await well_behaved(pool)
+    assert pool.num_started == before
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason", "detail", "replaced"),
+    [
+        ("raise", "raised", "RuntimeError: the environment's own bug", False),
+        ("garbage", "invalid", "step returned an invalid observation: 1 error(s), first at 0.content", False),
+        ("role", "invalid", "step returned an invalid observation: 1 error(s), first at 0.role", False),
+        ("oversize", "oversize", "bytes; max_observation_bytes is 4096", False),
+        ("crash", "crashed", "the worker died (exit code 3)", True),
+        ("hang", "timeout", f"no answer within {TIMEOUT_S:g}s; the worker was killed", True),
+        ("reset-hang", "timeout", f"no answer within {TIMEOUT_S:g}s; the worker was killed", True),
+    ],
+)
+async def test_a_failing_environment_ends_only_its_episode(
+    pool: EnvironmentPool, mode: str, reason: str, detail: str, replaced: bool
+) -> None:
+    await well_behaved(pool)  # a worker is idle: the failure below happens in a started worker
+    started = pool.num_started
+    t0 = time.monotonic()
+    with pytest.raises(EnvFailure) as caught:
+        async with pool.episode() as env:
+            await env.reset(EnvTask(prompt="Count.", reference=mode))
+            await env.step("abc")
+    elapsed = time.monotonic() - t0
+    assert caught.value.reason == reason
+    assert detail in caught.value.detail
+    if reason == "timeout":
+        assert TIMEOUT_S <= elapsed < TIMEOUT_S + 2.0
+    await well_behaved(pool)
+    # A worker that hung or died is replaced by a new one; one that reported the failure serves on.
+    assert pool.num_started == started + int(replaced)
+
+
+async def test_episodes_beyond_the_workers_wait_for_one(pool: EnvironmentPool) -> None:
+    await asyncio.gather(*(well_behaved(pool) for _ in range(6)))
+    assert len(pool._idle) <= SETTINGS.num_workers
+
+
+@pytest.mark.parametrize(
+    ("entry", "kind", "message"),
+    [
+        ("tests.envs.absent:Nothing", "environment", "cannot be imported: No module named 'tests.envs.absent'"),
+        ("tests.envs.tool_classes:Message", "environment", "lacks reset and step"),
+        ("tests.envs.tool_classes:Calculator", "environment", "lacks reset and step; a plain class of tools"),
+        ("tests.envs.tool_classes:NoDocstring", "tools", "tool NoDocstring.add has no docstring"),
+        ("tests.envs.tool_classes:os", "environment", "is a module, not a class"),
+    ],
+)
+async def test_an_environment_that_cannot_load_fails_at_start(entry: str, kind: str, message: str) -> None:
+    settings = SETTINGS.model_copy(update={"entry": entry, "kind": kind})
+    pool = EnvironmentPool(settings)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await pool.start()
+        assert message in str(caught.value)
+    finally:
+        pool.close()
