@@ -46,7 +46,7 @@ class ParsedTurn:
     """A model turn split into its text and its tool calls."""
 
     content: str
-    """The turn's text outside the tool calls."""
+    """The turn's text outside the tool calls (all of it, as it is, when it has none)."""
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """One line per malformed call (bad JSON, no name, arguments that are not an object, unclosed tag)."""
@@ -76,7 +76,10 @@ def parse_turn(text: str) -> ParsedTurn:
         # A call the turn never closed (it ran out of tokens mid-call): not executed.
         errors.append("a <tool_call> was not closed with </tool_call>")
         rest = rest[: rest.index(UNCLOSED)]
-    return ParsedTurn(rest.strip(), calls, errors)
+    if not calls and not errors:
+        return ParsedTurn(text)  # as it is: a chat template renders it verbatim
+    # The white space between the text and the calls is the format's (templates write their own).
+    return ParsedTurn(rest.rstrip(), calls, errors)
 
 
 def _parse_call(body: str) -> tuple[ToolCall | None, str]:

@@ -35,15 +35,15 @@ from asymptote.envs.tools import parse_turn
 
 
 class ChatTokenizer(Protocol):
-    """What a Hugging Face tokenizer offers here."""
+    """What a Hugging Face tokenizer offers here (typed loosely: transformers' own signatures are wide)."""
 
     eos_token: Any
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def encode(self, text: Any, **kwargs: Any) -> Any: ...
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+    def decode(self, token_ids: Any, **kwargs: Any) -> Any: ...
 
     def convert_tokens_to_ids(self, tokens: Any) -> Any: ...
 
@@ -109,7 +109,7 @@ class Transcript:
         ValueError, TypeError or jinja2's TemplateError (raised by the template) for messages it refuses.
         """
         ended = bool(turn_ids) and turn_ids[-1] == self.end_id
-        text = self.tokenizer.decode(turn_ids[:-1] if ended else turn_ids, skip_special_tokens=False)
+        text = str(self.tokenizer.decode(turn_ids[:-1] if ended else turn_ids, skip_special_tokens=False))
         old = self.rendered
         self.messages += [parse_turn(text).message(), *observation]
         self.rendered = new = self.render(self.messages)

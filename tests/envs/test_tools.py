@@ -32,7 +32,7 @@ def test_a_turn_splits_into_text_and_calls_in_order() -> None:
 
 
 def test_a_turn_without_calls_is_all_text() -> None:
-    assert parse_turn("  The answer is 5.\n") == ParsedTurn("The answer is 5.")
+    assert parse_turn("  The answer is 5.\n") == ParsedTurn("  The answer is 5.\n")
     assert parse_turn("The answer is 5.").message() == {"role": "assistant", "content": "The answer is 5."}
 
 

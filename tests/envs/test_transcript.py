@@ -151,3 +151,13 @@ def test_special_tokens_the_model_sampled_stay_in_its_turn(flavour: Flavour) -> 
     ext = transcript.extend(turn_ids, RESULT)
     assert ext is not None and ext.text == AFTER_RESULT[flavour]
     assert prompt + turn_ids + ext.ids == encode(tok, transcript.rendered)
+
+
+@pytest.mark.parametrize("turn", [" It is 5.", "It is 5.\n\n", "\n"])
+def test_a_turn_without_calls_extends_with_its_white_space_as_sampled(tok: Any, turn: str) -> None:
+    transcript = Transcript(tok, QUESTION)
+    prompt = transcript.prompt_ids()
+    turn_ids = [*encode(tok, turn), tok.eos_token_id]
+    ext = transcript.extend(turn_ids, RESULT)
+    assert ext is not None and ext.text == AFTER_RESULT[tok.flavour]
+    assert prompt + turn_ids + ext.ids == encode(tok, transcript.rendered)
