@@ -28,11 +28,16 @@ from asymptote.tasks.length import LengthControlSettings, draw_thinking_budget
 from services.generator.engine import Engine, Sample
 
 
-def splice(first: Sample, injected_ids: list[int], injected_text: str, second: Sample) -> Sample:
+def splice(
+    first: Sample, injected_ids: list[int], injected_text: str, second: Sample, *, interruption: bool = True
+) -> Sample:
     """``first``, then the injected tokens (out of the loss), then ``second``, as one completion.
 
     ``second``'s version spans are moved past the first part and the
     injected tokens; the injected tokens get log-prob 0 and no span.
+    ``interruption``: the injected tokens are the interruption phrase (the
+    completion is marked interrupted); False for other text, such as an
+    environment's answer between two turns of an episode.
     """
     offset = len(first.token_ids) + len(injected_ids)
     spans = list(first.version_spans) + [(v, a + offset, b + offset) for v, a, b in second.version_spans]
@@ -46,7 +51,7 @@ def splice(first: Sample, injected_ids: list[int], injected_text: str, second: S
         text=first.text + injected_text + second.text,
         stop_reason=second.stop_reason,
         loss_mask=mask if 0 in mask else [],
-        interrupted=first.interrupted or bool(injected_ids),
+        interrupted=first.interrupted or (interruption and bool(injected_ids)),
         num_cached_tokens=second.num_cached_tokens,
     )
 

@@ -138,11 +138,11 @@ def chat_model_dir(flavour: Flavour, out: Path) -> Path:
         num_heads=4,
         num_kv_heads=2,
         head_dim=64 if flavour == "qwen3" else None,
-        max_position_embeddings=512,
+        max_position_embeddings=1024,
         init_seed=3,
     )
     net = build_model(spec, tok)
-    special = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids(["<think>", "</think>"]))
+    special = {*tok.all_special_ids, *(tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>"))}
     with torch.no_grad():
         net.model.embed_tokens.weight[:, 0] = 1.0
         head = net.lm_head.weight

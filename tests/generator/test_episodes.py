@@ -1,0 +1,293 @@
+"""Multi-turn episodes on a real vLLM engine: the stored tokens are the engine's plus the template's.
+
+One real ``AsyncLLM`` (the CPU build) per model, a tiny random Qwen3 and a
+tiny random Llama, each with a locally trained BPE tokenizer and its
+family's tool-calling chat template (tests/envs/chat_models.py), shaped so
+that turns are a few tokens long, some ended by the model and some cut at
+their token limit, and never hold special tokens (so a turn renders
+verbatim, which the audit below relies on).
+
+Many short episodes run at once against a deterministic environment (in
+worker processes, answering alternately as a tool and as the user). Every
+engine call is recorded, and each episode is audited against slow
+references:
+
+- token in: each turn's prompt, as the engine took it, is the stored
+  sequence up to that turn;
+- token out: the stored completion is the engine's turns (ids, log-probs,
+  version spans, in the loss) with only the environment's tokens between
+  them (log-prob 0, no span, out of the loss), and the masked count is the
+  environment tokens the episode reports;
+- re-render: each turn's prompt, decoded, is exactly the chat template's
+  rendering of the conversation so far (the environment replayed in this
+  process, the model's turns as sampled);
+- the learner's own forward pass over the stored sequences gives the
+  engine's log-probs on every token in the loss;
+- each end reason follows from the limits.
+
+A second test runs environments that fail in every way beside healthy
+episodes on the same engine: each ends with its counted reason, the
+others finish, and the generator's engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import Counter as Tally
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+import torch
+
+from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask, Message
+from services.generator.config import EngineSettings
+from services.generator.engine import Engine, Sample
+from services.generator.episode import Episode, EpisodeRunner
+from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
+from tests.envs.chat_models import Flavour, chat_model_dir
+from tests.envs.tool_classes import Counter
+
+pytestmark = [pytest.mark.vllm]
+
+NUM_EPISODES = 40
+SETTINGS = EnvironmentSettings(
+    entry="tests.envs.tool_classes:Counter", max_turns=3, max_turn_tokens=10, tool_timeout_s=30.0, num_workers=4
+)
+BUDGET_TOKENS = {"qwen3": 84, "llama": 63}
+"""max_episode_tokens: two answers (a tool result, then the user: 50 + 24 tokens in Qwen3's format,
+27 + 26 in Llama's) and ten tokens, so that after two turns of at most ten tokens the third has room
+or not by the turns' lengths: episodes end by the environment, at the third turn, and out of room."""
+LOGPROB_TOL = 2e-3
+"""vLLM's CPU float32 kernels against the learner's eager float32 forward (see test_architectures.py)."""
+
+episode_id: contextvars.ContextVar[int] = contextvars.ContextVar("episode_id")
+
+
+@dataclass(frozen=True)
+class Call:
+    prompt_ids: list[int]
+    turn: Sample
+
+
+class RecordingEngine:
+    """The engine, with every call recorded under the episode that made it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls: dict[int, list[Call]] = {}
+
+    async def sample(self, prompt: list[int], num_samples: int, *args: Any, **kwargs: Any) -> Any:
+        assert num_samples == 1
+        prompt_ids, samples = await self.engine.sample(prompt, num_samples, *args, **kwargs)
+        assert prompt_ids == prompt  # token ids in are taken as they are
+        self.calls.setdefault(episode_id.get(), []).append(Call(list(prompt), samples[0]))
+        return prompt_ids, samples
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+async def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
+    flavour: Flavour = request.param
+    model_dir = chat_model_dir(flavour, tmp_path_factory.mktemp("episodes") / flavour)
+    engine = Engine(
+        EngineSettings(model_dir=model_dir, max_num_seqs=16, max_model_len=1024, kv_cache_memory_bytes=64 * 1024 * 1024)
+    )
+    await engine.start()
+    try:
+        yield flavour, model_dir, engine
+    finally:
+        await engine.shutdown()
+
+
+async def run_episodes(runner: EpisodeRunner, tasks: list[EnvTask], first_seed: int = 101) -> dict[int, Episode]:
+    async def one(i: int, task: EnvTask) -> tuple[int, Episode]:
+        episode_id.set(i)
+        return i, await runner.run(task, temperature=1.0, top_p=1.0, seed=first_seed + i)
+
+    return dict(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+
+
+async def conversation(
+    tokenizer: Any, task: EnvTask, calls: list[Call]
+) -> tuple[list[list[Message]], list[dict[str, Any]]]:
+    """The messages before each turn and after the last one, with the environment run again in this
+    process on the same turns and each model turn as sampled (its end token off); and the tools."""
+    env = Counter()
+    messages, tools = await env.reset(task)
+    before = [messages]
+    for call in calls:
+        ids = call.turn.token_ids
+        raw = tokenizer.decode(ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids, skip_special_tokens=False)
+        answer, _, _ = await env.step(call.turn.text)
+        before.append([*before[-1], {"role": "assistant", "content": raw}, *answer])
+    return before, tools
+
+
+def render(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]]) -> str:
+    text: str = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return text
+
+
+async def audit(tokenizer: Any, task: EnvTask, episode: Episode, calls: list[Call]) -> Tally[str]:
+    """Mismatches of ``episode`` against the slow references of the module docstring, by kind."""
+    wrong: Tally[str] = Tally()
+    assert len(episode.samples) == 1 and episode.num_resplits == 0  # turns render verbatim: nothing re-renders
+    (stored,) = episode.samples
+    completion = stored.sample
+    sequence = stored.prompt_ids + completion.token_ids
+    n_prompt = len(stored.prompt_ids)
+    mask = completion.loss_mask or [1] * len(completion.token_ids)
+    expected_mask: list[int] = []
+    expected_logprobs: list[float] = []
+    expected_spans: list[tuple[int, int, int]] = []
+    for call in calls:
+        # Token in: the engine continued exactly the stored sequence so far.
+        wrong["prompt"] += call.prompt_ids != sequence[: len(call.prompt_ids)]
+        gap = len(call.prompt_ids) - n_prompt - len(expected_mask)  # the environment's tokens before this turn
+        start = n_prompt + len(expected_mask) + gap
+        expected_mask += [0] * gap + [1] * len(call.turn.token_ids)
+        expected_logprobs += [0.0] * gap + call.turn.logprobs
+        offset = start - n_prompt
+        expected_spans += [(v, a + offset, b + offset) for v, a, b in call.turn.version_spans]
+        # Token out: the turn's ids stand where the engine put them.
+        wrong["turn_ids"] += sequence[start : start + len(call.turn.token_ids)] != call.turn.token_ids
+    wrong["length"] += len(expected_mask) != len(completion.token_ids)
+    wrong["mask"] += expected_mask != mask
+    wrong["logprobs"] += expected_logprobs != completion.logprobs
+    wrong["spans"] += expected_spans != completion.version_spans
+    wrong["env_tokens"] += mask.count(0) != episode.num_env_tokens
+
+    # Re-render: every turn's prompt is the template's own text for the conversation so far.
+    before, tools = await conversation(tokenizer, task, calls)
+    for call, messages in zip(calls, before):
+        decoded = tokenizer.decode(call.prompt_ids, skip_special_tokens=False)
+        wrong["rerender"] += decoded != render(tokenizer, messages, tools)
+    return wrong
+
+
+async def check_end(
+    tokenizer: Any, settings: EnvironmentSettings, task: EnvTask, episode: Episode, calls: list[Call]
+) -> None:
+    """The end reason follows from the limits and the environment's schedule."""
+    done_after = int(task.reference)
+    assert episode.num_turns == len(calls)
+    assert episode.final_turn == calls[-1].turn.text
+    if episode.end_reason == "done":
+        assert episode.num_turns == done_after and episode.reward == float(done_after)
+        return
+    assert episode.reward is None
+    if episode.end_reason == "max_turns":
+        assert episode.num_turns == settings.max_turns < done_after
+        return
+    assert episode.end_reason == "max_tokens"
+    assert episode.num_turns < min(done_after, settings.max_turns)
+    # No room for another turn: the stored tokens and the environment's answer, as the template renders it
+    # after the stored text, reach the budget.
+    (stored,) = episode.samples
+    before, tools = await conversation(tokenizer, task, calls)
+    stored_text = tokenizer.decode(stored.prompt_ids + stored.sample.token_ids, skip_special_tokens=False)
+    following = render(tokenizer, before[-1], tools)
+    assert following.startswith(stored_text)
+    num_answer = len(tokenizer.encode(following[len(stored_text) :], add_special_tokens=False))
+    assert len(stored.sample.token_ids) <= settings.max_episode_tokens <= len(stored.sample.token_ids) + num_answer
+
+
+async def test_episodes_store_the_engines_tokens_and_only_the_templates_text_between(served: Any) -> None:
+    flavour, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    recorder = RecordingEngine(engine)
+    settings = SETTINGS.model_copy(update={"max_episode_tokens": BUDGET_TOKENS[flavour]})
+    pool = EnvironmentPool(settings)
+    await pool.start()
+    try:
+        runner = EpisodeRunner(cast(Engine, recorder), tokenizer, pool)
+        tasks = [
+            EnvTask(
+                task_id=f"t{i}", prompt=f"Ada has {i} apples and buys {i + 3} more. How many?", reference=str(1 + i % 5)
+            )
+            for i in range(NUM_EPISODES)
+        ]
+        episodes = await run_episodes(runner, tasks)
+    finally:
+        pool.close()
+
+    wrong: Tally[str] = Tally()
+    for i, task in enumerate(tasks):
+        wrong += await audit(tokenizer, task, episodes[i], recorder.calls[i])
+        await check_end(tokenizer, settings, task, episodes[i], recorder.calls[i])
+    turns = [c.turn for calls in recorder.calls.values() for c in calls]
+    num_ended = sum(t.token_ids[-1] == tokenizer.eos_token_id for t in turns)
+    num_env_tokens = sum(e.num_env_tokens for e in episodes.values())
+    print(
+        f"{model_dir.name}: {len(episodes)} episodes, {len(turns)} turns ({num_ended} ended by the model, "
+        f"{len(turns) - num_ended} cut), {num_env_tokens} environment tokens; ends {dict(runner.ends)}; "
+        f"mismatches {sum(wrong.values())}"
+    )
+    assert sum(wrong.values()) == 0, dict(wrong)
+    assert runner.ends == Tally(e.end_reason for e in episodes.values())
+    assert runner.num_resplits == 0
+    # Every path was taken: turns ended and cut, and episodes ended by each limit and by the environment.
+    assert 0 < num_ended < len(turns)
+    assert set(runner.ends) == {"done", "max_turns", "max_tokens"}
+
+    # The learner scores the stored sequences as the engine sampled them, on every token in the loss.
+    model = load_model(model_dir)
+    rows = [e.samples[0] for e in episodes.values()]
+    batch = pack([r.prompt_ids for r in rows], [r.sample.token_ids for r in rows], int(tokenizer.pad_token_id))
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch)
+    gaps = [
+        abs(float(logp[i, t]) - lp)
+        for i, r in enumerate(rows)
+        for t, (lp, m) in enumerate(zip(r.sample.logprobs, r.sample.loss_mask or [1] * len(r.sample.token_ids)))
+        if m
+    ]
+    print(f"{model_dir.name}: learner vs engine log-probs over {len(gaps)} tokens: max gap {max(gaps):.2e}")
+    assert max(gaps) <= LOGPROB_TOL
+
+
+MODES = ("raise", "garbage", "role", "oversize", "crash", "hang", "reset-hang")
+"""tests.envs.tool_classes.Misbehaves: each fails its episode's first step (or reset) in its own way."""
+REASONS = {
+    "raise": "env_raised",
+    "garbage": "env_invalid",
+    "role": "env_invalid",
+    "oversize": "env_oversize",
+    "crash": "env_crashed",
+    "hang": "env_timeout",
+    "reset-hang": "env_timeout",
+}
+
+
+async def test_failing_environments_end_their_own_episodes_only(served: Any) -> None:
+    _, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    settings = SETTINGS.model_copy(
+        update={"entry": "tests.envs.tool_classes:Misbehaves", "tool_timeout_s": 2.0, "max_observation_bytes": 4096}
+    )
+    pool = EnvironmentPool(settings)
+    await pool.start()
+    try:
+        runner = EpisodeRunner(engine, tokenizer, pool)
+        tasks = [EnvTask(task_id=m, prompt="Count.", reference=m) for m in MODES]
+        tasks += [EnvTask(task_id=f"well{i}", prompt="Count.", reference="well") for i in range(6)]
+        episodes = await asyncio.gather(*(runner.run(t, 1.0, 1.0, seed=7 + i) for i, t in enumerate(tasks)))
+        after = await runner.run(EnvTask(prompt="Count.", reference="well"), 1.0, 1.0, seed=3)
+    finally:
+        pool.close()
+
+    for task, episode in zip(tasks, episodes):
+        if task.reference == "well":
+            assert (episode.end_reason, episode.reward, episode.num_turns) == ("done", 2.0, 2)
+            continue
+        assert episode.end_reason == REASONS[task.reference], (task.reference, episode)
+        assert episode.reward is None and episode.error
+        # What the model sampled before the failure is kept (its one turn); a reset that hung sampled nothing.
+        assert episode.num_turns == (0 if task.reference == "reset-hang" else 1)
+        assert len(episode.samples) == episode.num_turns
+    assert after.end_reason == "done"
+    assert runner.ends == Tally(
+        {"done": 7, "env_invalid": 2, "env_timeout": 2, "env_raised": 1, "env_oversize": 1, "env_crashed": 1}
+    )
