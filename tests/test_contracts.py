@@ -94,6 +94,7 @@ TORCH_FREE_MODULES = (
     "asymptote.policy",
     "asymptote.compute",
     "asymptote.tasks",
+    "asymptote.envs",
     "services.broker.main",
     "services.fitter.main",
     "services.fitter.curve",

@@ -95,7 +95,7 @@ class Misbehaves(Counter):
         if self.mode == "role":
             return [{"role": "narrator", "content": "Meanwhile..."}], None, False
         if self.mode == "oversize":
-            return [{"role": "tool", "name": "count", "content": "x" * 200_000}], None, False
+            return [{"role": "tool", "name": "count", "content": "x" * 2**20}], None, False  # a megabyte
         if self.mode == "crash":
             os._exit(3)
         return await super().step(assistant_turn)
