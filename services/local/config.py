@@ -101,10 +101,20 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 STACK_OWNED: dict[str, tuple[str, ...]] = {
-    "broker": ("nats", "grpc", "http", "log_format", "task"),
-    "learner": ("nats", "grpc", "http", "log_format", "model_dir", "run_dir", "broker_endpoint", "advertise_host"),
-    "generator": ("nats", "grpc", "http", "log_format", "task"),
-    "fitter": ("nats", "grpc", "http", "log_format", "run_dir", "run_name"),
+    "broker": ("nats", "prefix", "grpc", "http", "log_format", "task"),
+    "learner": (
+        "nats",
+        "prefix",
+        "grpc",
+        "http",
+        "log_format",
+        "model_dir",
+        "run_dir",
+        "broker_endpoint",
+        "advertise_host",
+    ),
+    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task"),
+    "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
 }
 """Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""
 
@@ -234,6 +244,14 @@ class StackConfig(Frozen):
     """Generators on every core but the last; the learner, broker, fitter and nats-server on the last (Linux, 2+ cores)."""
     nats_auth: bool = True
     """nats-server requires a user and a password made for this run; services get it from their environment."""
+    nats_url: str | None = Field(default=None, pattern=r"^(nats|tls)://[^\s]+$")
+    """A nats-server (JetStream on) that is already running, instead of one started for this run: several
+    runs can share it, each under its own ``prefix``. Its user and password, if it requires them, come from
+    ASY_NATS_USER and ASY_NATS_PASSWORD in the environment (never from a file). None: the stack starts its
+    own nats-server in the run directory."""
+    prefix: str = Field(default="asy", pattern=r"^[a-z][a-z0-9_]*$")
+    """The run's namespace on NATS (stream, subject, consumer and bucket names): runs sharing a nats-server
+    need different ones."""
     failpoints: str = ""
     """Fault injection: ``name:N,...`` failpoints armed in every service (asymptote/faults.py); empty: none."""
 

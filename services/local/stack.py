@@ -57,11 +57,13 @@ log = logging.getLogger(__name__)
 HOLD_VERSIONS: int = GeneratorConfig.model_fields["eval_hold_versions"].default
 """The generators' eval hold, at most half the run's staleness bound."""
 SERVICE_ORDER = ("fitter", "broker", "learner", "generator")
+"""Start order; the stop order is the reverse (generators drain first)."""
 INTERRUPTED = 130
 """``LocalStack.run``'s exit code when Ctrl-C, SIGTERM or SIGHUP stopped it (128 + SIGINT, the shell's)."""
 PREPARE_REFUSAL = "asymptote prepare-model: "
 """How ``asymptote prepare-model`` begins the one line that refuses its request."""
-"""Start order; the stop order is the reverse (generators drain first)."""
+NATS_USER_ENV, NATS_PASSWORD_ENV = "ASY_NATS_USER", "ASY_NATS_PASSWORD"
+"""Where the credentials of a nats-server the config names (``StackConfig.nats_url``) come from."""
 
 
 @dataclass
@@ -120,8 +122,12 @@ class LocalStack:
         # Credentials made for this run: handed to services in their
         # environment (as a Kubernetes Secret would be), never written to
         # their config files or logs.
-        self.nats_user = "asymptote" if config.nats_auth else None
-        self.nats_password = new_password() if config.nats_auth else None
+        if config.nats_url is not None:  # a nats-server already running: its credentials, if any, as given
+            self.nats_user = os.environ.get(NATS_USER_ENV) or None
+            self.nats_password = os.environ.get(NATS_PASSWORD_ENV) or None
+        else:
+            self.nats_user = "asymptote" if config.nats_auth else None
+            self.nats_password = new_password() if config.nats_auth else None
         self.progress = Progress(self.run_dir, config.max_steps)
         self.mirror: Mirror | None = None
         """The run's metrics mirrored to the trackers of ``report_to`` (started with the services)."""
@@ -296,7 +302,15 @@ class LocalStack:
         """Signal one process group (fault injection)."""
         self._signal(next(p for p in self.procs if p.name == name), sig)
 
+    @property
+    def nats_url(self) -> str:
+        """The nats-server the run's services use: the configured one, else the run's own on loopback."""
+        return self.config.nats_url or f"nats://127.0.0.1:{self.nats_port}"
+
     def start_nats(self) -> None:
+        """Start the run's own nats-server; nothing where the config names one already running."""
+        if self.config.nats_url is not None:
+            return
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         server = start_nats(
@@ -335,12 +349,13 @@ class LocalStack:
     def write_configs(self, model_dir: Path) -> dict[str, Path]:
         c = self.config
         # No credentials here: services get them in their environment (see _spawn).
-        nats = NatsSettings(url=f"nats://127.0.0.1:{self.nats_port}")
+        nats = NatsSettings(url=self.nats_url)
         cfg_dir = self.run_dir / "config"
         cfg_dir.mkdir(parents=True, exist_ok=True)
         self.ports = {name: (free_port(), free_port()) for name in ("broker", "learner", "fitter")}
         broker = BrokerConfig(
             nats=nats,
+            prefix=c.prefix,
             log_format="text",
             grpc=ListenSettings(port=self.ports["broker"][0]),
             http=ListenSettings(port=self.ports["broker"][1]),
@@ -356,6 +371,7 @@ class LocalStack:
         )
         learner = LearnerConfig(
             nats=nats,
+            prefix=c.prefix,
             log_format="text",
             grpc=ListenSettings(port=self.ports["learner"][0]),
             http=ListenSettings(port=self.ports["learner"][1]),
@@ -375,6 +391,7 @@ class LocalStack:
                 log.warning("%s", warning)
         fitter = FitterConfig(
             nats=nats,
+            prefix=c.prefix,
             log_format="text",
             grpc=ListenSettings(port=self.ports["fitter"][0]),
             http=ListenSettings(port=self.ports["fitter"][1]),
@@ -392,6 +409,7 @@ class LocalStack:
         for i in range(self.num_generators):
             gen = GeneratorConfig(
                 nats=nats,
+                prefix=c.prefix,
                 log_format="text",
                 grpc=ListenSettings(port=free_port()),
                 http=ListenSettings(port=free_port()),
@@ -547,9 +565,7 @@ class LocalStack:
     def nats_settings(self, **overrides: Any) -> NatsSettings:
         """How a client on this machine reaches this run's nats-server."""
         password = SecretStr(self.nats_password) if self.nats_password is not None else None
-        return NatsSettings(
-            url=f"nats://127.0.0.1:{self.nats_port}", user=self.nats_user, password=password, **overrides
-        )
+        return NatsSettings(url=self.nats_url, user=self.nats_user, password=password, **overrides)
 
     def audit_ledger(self) -> dict[str, Any] | None:
         """Account for every issued task (asymptote.ledger) into ledger.json."""
@@ -560,7 +576,7 @@ class LocalStack:
         async def run() -> dict[str, Any]:
             nc = await connect(self.nats_settings(max_reconnect_attempts=2), "audit")
             try:
-                return (await audit(nc.jetstream(), Names())).as_dict()
+                return (await audit(nc.jetstream(), Names(self.config.prefix))).as_dict()
             finally:
                 await nc.close()
 
@@ -713,7 +729,7 @@ class LocalStack:
         """
         if self.procs:
             self.save_final_metrics()
-            if any(p.name == "nats-server" for p in self.procs):
+            if self.config.nats_url is not None or any(p.name == "nats-server" for p in self.procs):
                 self.audit_ledger()
             self.stop()
         if self.mirror is not None:

@@ -99,20 +99,20 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
         resume_and_check(tmp_path / "run", token)
 
 
-EVAL_EVERY = 10
-STOP_AFTER = 12
+EVAL_EVERY = 5
+STOP_AFTER = 6
 """The step after which ``up`` is stopped: past its first eval round after version 0."""
-MAX_STEPS = 25
+MAX_STEPS = 13
 """Not a multiple of the eval interval: the final version is evaluated all the same."""
 
 
 def small_run(tmp_path: Path) -> Path:
-    """The stop-and-resume run: the arithmetic workload, MAX_STEPS steps, eval rounds of 50 prompts x 2
+    """The stop-and-resume run: the arithmetic workload, MAX_STEPS steps, eval rounds of 32 prompts x 1
     every EVAL_EVERY versions (the rounds are what the curve's continuity is checked on, not a pass rate)."""
     path = tmp_path / "up.yaml"
     path.write_text(
         f"workload: arithmetic\nmax_steps: {MAX_STEPS}\neval_every_versions: {EVAL_EVERY}\n"
-        "services:\n  broker:\n    eval: {num_prompts: 50, num_samples: 2}\n"
+        "services:\n  broker:\n    eval: {num_prompts: 32, num_samples: 1}\n"
     )
     return path
 

@@ -56,8 +56,11 @@ def test_the_gold_check_runs_each_program_in_the_sandbox() -> None:
     """The held-out split's 200 rows, each program run by the code verifier as the dataset task's gold
     check runs it (the training split's programs are the same code, checked above)."""
     heldout = words_code.DATA_DIR / words_code.FILES["heldout"]
-    settings = {"path": heldout, "eval_path": None, "holdout_fraction": 0.5, "check_gold": True}
-    task = DatasetTask(words_code_task().model_copy(update=settings))
+    base = words_code_task()
+    # A generous time per test: on a loaded machine a sandbox's start alone has taken two seconds.
+    verifier = base.verifier.model_copy(update={"test_timeout_s": 20.0, "program_timeout_s": 20.0})
+    settings = {"path": heldout, "eval_path": None, "holdout_fraction": 0.5, "check_gold": True, "verifier": verifier}
+    task = DatasetTask(base.model_copy(update=settings))
     assert len(task.problems("train")) + len(task.problems("heldout")) == words.NUM_HELDOUT
     report = task.reports["train"]
     assert report.num_loaded == report.num_rows == words.NUM_HELDOUT and not report.bad, report.summary()
