@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from chart_render import REPO, VALUE_SETS, Rendered, render, render_stack
 from filelock import FileLock
+from venvs import install_venv
 
 
 @pytest.fixture(params=sorted(VALUE_SETS), scope="session")
@@ -47,20 +47,7 @@ def checkov() -> Path:
 
 
 def install_checkov() -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(CHECKOV_VENV)], check=True)
-    install = subprocess.run(
-        [
-            str(CHECKOV_VENV / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "checkov>=3.2",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    install = install_venv(CHECKOV_VENV, "checkov>=3.2")
     assert install.returncode == 0, f"cannot install checkov into {CHECKOV_VENV}:\n{install.stderr[-3000:]}"
 
 

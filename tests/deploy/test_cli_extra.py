@@ -8,10 +8,8 @@ test_kube_cli.py (tests/deploy/kube_fake.py; no API server runs here).
 from __future__ import annotations
 
 import ast
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +17,13 @@ import test_kube_cli
 from chart_render import REPO
 from kube_fake import RELEASE, FakeApi
 from test_kube_cli import RUN_FILES
+from venvs import install_venv
 
 pytestmark = pytest.mark.slow
 
 api = test_kube_cli.api  # the fake API and its kubeconfig, as test_kube_cli.py serves them
 kubeconfig = test_kube_cli.kubeconfig
 
-UV_INSTALL = (sys.executable, "-m", "uv", "pip", "install", "--quiet")
 SOURCES = ("pyproject.toml", "README.md", "asymptote", "services", "ops", "benchmarks")
 """What the package is built from: copied, so the build writes nothing into the checkout."""
 
@@ -42,15 +40,7 @@ def cli_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(path, src / name)
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    # uv resolves the extra as pip does (the same metadata, the same index), in seconds rather than minutes.
-    links = [arg for link in os.environ.get("PIP_FIND_LINKS", "").split() for arg in ("--find-links", link)]
-    done = subprocess.run(
-        [*UV_INSTALL, "--python", str(venv / "bin" / "python"), *links, f"{src}[cli]"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = install_venv(venv, f"{src}[cli]")
     assert done.returncode == 0, done.stderr[-4000:]
     return venv
 
