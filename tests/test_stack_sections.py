@@ -90,6 +90,8 @@ def test_the_stack_s_wiring_and_bad_values_are_refused_by_name() -> None:
         ({"learner": {"grpc": {"port": 1}}}, "learner.grpc is set by the stack"),
         ({"generator": {"engine": {"model_dir": "/x"}}}, "generator.engine.model_dir is set by the stack"),
         ({"broker": {"task": {"name": "arithmetic"}}}, "broker.task is set by the stack"),
+        ({"fitter": {"prefix": "other"}}, "fitter.prefix is set by the stack"),
+        ({"generator": {"sandbox_pool": {"endpoint": "h:1"}}}, "generator.sandbox_pool is set by the stack"),
         ({"learner": {"optimizer": {"eps": -1}}}, "learner.optimizer.eps: Input should be greater than 0"),
         ({"fitter": {"no_such_knob": 1}}, "fitter.no_such_knob: Extra inputs are not permitted"),
     ):

@@ -24,6 +24,7 @@ from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_s
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import make_scorer
 from services.generator.rollout import RolloutLoop
+from services.generator.scoring import check_sandboxes
 from services.generator.server import GeneratorServicer
 from services.generator.swapper import EvalHold, Swapper
 
@@ -101,4 +102,5 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("generator", config.log_format)
     log_resolved(config, "generator")
     check_platform(config.engine)
+    check_sandboxes(config.task, config.sandbox_pool)
     return run_until_stopped(lambda stop: serve(config, stop))

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.sandbox import PoolClientSettings, with_pool
+from asymptote.errors import ConfigError
+from asymptote.sandbox import PoolClientSettings, SandboxUnavailable, sandbox_for, sandbox_sections, with_pool
 from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task, task_digest
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.verifiers import reward
@@ -107,3 +108,19 @@ class TaskScorer:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+def check_sandboxes(task: object, sandbox_pool: PoolClientSettings | None) -> None:
+    """ConfigError at start for a task that runs programs (a code verifier, a mixture's included) with no
+    sandbox pool and no sandbox backend that passes its self-test on this machine: without one every such
+    task would be scored 0 after the engine had sampled it. With a pool nothing is checked here (the pool
+    self-tests its own sandbox, and may start after the generators)."""
+    for section in sandbox_sections(with_pool(task, sandbox_pool)):
+        if section.pool is not None:
+            continue
+        try:
+            sandbox_for(section)
+        except SandboxUnavailable as exc:
+            raise ConfigError(
+                f"the task runs programs, but this generator has no sandbox pool (sandbox_pool) and {exc}"
+            ) from exc

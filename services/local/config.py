@@ -113,7 +113,7 @@ STACK_OWNED: dict[str, tuple[str, ...]] = {
         "broker_endpoint",
         "advertise_host",
     ),
-    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task"),
+    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task", "sandbox_pool"),
     "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
 }
 """Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""
