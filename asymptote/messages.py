@@ -90,10 +90,13 @@ def decode_group(data: bytes) -> rollout_pb2.RolloutGroup:
 def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -> None:
     """Raise PayloadError naming what is wrong with a group (its shape first, then its log-prob values).
 
-    A group has an id, a prompt and completions; each completion has tokens,
-    one finite log-probability <= 0 per token, a loss mask (if any),
-    version spans (if any) that cover its tokens in the loss exactly (an
-    injected token, out of the loss, may be uncovered), and a finite reward.
+    A group has an id and completions; each completion has a prompt (its
+    own ``prompt_token_ids``, else the group's), tokens, one finite
+    log-probability <= 0 per token, a loss mask (if any), version spans (if
+    any) that cover its tokens in the loss exactly (an injected token, out
+    of the loss, may be uncovered), and a finite reward. A completion that
+    continues the episode of the one before it (``continues_episode``) has
+    that one's reward, and the first completion continues none.
 
     ``data``: the bytes ``group`` was parsed from, if at hand. Its
     log-probs are then checked all at once on the wire (see
@@ -106,14 +109,23 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
     completions = group.completions
     if not completions:
         raise PayloadError(f"group {group_id}: no completions")
-    if not group.prompt_token_ids:
-        raise PayloadError(f"group {group_id}: no prompt tokens")
+    has_prompt = bool(group.prompt_token_ids)
     # Every field access on a protobuf message costs a wrapper: each is read once.
     num_logprobs = 0
+    previous_reward = math.nan
     for i, c in enumerate(completions):
         n = len(c.token_ids)
         if n == 0:
             raise PayloadError(f"group {group_id} completion {i}: no tokens")
+        if not has_prompt and not c.prompt_token_ids:
+            raise PayloadError(f"group {group_id} completion {i}: no prompt tokens (neither its own nor the group's)")
+        reward = c.reward
+        if c.continues_episode and not reward == previous_reward:
+            raise PayloadError(
+                f"group {group_id} completion {i}: continues an episode, but "
+                + ("it is the first completion" if i == 0 else f"its reward {reward} is not the episode's")
+            )
+        previous_reward = reward
         num = len(c.logprobs)
         if num != n:
             raise PayloadError(f"group {group_id} completion {i}: {num} logprobs for {n} tokens")
@@ -121,7 +133,7 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
         num_mask = len(c.loss_mask)
         if num_mask and num_mask != n:
             raise PayloadError(f"group {group_id} completion {i}: loss_mask length {num_mask} != {n}")
-        if not math.isfinite(c.reward):
+        if not math.isfinite(reward):
             raise PayloadError(f"group {group_id} completion {i}: reward is not finite")
         spans = c.version_spans
         if spans:

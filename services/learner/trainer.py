@@ -68,8 +68,9 @@ class StepInputs:
     logp_gen: torch.Tensor  # [N, T] generator log-probs (0 on padding)
     loss_mask: torch.Tensor  # [N, T] 1 where the token is in the loss
     token_versions: torch.Tensor  # [N, T] policy version that sampled each token
-    rewards: torch.Tensor  # [P, G]
+    rewards: torch.Tensor  # [P, G] one reward per episode (a single-turn completion is an episode)
     prompt_index: torch.Tensor  # [N]
+    reward_index: torch.Tensor  # [N] each row's episode in rewards flattened (row n is episode n in single-turn)
     temperature: torch.Tensor  # [N]
     truncated: torch.Tensor  # [N] bool
     num_prompts: int
@@ -82,13 +83,20 @@ def collate(
 ) -> StepInputs:
     """Lay out a batch of groups; raises PayloadError on inconsistent groups.
 
+    Every completion is one row, with its own prompt when it carries one
+    (a multi-turn episode's later sequence) and the group's otherwise. A
+    group's rewards are its episodes': a completion that continues the
+    episode before it shares that episode's reward and advantage (its row's
+    ``reward_index``), so the group mean counts each episode once. Every
+    group of a batch has the same number of episodes.
+
     ``header``: the broker's for the batch, which says how many groups the
     step took and whether flat groups count in the loss (None: a batch
     assembled here, every group taken, flat ones left out).
     """
     if not groups:
         raise PayloadError("empty batch")
-    group_size = len(groups[0].completions)
+    group_size = _num_episodes(groups[0])
     prompts: list[list[int]] = []
     completions: list[list[int]] = []
     rows_gen: list[list[float]] = []
@@ -96,15 +104,20 @@ def collate(
     rows_version: list[list[int]] = []
     rewards: list[list[float]] = []
     prompt_index: list[int] = []
+    reward_index: list[int] = []
     temperature: list[float] = []
     truncated: list[bool] = []
     for p, g in enumerate(groups):
-        if len(g.completions) != group_size:
-            raise PayloadError(f"group {g.group_id} has {len(g.completions)} completions, the batch has {group_size}")
-        rewards.append([c.reward for c in g.completions])
+        num_episodes = _num_episodes(g)
+        if num_episodes != group_size:
+            raise PayloadError(f"group {g.group_id} has {num_episodes} episodes, the batch has {group_size}")
+        rewards.append([c.reward for c in g.completions if not c.continues_episode])
+        episode = -1
         for c in g.completions:
             n = len(c.token_ids)
-            prompts.append(list(g.prompt_token_ids))
+            episode += 0 if c.continues_episode else 1
+            reward_index.append(p * group_size + episode)
+            prompts.append(list(c.prompt_token_ids or g.prompt_token_ids))
             completions.append(list(c.token_ids))
             rows_gen.append(list(c.logprobs))
             rows_mask.append(list(c.loss_mask) if c.loss_mask else [1] * n)
@@ -124,12 +137,17 @@ def collate(
         token_versions=_rows(rows_version, width, torch.long),
         rewards=torch.tensor(rewards, dtype=torch.float32),
         prompt_index=torch.tensor(prompt_index, dtype=torch.long),
+        reward_index=torch.tensor(reward_index, dtype=torch.long),
         temperature=torch.tensor(temperature, dtype=torch.float32),
         truncated=torch.tensor(truncated, dtype=torch.bool),
         num_prompts=len(groups),
         num_taken=len(groups) if header is None else header.num_groups + header.num_zero_variance,
         keep_zero_variance=header is not None and header.keep_zero_variance,
     )
+
+
+def _num_episodes(group: rollout_pb2.RolloutGroup) -> int:
+    return sum(not c.continues_episode for c in group.completions)
 
 
 def _rows(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -451,7 +469,7 @@ class Trainer:
         advantages, keep = group_advantages(
             rewards=inputs.rewards, normalization=s.normalization, keep_zero_variance=inputs.keep_zero_variance
         )
-        per_completion_adv = advantages.reshape(-1)
+        per_completion_adv = advantages.reshape(-1)[inputs.reward_index]
         # Prompts not kept (flat ones, unless the batch keeps them) are out of
         # the loss (RECIPE 1): masking their tokens keeps them out of the
         # aggregation's denominators too.

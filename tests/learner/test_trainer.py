@@ -133,7 +133,7 @@ def test_collate_uses_the_given_pad_id() -> None:
 def test_collate_rejects_groups_of_different_sizes() -> None:
     g0, g1 = two_groups()
     g1.completions.append(completion([4], [-0.5], [(5, 0, 1)], reward=1.0))
-    with pytest.raises(PayloadError, match="g1 has 3 completions, the batch has 2"):
+    with pytest.raises(PayloadError, match="g1 has 3 episodes, the batch has 2"):
         collate([g0, g1], pad_id=PAD)
     with pytest.raises(PayloadError, match="empty batch"):
         collate([], pad_id=PAD)

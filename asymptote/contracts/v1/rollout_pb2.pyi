@@ -90,7 +90,7 @@ class VersionSpan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask", "interrupted")
+    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask", "interrupted", "prompt_token_ids", "continues_episode")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,8 @@ class Completion(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_EPISODE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
@@ -109,7 +111,9 @@ class Completion(_message.Message):
     text: str
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
     interrupted: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., interrupted: _Optional[bool] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    continues_episode: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., interrupted: _Optional[bool] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., continues_episode: _Optional[bool] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "task", "prompt_token_ids", "completions", "generator_id", "started_unix_s", "finished_unix_s", "min_version", "max_version")
