@@ -22,7 +22,7 @@ def test_registry_returns_default_task() -> None:
     assert isinstance(task, ArithmeticTask)
     assert isinstance(task, Task)
     assert task.name == "arithmetic"
-    assert task_names() == ["arithmetic", "dataset", "mixture"]
+    assert task_names() == ["arithmetic", "dataset", "mixture", "multiturn"]
 
 
 def test_registry_rejects_unknown_names_and_foreign_settings() -> None:

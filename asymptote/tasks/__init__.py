@@ -19,6 +19,7 @@ from asymptote.tasks.base import Problem, Split, Task
 from asymptote.tasks.dataset import DatasetSettings, DatasetTask
 from asymptote.tasks.length import LengthControlSettings
 from asymptote.tasks.mixture import MixtureEntry, MixtureSettings, MixtureTask
+from asymptote.tasks.multiturn import OPERATIONAL_ENVIRONMENT_FIELDS, MultiTurnSettings, MultiTurnTask
 from asymptote.tasks.readers import DatasetError
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "MixtureEntry",
     "MixtureSettings",
     "MixtureTask",
+    "MultiTurnSettings",
+    "MultiTurnTask",
     "Problem",
     "Split",
     "Task",
@@ -54,11 +57,12 @@ def _task_name(value: object) -> str:
 TaskSettings = Annotated[
     Annotated[ArithmeticSettings, Tag("arithmetic")]
     | Annotated[DatasetSettings, Tag("dataset")]
-    | Annotated[MixtureSettings, Tag("mixture")],
+    | Annotated[MixtureSettings, Tag("mixture")]
+    | Annotated[MultiTurnSettings, Tag("multiturn")],
     Discriminator(_task_name),
 ]
 """A task's settings; ``name`` picks the task (arithmetic when a mapping has no name)."""
-TaskSettingsValue = ArithmeticSettings | DatasetSettings | MixtureSettings
+TaskSettingsValue = ArithmeticSettings | DatasetSettings | MixtureSettings | MultiTurnSettings
 """A validated ``TaskSettings`` value (for annotations)."""
 
 _ADAPTER: TypeAdapter[TaskSettingsValue] = TypeAdapter(TaskSettings)
@@ -67,6 +71,7 @@ _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Task]]] = {
     "arithmetic": (ArithmeticSettings, ArithmeticTask),
     "dataset": (DatasetSettings, DatasetTask),
     "mixture": (MixtureSettings, MixtureTask),
+    "multiturn": (MultiTurnSettings, MultiTurnTask),
 }
 
 
@@ -92,11 +97,18 @@ def task_digest(settings: TaskSettingsValue) -> str:
     hash alike. Left out are OPERATIONAL_FIELDS (scoring workers, the time
     limit of one scoring). The files' contents are not read: the generator
     that checks the digest never opens them. A mixture's digest covers every
-    sub-task's settings, name and weight.
+    sub-task's settings, name and weight. A multi-turn task's covers its
+    dataset's settings and its environment's (the class, its kind and every
+    limit; not how many workers host episodes).
     """
     if isinstance(settings, MixtureSettings):
         operational = {"__all__": {"task": set(OPERATIONAL_FIELDS)}}
         values = settings.model_dump(mode="json", exclude={"tasks": operational})
+    elif isinstance(settings, MultiTurnSettings):
+        values = settings.model_dump(
+            mode="json",
+            exclude={"dataset": set(OPERATIONAL_FIELDS), "environment": set(OPERATIONAL_ENVIRONMENT_FIELDS)},
+        )
     else:
         values = settings.model_dump(mode="json", exclude=set(OPERATIONAL_FIELDS))
     canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
