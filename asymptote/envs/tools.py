@@ -31,6 +31,8 @@ TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 UNCLOSED = "<tool_call>"
 REWARD_METHOD = "reward"
 """The one public method of a tool class that is not a tool: ``reward(self, answer: str) -> float``."""
+TOOL_ERROR = "Error: "
+"""How a tool message that reports a failed call begins (the tool raised, or the call could not be made)."""
 MAX_ERROR_CHARS = 500
 """A tool's error as the model sees it, cut to this length (a traceback is not an observation)."""
 
@@ -190,21 +192,21 @@ class ToolClassEnvironment:
         for call in turn.calls:
             observation.append({"role": "tool", "name": call.name, "content": await self._call(call)})
         for error in turn.errors:
-            observation.append({"role": "tool", "name": "error", "content": f"Error: {error}"})
+            observation.append({"role": "tool", "name": "error", "content": f"{TOOL_ERROR}{error}"})
         return observation, None, False
 
     async def _call(self, call: ToolCall) -> str:
         tool = self.tools.get(call.name)
         if tool is None:
-            return f"Error: no tool named {call.name!r}; the tools are {', '.join(self.tools)}"
+            return f"{TOOL_ERROR}no tool named {call.name!r}; the tools are {', '.join(self.tools)}"
         try:
             result = tool(**call.arguments)
             if inspect.isawaitable(result):
                 result = await result
         except ValidationError as exc:
-            return _cut(f"Error: invalid arguments for {call.name}: {exc}")
+            return _cut(f"{TOOL_ERROR}invalid arguments for {call.name}: {exc}")
         except Exception as exc:  # the tool's own error goes back to the model, which may try again
-            return _cut(f"Error: {type(exc).__name__}: {exc}")
+            return _cut(f"{TOOL_ERROR}{type(exc).__name__}: {exc}")
         return result if isinstance(result, str) else json.dumps(result, default=str)
 
     async def _reward(self, answer: str) -> float | None:

@@ -22,7 +22,11 @@ said so), ``max_turns``, ``max_tokens`` (no room left for a turn under
 failed (timed out, raised, returned what the interface does not allow or
 what the chat template refuses, sent an oversize observation, or crashed
 its worker): such an episode keeps the samples it had and no reward, and
-the generator goes on. Errors of the engine itself propagate (the task is
+the generator goes on. Each episode also counts the tool calls its turns
+made (Hermes ``<tool_call>`` blocks that parse), the tool errors (calls
+that do not parse, and tool messages that report a failed call in the
+tool-class format, ``asymptote.envs.tools.TOOL_ERROR``) and the time its
+environment took. Errors of the engine itself propagate (the task is
 handed back, as for single-turn groups). Knows nothing about NATS or verifiers.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ from jinja2 import TemplateError
 from asymptote.envs.base import EnvTask
 from asymptote.envs.config import EnvironmentSettings
 from asymptote.envs.pool import FAILURE_REASONS, EnvFailure, EnvironmentPool, EnvSession
+from asymptote.envs.tools import TOOL_ERROR, parse_turn
 from asymptote.envs.transcript import ChatTokenizer, Transcript
 from services.generator.engine import Engine, Sample
 from services.generator.length import splice
@@ -76,6 +82,12 @@ class Episode:
     """Times a new training sample was started because the template re-rendered earlier text."""
     error: str = ""
     """The environment's failure, for ``env_*`` reasons."""
+    num_tool_calls: int = 0
+    """Tool calls the model's turns made (that parse)."""
+    num_tool_errors: int = 0
+    """Malformed tool calls, and tool results that report a failed call."""
+    env_s: float = 0.0
+    """Time spent waiting for the environment (reset and every step)."""
 
 
 @dataclass
@@ -139,7 +151,11 @@ class EpisodeRunner:
         self, env: EnvSession, task: EnvTask, temperature: float, top_p: float, seed: int, record: _Record
     ) -> None:
         s = self.settings
-        messages, tools = await env.reset(task)
+        began = time.perf_counter()
+        try:
+            messages, tools = await env.reset(task)
+        finally:
+            record.env_s += time.perf_counter() - began
         with _template_checked():
             transcript = Transcript(self.tokenizer, messages, tools, self.template_kwargs)
             stream = _Stream(transcript.prompt_ids())
@@ -158,7 +174,19 @@ class EpisodeRunner:
             record.num_env_tokens += stream.add_turn(sampled)
             record.num_turns += 1
             record.final_turn = sampled.text
-            result = await env.step(sampled.text)
+            parsed = parse_turn(sampled.text)
+            record.num_tool_calls += len(parsed.calls)
+            record.num_tool_errors += len(parsed.errors)
+            began = time.perf_counter()
+            try:
+                result = await env.step(sampled.text)
+            finally:
+                record.env_s += time.perf_counter() - began
+            # A malformed call's own error message is counted once, as the parse error above.
+            record.num_tool_errors += sum(
+                m["role"] == "tool" and m["content"].startswith(TOOL_ERROR) and m.get("name") != "error"
+                for m in result.observation
+            )
             if result.done:
                 record.end("done", reward=result.reward)
                 return
@@ -196,6 +224,9 @@ class _Record:
     num_env_tokens: int = 0
     num_resplits: int = 0
     final_turn: str = ""
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    env_s: float = 0.0
 
     def end(self, reason: str, reward: float | None = None, error: str = "") -> None:
         assert reason in END_REASONS, reason
@@ -212,4 +243,7 @@ class _Record:
             num_env_tokens=self.num_env_tokens,
             num_resplits=self.num_resplits,
             error=self.error,
+            num_tool_calls=self.num_tool_calls,
+            num_tool_errors=self.num_tool_errors,
+            env_s=self.env_s,
         )
