@@ -13,18 +13,21 @@ from asymptote.cli_args import service_parser
 from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
+from asymptote.envs import EnvironmentPool
 from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
 from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
+from asymptote.tasks import MultiTurnSettings
 from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine, check_platform
+from services.generator.episode import EpisodeRunner
 from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_server, weight_source
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import make_scorer
 from services.generator.rollout import RolloutLoop
-from services.generator.scoring import check_sandboxes
+from services.generator.scoring import TaskScorer, check_sandboxes
 from services.generator.server import GeneratorServicer
 from services.generator.swapper import EvalHold, Swapper
 
@@ -37,7 +40,11 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
         engine = Engine(config.engine)
         await rt.health.block("engine", "vLLM engine starting")
         await engine.start()
+        # A multi-turn task's environments run in worker processes beside the engine.
+        envs = EnvironmentPool(config.task.environment) if isinstance(config.task, MultiTurnSettings) else None
         try:
+            if envs is not None:
+                await envs.start()  # an environment that cannot load stops the generator here, once
             await rt.health.unblock("engine")
             weights_dir = config.weights_dir / rt.instance_id
             source = weight_source(config.fanout, config.grpc_tls, metrics)
@@ -48,6 +55,11 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             )
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
+            scorer = make_scorer(config.task, config.engine.model_dir, metrics, config.sandbox_pool)
+            episodes = None
+            if envs is not None:
+                assert isinstance(scorer, TaskScorer)  # a multi-turn task is its own scorer, never a mixture's
+                episodes = EpisodeRunner(engine, scorer.tokenizer(), envs)
             loop = RolloutLoop(
                 engine,
                 rt.js,
@@ -57,8 +69,9 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 config.task_ack_wait_s,
                 metrics,
                 meter,
-                make_scorer(config.task, config.engine.model_dir, metrics, config.sandbox_pool),
+                scorer,
                 hold,
+                episodes,
             )
             servicer = GeneratorServicer(engine, rt.health, rt.instance_id, metrics)
 
@@ -91,6 +104,8 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 loop.scorer.close()
                 shutil.rmtree(weights_dir, ignore_errors=True)
         finally:
+            if envs is not None:
+                envs.close()
             await engine.shutdown()
 
 

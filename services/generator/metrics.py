@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.generator.episode import END_REASONS
+
 SWAP_REFUSALS = ("invalid", "staging", "unreachable")
 """Why a weight version was refused (``swapper.Swapper.update``): exported at 0 from the start."""
 PULL_KINDS = ("delta", "full", "fallback")
@@ -97,6 +99,39 @@ class GeneratorMetrics:
             "asymptote_generator_weight_relay_bytes",
             "Weight bytes sent to peers, by kind (delta, full)",
             ["kind"],
+            registry=r,
+        )
+        self.episodes = Counter(
+            "asymptote_generator_episodes",
+            "Multi-turn episodes played, by kind and end reason (done, max_turns, max_tokens, env_*: the "
+            "environment failed)",
+            ["kind", "reason"],
+            registry=r,
+        )
+        for reason in END_REASONS:
+            self.episodes.labels("train", reason)
+        self.episode_turns = Histogram(
+            "asymptote_generator_episode_turns",
+            "Model turns per multi-turn episode",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "asymptote_generator_tool_calls", "Tool calls made by the model in multi-turn episodes", registry=r
+        )
+        self.tool_errors = Counter(
+            "asymptote_generator_tool_errors",
+            "Tool calls that failed: malformed, or reported failed by the environment",
+            registry=r,
+        )
+        self.env_s = Counter(
+            "asymptote_generator_environment_seconds",
+            "Time multi-turn episodes waited for their environment (reset and steps)",
+            registry=r,
+        )
+        self.env_tokens = Counter(
+            "asymptote_generator_environment_tokens",
+            "Environment tokens inserted into multi-turn sequences (out of the loss)",
             registry=r,
         )
         self.swap_carried = Counter(

@@ -10,6 +10,15 @@ deduplicated. A task it cannot decode, or whose task digest is not the one
 this generator holds (another task's prompts and verifier), is terminated
 and dead-lettered before anything is sampled; a train task's dead letter is
 recorded in the ledger first, as the broker records a poison group's.
+
+A multi-turn task (a generator given an ``EpisodeRunner``) plays
+``num_samples`` episodes of its prompt instead of sampling completions:
+the group's completions are the episodes' training samples in order, each
+with its own prompt when it is not the group's (the first sample's) and,
+after an episode's first, marked as continuing that episode; an episode's
+reward is its environment's, else the verifier's on its final turn. An
+episode that produced no sequence (its environment failed at reset) fails
+the task, which is handed back as on engine trouble.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from nats.js.errors import NotFoundError
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.envs import EnvTask
 from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
@@ -35,6 +45,7 @@ from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.messages import decode_task
 from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine, Sample
+from services.generator.episode import Episode, EpisodeRunner
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import MixtureScorer, Scorer
 from services.generator.scoring import TaskScorer
@@ -64,8 +75,13 @@ async def retire_consumers(js: JetStreamContext, names: Names) -> None:
             pass
 
 
-def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
+def completion(
+    sample: Sample, reward: float, prompt_ids: list[int] | None = None, continues_episode: bool = False
+) -> rollout_pb2.Completion:
+    """One sequence of a group; ``prompt_ids`` only when the sequence's prompt is not the group's."""
     return rollout_pb2.Completion(
+        prompt_token_ids=prompt_ids,
+        continues_episode=continues_episode,
         token_ids=sample.token_ids,
         logprobs=sample.logprobs,
         version_spans=[rollout_pb2.VersionSpan(version=v, start=a, end=b) for v, a, b in sample.version_spans],
@@ -76,6 +92,25 @@ def completion(sample: Sample, reward: float) -> rollout_pb2.Completion:
         loss_mask=sample.loss_mask,
         interrupted=sample.interrupted,
     )
+
+
+def episode_completions(
+    episodes: list[Episode], rewards: list[float]
+) -> tuple[list[int], list[rollout_pb2.Completion]]:
+    """A multi-turn group's prompt (its first sequence's) and completions: every episode's training samples in
+    order, each with its episode's reward, its own prompt where it is not the group's, and every sample after
+    an episode's first marked as continuing it. ValueError for an episode without a sequence."""
+    empty = [i for i, e in enumerate(episodes) if not e.samples]
+    if empty:
+        first = episodes[empty[0]]
+        raise ValueError(f"{len(empty)} episode(s) produced no sequence ({first.end_reason}: {first.error})")
+    group_prompt = episodes[0].samples[0].prompt_ids
+    out = []
+    for episode, reward in zip(episodes, rewards, strict=True):
+        for j, t in enumerate(episode.samples):
+            own = t.prompt_ids if t.prompt_ids != group_prompt else None
+            out.append(completion(t.sample, reward, own, continues_episode=j > 0))
+    return group_prompt, out
 
 
 class RolloutLoop:
@@ -91,8 +126,11 @@ class RolloutLoop:
         meter: ComputeMeter,
         scorer: Scorer | None = None,
         hold: EvalHold | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.engine = engine
+        self.episodes = episodes
+        """Plays a multi-turn task's episodes (None: tasks are single-turn)."""
         self.hold = hold or EvalHold(0)
         """Eval tasks leased, so that the swapper keeps the version their round is sampled at."""
         self.js = js
@@ -244,12 +282,16 @@ class RolloutLoop:
                 if self._drain.is_set() and task.require_version > self.engine.version:
                     await msg.nak(delay=HAND_BACK_DELAY_S)
                     return
+            kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
             async with self._slots:
                 started = time.time()
                 s = task.sampling
                 prompt = self.scorer.prompt(task.task_name, task.prompt)
                 length = self.scorer.length_control(task.task_name)
-                if length is None:
+                episodes: list[Episode] = []
+                if self.episodes is not None:
+                    episodes = await self._play(task, prompt)
+                elif length is None:
                     prompt_ids, samples = await self.engine.sample(
                         prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
                     )
@@ -264,11 +306,18 @@ class RolloutLoop:
                         s.max_tokens,
                         int(s.seed),
                     )
-            rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
-            num_tokens = sum(len(x.token_ids) for x in samples)
-            kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
+            if self.episodes is not None:
+                rewards = await self._episode_rewards(task, episodes)
+                prompt_ids, completions = episode_completions(episodes, rewards)
+                samples = [t.sample for e in episodes for t in e.samples]
+                self._count_episodes(kind, episodes)
+            else:
+                rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
+                completions = [completion(x, r) for x, r in zip(samples, rewards)]
+            # Tokens the engine sampled: an episode's environment tokens were tokenised, not generated.
+            num_tokens = sum(len(x.token_ids) for x in samples) - sum(e.num_env_tokens for e in episodes)
             if task.kind == rollout_pb2.TASK_KIND_TRAIN:
-                group = self._group(task, prompt_ids, samples, rewards, started)
+                group = self._group(task, prompt_ids, completions, samples, started)
                 payload, subject = group.SerializeToString(), self.names.rollouts
             else:
                 result = self._eval_result(task, samples, rewards, num_tokens)
@@ -292,6 +341,41 @@ class RolloutLoop:
                 pass
         finally:
             heartbeat.cancel()
+
+    async def _play(self, task: rollout_pb2.GenerationTask, prompt: str) -> list[Episode]:
+        """``num_samples`` episodes of ``task`` at once, each turn under the task's sampling."""
+        assert self.episodes is not None
+        runner, s = self.episodes, task.sampling
+        env_task = EnvTask(task_id=task.task_id, prompt=prompt, reference=task.reference)
+        # A seeded task's episodes get seeds of their own, apart by more than their turns' offsets.
+        stride = runner.settings.max_turns
+        return list(
+            await asyncio.gather(
+                *(
+                    runner.run(env_task, s.temperature, s.top_p, int(s.seed) + i * stride if s.seed else 0)
+                    for i in range(s.num_samples)
+                )
+            )
+        )
+
+    async def _episode_rewards(self, task: rollout_pb2.GenerationTask, episodes: list[Episode]) -> list[float]:
+        """Each episode's reward: its environment's, else the verifier's on its final turn."""
+        unrewarded = [i for i, e in enumerate(episodes) if e.reward is None]
+        judged = await self.scorer.rewards(task.task_name, [episodes[i].final_turn for i in unrewarded], task.reference)
+        rewards = [e.reward for e in episodes]
+        for i, r in zip(unrewarded, judged, strict=True):
+            rewards[i] = r
+        return [float(r) for r in rewards if r is not None]
+
+    def _count_episodes(self, kind: str, episodes: list[Episode]) -> None:
+        m = self.metrics
+        for e in episodes:
+            m.episodes.labels(kind, e.end_reason).inc()
+            m.episode_turns.observe(e.num_turns)
+            m.tool_calls.inc(e.num_tool_calls)
+            m.tool_errors.inc(e.num_tool_errors)
+            m.env_s.inc(e.env_s)
+            m.env_tokens.inc(e.num_env_tokens)
 
     async def _refuse(self, msg: Msg, train_id: str, reason: str, error: str) -> None:
         """Dead-letter a task no generator configured like this one can take, counted under ``error``.
@@ -324,16 +408,17 @@ class RolloutLoop:
         self,
         task: rollout_pb2.GenerationTask,
         prompt_ids: list[int],
+        completions: list[rollout_pb2.Completion],
         samples: list[Sample],
-        rewards: list[float],
         started: float,
     ) -> rollout_pb2.RolloutGroup:
+        # Over every version span of every sequence: the broker's staleness gate reads the oldest.
         versions = [v for x in samples for v, _, _ in x.version_spans] or [self.engine.version]
         return rollout_pb2.RolloutGroup(
             group_id=task.task_id,
             task=task,
             prompt_token_ids=prompt_ids,
-            completions=[completion(x, r) for x, r in zip(samples, rewards)],
+            completions=completions,
             generator_id=self.generator_id,
             started_unix_s=started,
             finished_unix_s=time.time(),
@@ -354,7 +439,7 @@ class RolloutLoop:
             eval_id=task.eval_id,
             task_id=task.task_id,
             prompt_id=task.prompt_id,
-            num_samples=len(samples),
+            num_samples=len(rewards),
             num_correct=sum(1 for r in rewards if r > 0),
             eval_version=task.issued_at_version,
             min_version=min(versions),

@@ -13,6 +13,11 @@ whose task digest (``asymptote.tasks.task_digest``) is not this task's is
 refused by :meth:`TaskScorer.check`, since scoring it here would judge it
 by another task's rules.
 
+A multi-turn task's prompt is the dataset's prompt format filled in (the
+environment writes the messages the chat template renders), and the final
+turns of the episodes that end with no reward from their environment are
+judged by its dataset's verifier, in the same pool.
+
 A code task's programs run in a sandbox pool when the generator names one
 (``sandbox_pool``): its verifier settings are the task's with the pool in
 their ``sandbox`` section, so the verifier's path and verdicts are the
@@ -27,7 +32,8 @@ from typing import Any
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ConfigError
 from asymptote.sandbox import PoolClientSettings, SandboxUnavailable, sandbox_for, sandbox_sections, with_pool
-from asymptote.tasks import ArithmeticSettings, DatasetSettings, Task, get_task, task_digest
+from asymptote.tasks import ArithmeticSettings, DatasetSettings, MultiTurnSettings, Task, get_task, task_digest
+from asymptote.tasks.multiturn import episode_prompt
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.verifiers import reward
 from asymptote.tasks.verifiers.pool import ScoringPool
@@ -38,7 +44,7 @@ from services.generator.metrics import GeneratorMetrics
 class TaskScorer:
     def __init__(
         self,
-        settings: ArithmeticSettings | DatasetSettings,
+        settings: ArithmeticSettings | DatasetSettings | MultiTurnSettings,
         model_dir: Path,
         metrics: GeneratorMetrics,
         sandbox_pool: PoolClientSettings | None = None,
@@ -65,8 +71,20 @@ class TaskScorer:
                 "with the same task (the chart's top-level `task`)"
             )
 
+    def _dataset(self, task_name: str) -> DatasetSettings | None:
+        """The dataset settings that judge ``task_name``'s completions: the configured dataset task's, or its
+        multi-turn task's dataset; None for any other task."""
+        s = self.settings
+        if task_name != s.name:
+            return None
+        if isinstance(s, MultiTurnSettings):
+            return s.dataset
+        return s if isinstance(s, DatasetSettings) else None
+
     def prompt(self, task_name: str, prompt: str) -> str:
-        """The text the engine continues for ``prompt``."""
+        """The text the engine continues for ``prompt`` (a multi-turn task's: what its environment gets)."""
+        if isinstance(self.settings, MultiTurnSettings) and task_name == self.settings.name:
+            return episode_prompt(self.settings, prompt)
         if not isinstance(self.settings, DatasetSettings) or task_name != self.settings.name:
             return prompt
         return render_prompt(prompt, self.settings, self.tokenizer() if self.settings.template == "chat" else None)
@@ -91,8 +109,8 @@ class TaskScorer:
 
     async def rewards(self, task_name: str, completions: list[str], reference: str) -> list[float]:
         """One reward per completion; a dataset task's are judged in the pool, within its time limit."""
-        s = self.settings
-        if isinstance(s, DatasetSettings) and task_name == s.name:
+        s = self._dataset(task_name)
+        if s is not None:
             if self._pool is None:
                 verifier = with_pool(s.verifier, self.sandbox_pool)
                 self._pool = ScoringPool(verifier, s.num_score_workers, s.score_timeout_s)
@@ -100,8 +118,9 @@ class TaskScorer:
             for v in verdicts:
                 self.metrics.verdicts.labels(v.reason).inc()
             return [reward(v, s.reward_style) for v in verdicts]
+        configured = self.settings
         if task_name not in self._tasks:  # another built-in task than the configured one: its defaults
-            self._tasks[task_name] = get_task(task_name, s if task_name == s.name else None)
+            self._tasks[task_name] = get_task(task_name, configured if task_name == configured.name else None)
         return [self._tasks[task_name].score(c, reference) for c in completions]
 
     def close(self) -> None:

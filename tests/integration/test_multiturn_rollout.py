@@ -1,0 +1,276 @@
+"""A multi-turn task from the broker through a generator's rollout loop to the learner's batch.
+
+Over a real nats-server: a real broker issues a multi-turn task (a dataset
+of ten problems, a deterministic environment), a real rollout loop plays
+its episodes on a real vLLM engine (the tiny Qwen3 with a tool-calling
+chat template, tests/envs/chat_models.py) against environments in worker
+processes, and publishes each group; the broker validates and batches
+them and the test takes a batch over gRPC as the learner does. Every
+episode the loop played is recorded, and each group the learner gets is
+checked against them:
+
+- its completions are the episodes' training samples in order: token ids,
+  log-probs, loss masks, version spans and text as the episode kept them,
+  each sequence's prompt (the group's, or its own), and the flag of a
+  sequence that continues an episode;
+- environment tokens are out of the loss (mask 0, log-prob 0, no span),
+  as many as the episode reports; every model token is in it;
+- the group's prompt decodes to the chat template's rendering of the
+  environment's first messages for the problem's formatted prompt;
+- rewards: the environment's for an episode it ended (``Counter`` gives
+  its number of turns), else the dataset verifier's on the final turn,
+  judged again here in process;
+- the group's version range spans every sequence's spans.
+
+The eval round at the first version is played the same way, and its
+results count episodes. The generator's episode metrics add up to the
+episodes played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter as Tally
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_nats import Harness, next_batch, running
+from transformers import AutoTokenizer
+from waiting import wait_until_async
+
+from asymptote.compute import ComputeMeter
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.envs import EnvironmentPool, EnvTask
+from asymptote.nats_local import NatsServer
+from asymptote.tasks import DatasetTask, MultiTurnSettings, parse_task_settings
+from asymptote.tasks.multiturn import episode_prompt
+from services.broker.config import EvalSettings, SamplingSettings
+from services.generator.config import EngineSettings
+from services.generator.engine import Engine
+from services.generator.episode import END_REASONS, Episode, EpisodeRunner
+from services.generator.metrics import GeneratorMetrics
+from services.generator.rollout import RolloutLoop
+from services.generator.scoring import TaskScorer
+from tests.envs.chat_models import chat_model_dir
+from tests.envs.tool_classes import Counter
+
+pytestmark = [pytest.mark.vllm]
+
+GROUP_SIZE = 3
+NUM_BATCHES = 2
+BATCH_PROMPTS = 2
+ROWS = [{"id": f"q{i}", "prompt": f"Say {i} words.", "answer": str(2 if i % 2 else 9)} for i in range(10)]
+"""Counter ends an episode after ``answer`` turns: 2 within max_turns (the environment's reward), 9 never
+(the episode runs out of turns or tokens, and the verifier judges its final turn)."""
+
+
+class RecordingRunner(EpisodeRunner):
+    """The episode runner, keeping every episode it plays under its task, in the order they were started."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.played: dict[str, list[Episode | None]] = defaultdict(list)
+
+    async def run(self, task: EnvTask, temperature: float, top_p: float, seed: int = 0) -> Episode:
+        slot = len(self.played[task.task_id])
+        self.played[task.task_id].append(None)
+        episode = await super().run(task, temperature, top_p, seed)
+        self.played[task.task_id][slot] = episode
+        return episode
+
+
+@pytest.fixture(scope="module")
+async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engine]:
+    model_dir = chat_model_dir("qwen3", tmp_path_factory.mktemp("multiturn") / "qwen3")
+    eng = Engine(
+        EngineSettings(model_dir=model_dir, max_num_seqs=16, max_model_len=1024, kv_cache_memory_bytes=64 * 1024 * 1024)
+    )
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.shutdown()
+
+
+def multiturn_task(root: Path) -> MultiTurnSettings:
+    path = root / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    settings = parse_task_settings(
+        {
+            "name": "multiturn",
+            "dataset": {"path": str(path), "holdout_fraction": 0.2, "prompt_format": "Please: {prompt}"},
+            "environment": {
+                "entry": "tests.envs.tool_classes:Counter",
+                "max_turns": 3,
+                "max_turn_tokens": 10,
+                "max_episode_tokens": 84,
+                "tool_timeout_s": 30.0,
+                "num_workers": 4,
+            },
+        }
+    )
+    assert isinstance(settings, MultiTurnSettings)
+    return settings
+
+
+def expected_reward(episode: Episode, verifier: DatasetTask, reference: str) -> float:
+    """The environment's reward when it ended the episode (Counter's: its turns); else the verifier's."""
+    if episode.end_reason == "done":
+        assert episode.reward == float(episode.num_turns)
+        return episode.reward
+    assert episode.reward is None
+    return verifier.score(episode.final_turn, reference)
+
+
+def masks(episode: Episode) -> list[int]:
+    """Every sequence's loss mask of ``episode``, one after another."""
+    return [m for t in episode.samples for m in (t.sample.loss_mask or [1] * len(t.sample.token_ids))]
+
+
+def check_group(group: rollout_pb2.RolloutGroup, episodes: list[Episode], verifier: DatasetTask) -> None:
+    assert len(episodes) == GROUP_SIZE
+    sequences = [(e, j, t) for e in episodes for j, t in enumerate(e.samples)]
+    assert len(group.completions) == len(sequences)
+    group_prompt = list(group.prompt_token_ids)
+    assert group_prompt == episodes[0].samples[0].prompt_ids
+    spans = []
+    for c, (episode, j, t) in zip(group.completions, sequences, strict=True):
+        s = t.sample
+        assert list(c.token_ids) == s.token_ids
+        assert list(c.logprobs) == pytest.approx(s.logprobs, abs=0)
+        assert list(c.loss_mask) == s.loss_mask
+        assert [(v.version, v.start, v.end) for v in c.version_spans] == [tuple(x) for x in s.version_spans]
+        assert c.text == s.text
+        assert list(c.prompt_token_ids or group_prompt) == t.prompt_ids
+        assert c.continues_episode == (j > 0)
+        # The environment's tokens are out of the loss, as many as the episode says; the model's are in.
+        mask = list(c.loss_mask) or [1] * len(c.token_ids)
+        assert all(lp == 0.0 for lp, m in zip(c.logprobs, mask) if not m)
+        covered = {i for v in c.version_spans for i in range(v.start, v.end)}
+        assert covered == {i for i, m in enumerate(mask) if m}
+        if j == 0:
+            assert masks(episode).count(0) == episode.num_env_tokens
+        assert c.reward == expected_reward(episode, verifier, group.task.reference)
+        spans += [v.version for v in c.version_spans]
+    assert (group.min_version, group.max_version) == (min(spans), max(spans))
+
+
+async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
+    nats: NatsServer, engine: Engine, tmp_path: Path
+) -> None:
+    settings = multiturn_task(tmp_path)
+    h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4, zero_variance="keep")
+    h.config = h.config.model_copy(
+        update={
+            "task": settings,
+            "sampling": SamplingSettings(group_size=GROUP_SIZE, max_tokens=16),
+            "eval": EvalSettings(every_versions=1000, num_samples=2),
+        }
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(engine.settings.model_dir))
+    verifier = DatasetTask(settings.dataset)
+    metrics = GeneratorMetrics()
+    pool = EnvironmentPool(settings.environment)
+    await pool.start()
+    runner = RecordingRunner(engine, tokenizer, pool)
+    scorer = TaskScorer(settings, engine.settings.model_dir, metrics)
+    try:
+        async with running(h):
+            eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
+            loop = RolloutLoop(
+                engine,
+                h.js,
+                h.names,
+                "generator-multiturn",
+                max_inflight_groups=4,
+                ack_wait_s=30.0,
+                metrics=metrics,
+                meter=ComputeMeter("generator", "generator-multiturn", "cpu", 1),
+                scorer=scorer,
+                episodes=runner,
+            )
+            stop = asyncio.Event()
+            generating = asyncio.create_task(loop.run(stop))
+            groups: list[rollout_pb2.RolloutGroup] = []
+            try:
+                for _ in range(NUM_BATCHES):
+                    header, batch = await next_batch(h, timeout_s=120.0)
+                    assert header.num_groups == BATCH_PROMPTS, header
+                    groups += batch
+                num_heldout = len(verifier.problems("heldout"))
+                results: list[rollout_pb2.EvalResult] = []
+
+                async def eval_results() -> bool:
+                    try:
+                        msgs = await eval_sub.fetch(num_heldout, timeout=1.0)
+                    except TimeoutError:
+                        msgs = []
+                    for m in msgs:
+                        results.append(rollout_pb2.EvalResult.FromString(m.data))
+                        await m.ack()
+                    return len(results) >= num_heldout
+
+                await wait_until_async(eval_results, 120, f"{num_heldout} eval results")
+            finally:
+                stop.set()
+                await asyncio.wait_for(generating, 60)
+                await eval_sub.unsubscribe()
+    finally:
+        scorer.close()
+        pool.close()
+
+    # Episodes of tasks the loop was still playing when it stopped are not in any group: only finished ones.
+    played = {task_id: [e for e in episodes if e is not None] for task_id, episodes in runner.played.items()}
+    for group in groups:
+        check_group(group, played[group.group_id], verifier)
+        # The group's prompt: the template's rendering of the environment's first messages.
+        env_task = EnvTask(prompt=episode_prompt(settings, group.task.prompt), reference=group.task.reference)
+        messages, tools = await Counter().reset(env_task)
+        rendered = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(list(group.prompt_token_ids), skip_special_tokens=False) == rendered
+    # Both ways an episode's reward comes: from the environment and from the verifier.
+    batched = [e for g in groups for e in played[g.group_id]]
+    ends = Tally(e.end_reason for e in batched)
+    print(
+        f"{len(groups)} groups, {sum(len(g.completions) for g in groups)} sequences; episodes by end: {dict(ends)}; "
+        f"rewards: {sorted(Tally(c.reward for g in groups for c in g.completions).items())}; "
+        f"environment tokens: {sum(e.num_env_tokens for e in batched)}; model tokens: "
+        f"{sum(masks(e).count(1) for e in batched)}; turns: {sorted(Tally(e.num_turns for e in batched).items())}"
+    )
+    assert ends["done"] and set(ends) - {"done"}, ends
+    assert sum(e.num_env_tokens for e in batched) > 0
+
+    # An eval result counts episodes: one sample each, correct when its reward is positive.
+    references = {p.prompt_id: p.reference for p in verifier.problems("heldout")}
+    assert {r.prompt_id for r in results} == set(references)
+    for result in results:
+        episodes = played[result.task_id]
+        assert result.num_samples == len(episodes) == 2
+        rewards = [expected_reward(e, verifier, references[result.prompt_id]) for e in episodes]
+        assert result.num_correct == sum(r > 0 for r in rewards)
+        # Tokens the engine sampled: the environment's are not counted.
+        assert result.num_tokens == sum(masks(e).count(1) for e in episodes)
+
+    # The metrics add up to the episodes played (train and eval).
+    everything = [e for episodes in played.values() for e in episodes]
+    counted = sum(
+        metrics.registry.get_sample_value("asymptote_generator_episodes_total", {"kind": k, "reason": r}) or 0.0
+        for k in ("train", "eval")
+        for r in END_REASONS
+    )
+    assert counted == len(everything)
+    assert metrics.registry.get_sample_value("asymptote_generator_episode_turns_sum") == sum(
+        e.num_turns for e in everything
+    )
+    assert metrics.registry.get_sample_value("asymptote_generator_environment_tokens_total") == sum(
+        e.num_env_tokens for e in everything
+    )
+    assert metrics.registry.get_sample_value("asymptote_generator_tool_calls_total") == sum(
+        e.num_tool_calls for e in everything
+    )
+    env_s = metrics.registry.get_sample_value("asymptote_generator_environment_seconds_total")
+    assert env_s is not None and env_s == pytest.approx(sum(e.env_s for e in everything)) and env_s > 0
