@@ -32,7 +32,7 @@ from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.lifecycle import wait_or_stop
 from asymptote.messages import decode, decode_group, max_group_bytes
 from asymptote.policy import watch_policy
-from asymptote.tasks import MixtureTask, Problem, Task, get_task, task_digest
+from asymptote.tasks import MixtureTask, MultiTurnSettings, Problem, Task, get_task, task_digest
 from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum, MixtureCurriculum
@@ -159,6 +159,16 @@ class BrokerPipeline:
         tasks = [e.task for e in settings.tasks] if settings.name == "mixture" else [settings]
         system = max((getattr(t, "system_prompt", None) or "" for t in tasks), key=len)
         prompt_bytes = max((len(p.prompt.encode()) for p in (*self._train, *self.heldout)), default=0)
+        if isinstance(settings, MultiTurnSettings):
+            # An episode's sequences hold at most max_episode_tokens after its first prompt, which holds
+            # the environment's first messages and tools (at most max_observation_bytes). Sequences the
+            # chat template re-rendered repeat their conversation as their own prompts: not counted.
+            env = settings.environment
+            return MessageSize(
+                max_group_bytes(s.group_size, env.max_episode_tokens, prompt_bytes + env.max_observation_bytes),
+                f"a rollout group of {s.group_size} episodes x {env.max_episode_tokens} tokens",
+                "the broker's sampling.group_size or the task's environment.max_episode_tokens",
+            )
         return MessageSize(
             max_group_bytes(s.group_size, s.max_tokens, prompt_bytes + len(system.encode())),
             f"a rollout group of {s.group_size} x {s.max_tokens} tokens",

@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from asymptote.jetstream.names import Names
+from asymptote.messages import GROUP_BYTES_PER_TOKEN, max_group_bytes
 from asymptote.tasks import MultiTurnSettings, MultiTurnTask, get_task, parse_task_settings, task_digest
 from asymptote.tasks.multiturn import episode_prompt
 from services.broker.config import BrokerConfig
@@ -98,3 +99,17 @@ def test_the_broker_issues_train_and_eval_tasks_with_the_digest(data: Path) -> N
     heldout = {p.prompt_id for p in pipeline.task.problems("heldout")}
     assert {t.prompt_id for t in recorder.published} == heldout
     assert all(t.task_digest == task_digest(config.task) and t.task_name == "multiturn" for t in recorder.published)
+
+
+def test_the_largest_group_is_sized_by_the_episodes_limits(data: Path) -> None:
+    """Not by sampling.max_tokens, which an episode does not use: its turns and answers fill at most
+    max_episode_tokens, after a first prompt of the environment's messages (at most max_observation_bytes)."""
+    task = settings(data, max_episode_tokens=1000, max_observation_bytes=2000)
+    config = BrokerConfig(task=task, batch_prompts=4, sampling={"group_size": 4, "max_tokens": 8})
+    recorder = Recorder()
+    pipeline = BrokerPipeline(config, recorder, Names(), recorder, None, BrokerMetrics())  # type: ignore[arg-type]
+    longest = max(len(r["prompt"].encode()) for r in ROWS)
+    size = pipeline.largest_message()
+    assert size.num_bytes == max_group_bytes(4, 1000, longest + 2000)
+    assert size.num_bytes > max_group_bytes(4, 8, longest) + 4 * 900 * GROUP_BYTES_PER_TOKEN
+    assert "environment.max_episode_tokens" in size.settings
