@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from asymptote.config import Frozen
 from asymptote.envs.config import EnvironmentSettings
@@ -45,6 +45,9 @@ class MultiTurnSettings(Frozen):
     score an episode's final turn when the environment gives no reward."""
     environment: EnvironmentSettings
     """The environment each episode runs against, and each episode's limits."""
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    """Passed to every rendering of the chat template, e.g. enable_thinking: false for Qwen3 (whose template
+    then re-renders earlier turns without their empty think blocks, so each turn starts a new sequence)."""
 
     @model_validator(mode="after")
     def _check(self) -> MultiTurnSettings:

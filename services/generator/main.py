@@ -41,7 +41,8 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
         await rt.health.block("engine", "vLLM engine starting")
         await engine.start()
         # A multi-turn task's environments run in worker processes beside the engine.
-        envs = EnvironmentPool(config.task.environment) if isinstance(config.task, MultiTurnSettings) else None
+        multiturn = config.task if isinstance(config.task, MultiTurnSettings) else None
+        envs = EnvironmentPool(multiturn.environment) if multiturn is not None else None
         try:
             if envs is not None:
                 await envs.start()  # an environment that cannot load stops the generator here, once
@@ -57,9 +58,9 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
             scorer = make_scorer(config.task, config.engine.model_dir, metrics, config.sandbox_pool)
             episodes = None
-            if envs is not None:
+            if multiturn is not None and envs is not None:
                 assert isinstance(scorer, TaskScorer)  # a multi-turn task is its own scorer, never a mixture's
-                episodes = EpisodeRunner(engine, scorer.tokenizer(), envs)
+                episodes = EpisodeRunner(engine, scorer.tokenizer(), envs, multiturn.chat_template_kwargs)
             loop = RolloutLoop(
                 engine,
                 rt.js,

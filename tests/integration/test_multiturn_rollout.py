@@ -20,7 +20,10 @@ checked against them:
 - rewards: the environment's for an episode it ended (``Counter`` gives
   its number of turns), else the dataset verifier's on the final turn,
   judged again here in process;
-- the group's version range spans every sequence's spans.
+- the group's version range spans every sequence's spans;
+- the learner's collation of the batch, through its own forward pass,
+  gives the engine's log-probs on every token in the loss (each sequence
+  read on its own prompt).
 
 The eval round at the first version is played the same way, and its
 results count episodes. The generator's episode metrics add up to the
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_broker_nats import Harness, next_batch, running
 from transformers import AutoTokenizer
 from waiting import wait_until_async
@@ -55,6 +59,8 @@ from services.generator.episode import END_REASONS, Episode, EpisodeRunner
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
+from services.learner.model import completion_logprobs, load_model
+from services.learner.trainer import collate
 from tests.envs.chat_models import chat_model_dir
 from tests.envs.tool_classes import Counter
 
@@ -63,6 +69,10 @@ pytestmark = [pytest.mark.vllm]
 GROUP_SIZE = 3
 NUM_BATCHES = 2
 BATCH_PROMPTS = 2
+LOGPROB_TOL = 2e-4
+"""vLLM's CPU float32 kernels against the learner's eager float32 forward: about 1e-6 measured here. Tighter
+than test_episodes.py's bound, since this tiny model's log-probs move little with their context: a
+re-rendered sequence read on the group's prompt instead of its own was off by 4e-3 at most."""
 ROWS = [{"id": f"q{i}", "prompt": f"Say {i} words.", "answer": str(2 if i % 2 else 9)} for i in range(10)]
 """Counter ends an episode after ``answer`` turns: 2 within max_turns (the environment's reward), 9 never
 (the episode runs out of turns or tokens, and the verifier judges its final turn)."""
@@ -96,7 +106,7 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engi
         await eng.shutdown()
 
 
-def multiturn_task(root: Path) -> MultiTurnSettings:
+def multiturn_task(root: Path, chat_template_kwargs: dict[str, Any]) -> MultiTurnSettings:
     path = root / "problems.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     settings = parse_task_settings(
@@ -111,6 +121,7 @@ def multiturn_task(root: Path) -> MultiTurnSettings:
                 "tool_timeout_s": 30.0,
                 "num_workers": 4,
             },
+            "chat_template_kwargs": chat_template_kwargs,
         }
     )
     assert isinstance(settings, MultiTurnSettings)
@@ -159,10 +170,13 @@ def check_group(group: rollout_pb2.RolloutGroup, episodes: list[Episode], verifi
     assert (group.min_version, group.max_version) == (min(spans), max(spans))
 
 
+@pytest.mark.parametrize("thinking", [None, False], ids=["extended", "resplit"])
 async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
-    nats: NatsServer, engine: Engine, tmp_path: Path
+    nats: NatsServer, engine: Engine, tmp_path: Path, thinking: bool | None
 ) -> None:
-    settings = multiturn_task(tmp_path)
+    """extended: the template extends the history, one sequence an episode. resplit: Qwen3's template with
+    thinking off drops each earlier turn's empty think block, so every turn starts a sequence of its own."""
+    settings = multiturn_task(tmp_path, {} if thinking is None else {"enable_thinking": thinking})
     h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4, zero_variance="keep")
     h.config = h.config.model_copy(
         update={
@@ -176,7 +190,7 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
     metrics = GeneratorMetrics()
     pool = EnvironmentPool(settings.environment)
     await pool.start()
-    runner = RecordingRunner(engine, tokenizer, pool)
+    runner = RecordingRunner(engine, tokenizer, pool, settings.chat_template_kwargs)
     scorer = TaskScorer(settings, engine.settings.model_dir, metrics)
     try:
         async with running(h):
@@ -230,7 +244,9 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
         # The group's prompt: the template's rendering of the environment's first messages.
         env_task = EnvTask(prompt=episode_prompt(settings, group.task.prompt), reference=group.task.reference)
         messages, tools = await Counter().reset(env_task)
-        rendered = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **settings.chat_template_kwargs
+        )
         assert tokenizer.decode(list(group.prompt_token_ids), skip_special_tokens=False) == rendered
     # Both ways an episode's reward comes: from the environment and from the verifier.
     batched = [e for g in groups for e in played[g.group_id]]
@@ -239,10 +255,28 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
         f"{len(groups)} groups, {sum(len(g.completions) for g in groups)} sequences; episodes by end: {dict(ends)}; "
         f"rewards: {sorted(Tally(c.reward for g in groups for c in g.completions).items())}; "
         f"environment tokens: {sum(e.num_env_tokens for e in batched)}; model tokens: "
-        f"{sum(masks(e).count(1) for e in batched)}; turns: {sorted(Tally(e.num_turns for e in batched).items())}"
+        f"{sum(masks(e).count(1) for e in batched)}; turns: {sorted(Tally(e.num_turns for e in batched).items())}; "
+        f"sequences with their own prompt: {sum(bool(c.prompt_token_ids) for g in groups for c in g.completions)}"
     )
     assert ends["done"] and set(ends) - {"done"}, ends
-    assert sum(e.num_env_tokens for e in batched) > 0
+    if thinking is None:
+        assert all(len(e.samples) == 1 for e in batched)
+        assert sum(e.num_env_tokens for e in batched) > 0
+    else:
+        # Every turn after the first is a sequence on its own prompt, continuing its episode.
+        # (An episode out of room after a re-render has counted one more resplit than it has sequences.)
+        assert all(len(e.samples) == e.num_turns and e.num_resplits >= e.num_turns - 1 for e in batched)
+        assert all(c.prompt_token_ids and c.continues_episode for g in groups for c in g.completions[1:2])
+
+    # The learner lays the batch out (each sequence on its own prompt) and scores every token in the loss as
+    # the engine sampled it: the prompts the engine continued are the ones the learner reads.
+    inputs = collate(groups, int(tokenizer.pad_token_id))
+    with torch.no_grad():
+        logp = completion_logprobs(load_model(engine.settings.model_dir), inputs.batch)
+    in_loss = inputs.loss_mask.bool()
+    gap = float((logp - inputs.logp_gen).abs()[in_loss].max())
+    print(f"learner vs engine log-probs over {int(in_loss.sum())} tokens in the loss: max gap {gap:.2e}")
+    assert gap <= LOGPROB_TOL
 
     # An eval result counts episodes: one sample each, correct when its reward is positive.
     references = {p.prompt_id: p.reference for p in verifier.problems("heldout")}
