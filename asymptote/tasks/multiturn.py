@@ -16,7 +16,8 @@ to the environment as the dataset's ``prompt_format`` makes them; the
 environment writes the first messages (a system message included), which
 the model's chat template renders, so the dataset's template must be
 ``chat``, it has no system prompt of its own, and interruption length
-control is off (an episode has its own token limits).
+control is off (an episode has its own token limits: the broker's
+``sampling.max_tokens`` does not apply, nor does overlong shaping).
 """
 
 from __future__ import annotations

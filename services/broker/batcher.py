@@ -65,7 +65,9 @@ budget) and those truncated (length cap)."""
 
 
 def pass_rate(group: rollout_pb2.RolloutGroup) -> float:
-    return sum(1 for c in group.completions if c.reward > 0) / len(group.completions)
+    """The share of the group's episodes (completions, in a single-turn group) with a positive reward."""
+    rewards = [c.reward for c in group.completions if not c.continues_episode]
+    return sum(1 for r in rewards if r > 0) / len(rewards)
 
 
 def no_stream_seq(msg: Ackable) -> int | None:

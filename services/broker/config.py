@@ -131,4 +131,9 @@ class BrokerConfig(ServiceSettings):
                 f"max_outstanding_tasks ({self.max_outstanding_tasks}) must be at least batch_prompts "
                 f"({self.batch_prompts}), or no batch can ever fill"
             )
+        if self.task.name == "multiturn" and self.sampling.overlong_cache_tokens is not None:
+            raise ValueError(
+                "sampling.overlong_cache_tokens shapes a completion's reward by its length against max_tokens, "
+                "which a multi-turn episode does not use (its limits are the task's environment's): leave it unset"
+            )
         return self

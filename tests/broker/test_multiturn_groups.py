@@ -1,12 +1,17 @@
-"""The broker's check of multi-turn groups: sequences with prompts of their own, episodes split in sequences."""
+"""The broker and multi-turn groups: sequences with prompts of their own, episodes split in sequences."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.messages import decode_group
+from services.broker.batcher import is_zero_variance, pass_rate
+from services.broker.config import BrokerConfig
 
 
 def sequence(
@@ -73,3 +78,24 @@ def test_a_group_without_its_own_prompt_is_taken_when_every_sequence_has_one() -
 def test_malformed_multiturn_groups_are_refused(data: bytes, error: str) -> None:
     with pytest.raises(PayloadError, match=error):
         decode_group(data)
+
+
+def test_a_groups_pass_rate_counts_episodes_not_sequences() -> None:
+    """Two episodes, the passing one in three sequences: half the episodes pass (not three of four sequences)."""
+    data = group(
+        [1],
+        sequence([4], 1.0),
+        sequence([5], 1.0, prompt=[1, 4, 9], continues=True),
+        sequence([6], 1.0, prompt=[1, 4, 9, 5, 9], continues=True),
+        sequence([7], 0.0),
+    )
+    assert pass_rate(decode_group(data)) == 0.5
+    assert not is_zero_variance(decode_group(data))
+
+
+def test_overlong_shaping_is_refused_for_a_multiturn_task(tmp_path: Path) -> None:
+    task = {"name": "multiturn", "dataset": {"path": str(tmp_path / "x.jsonl"), "holdout_fraction": 0.1}}
+    task["environment"] = {"entry": "tests.envs.tool_classes:Counter"}
+    with pytest.raises(ValidationError, match=r"overlong_cache_tokens .* a multi-turn episode does not use"):
+        BrokerConfig(task=task, sampling={"max_tokens": 16, "overlong_cache_tokens": 4})
+    BrokerConfig(task=task, sampling={"max_tokens": 16})
