@@ -56,6 +56,14 @@ class Extension:
     ids: list[int]
 
 
+def check_chat_tokenizer(tokenizer: ChatTokenizer) -> None:
+    """ValueError when ``tokenizer`` cannot render episodes: no chat template, or no end-of-sequence token."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("multi-turn episodes need a tokenizer with a chat_template")
+    if not isinstance(tokenizer.eos_token, str) or not tokenizer.eos_token:
+        raise ValueError("multi-turn episodes need a tokenizer with an eos_token (the end of a turn)")
+
+
 class Transcript:
     """The messages of one conversation and the rendering its token stream stands for.
 
@@ -71,10 +79,7 @@ class Transcript:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("multi-turn episodes need a tokenizer with a chat_template")
-        if not isinstance(tokenizer.eos_token, str) or not tokenizer.eos_token:
-            raise ValueError("multi-turn episodes need a tokenizer with an eos_token (the end of a turn)")
+        check_chat_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.end_text: str = tokenizer.eos_token
         self.end_id = int(tokenizer.convert_tokens_to_ids(self.end_text))

@@ -46,7 +46,7 @@ from asymptote.envs.base import EnvTask
 from asymptote.envs.config import EnvironmentSettings
 from asymptote.envs.pool import FAILURE_REASONS, EnvFailure, EnvironmentPool, EnvSession
 from asymptote.envs.tools import TOOL_ERROR, parse_turn
-from asymptote.envs.transcript import ChatTokenizer, Transcript
+from asymptote.envs.transcript import ChatTokenizer, Transcript, check_chat_tokenizer
 from services.generator.engine import Engine, Sample
 from services.generator.length import splice
 
@@ -115,7 +115,11 @@ class _Stream:
 
 
 class EpisodeRunner:
-    """Runs episodes against one environment (see the module docstring); counts their ends."""
+    """Runs episodes against one environment (see the module docstring); counts their ends.
+
+    ValueError for a tokenizer that cannot render episodes (no chat template or end token), so that a
+    generator stops at start rather than failing every episode.
+    """
 
     def __init__(
         self,
@@ -124,6 +128,7 @@ class EpisodeRunner:
         pool: EnvironmentPool,
         template_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        check_chat_tokenizer(tokenizer)
         self.engine = engine
         self.tokenizer = tokenizer
         self.pool = pool

@@ -14,6 +14,7 @@ from asymptote.compute import ComputeMeter
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
 from asymptote.envs import EnvironmentPool
+from asymptote.errors import ConfigError
 from asymptote.jetstream.names import ensure_bucket
 from asymptote.lifecycle import run_until_stopped
 from asymptote.logs import setup_logging
@@ -60,7 +61,10 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             episodes = None
             if multiturn is not None and envs is not None:
                 assert isinstance(scorer, TaskScorer)  # a multi-turn task is its own scorer, never a mixture's
-                episodes = EpisodeRunner(engine, scorer.tokenizer(), envs, multiturn.chat_template_kwargs)
+                try:
+                    episodes = EpisodeRunner(engine, scorer.tokenizer(), envs, multiturn.chat_template_kwargs)
+                except ValueError as exc:
+                    raise ConfigError(f"task multiturn with the model in {config.engine.model_dir}: {exc}") from exc
             loop = RolloutLoop(
                 engine,
                 rt.js,

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
 from services.generator.engine import Sample
 from services.generator.episode import EpisodeRunner
@@ -66,3 +68,11 @@ async def test_an_episode_counts_its_tool_calls_errors_and_environment_time(tmp_
     assert (episode.num_tool_calls, episode.num_tool_errors) == (3, 3)
     # The environment's time is within the episode's, and not nothing (three steps and a reset in a worker).
     assert 0 < episode.env_s <= elapsed
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_before_any_episode() -> None:
+    tokenizer = chat_tokenizer("qwen3")
+    tokenizer.chat_template = None
+    pool = EnvironmentPool(EnvironmentSettings(entry="tests.envs.tool_classes:Calculator", kind="tools"))
+    with pytest.raises(ValueError, match="need a tokenizer with a chat_template"):
+        EpisodeRunner(ScriptedEngine(tokenizer), tokenizer, pool)  # type: ignore[arg-type]
