@@ -67,6 +67,10 @@ def rollout_rates(header: services_pb2.BatchHeader) -> dict[str, float]:
     }
 
 
+SHUTDOWN_ACK_ATTEMPTS = 3
+"""Tries of the last ack when the learner stops (about 1.5 s): the broker may be stopping too."""
+
+
 class BrokerClient:
     """The learner's calls to Broker; marks the learner not ready while unreachable."""
 
@@ -262,7 +266,7 @@ class Learner:
         self.metrics.checkpoint_stall_s.inc(time.perf_counter() - started)
         log.info("checkpoint of version %d staged in %.2fs", self.version, time.perf_counter() - started)
 
-    async def commit_checkpoint(self, broker: BrokerClient, wait: bool = True) -> None:
+    async def commit_checkpoint(self, broker: BrokerClient, wait: bool = True, ack_attempts: int = 30) -> None:
         """Commit the checkpoint in flight and ack the batches it holds; ``wait`` False: only if it is written."""
         writer = self.trainer.checkpointer
         assert writer is not None, "build_trainer sets the checkpointer"
@@ -272,7 +276,7 @@ class Learner:
         path = await asyncio.to_thread(writer.finish)
         log.info("checkpoint %s committed (waited %.2fs)", path, time.perf_counter() - started)
         if self.acking:
-            await broker.ack(self.acking)
+            await broker.ack(self.acking, attempts=ack_attempts)
             self.acking = []
 
     async def train_loop(self, broker: BrokerClient, stop: asyncio.Event) -> None:
@@ -428,7 +432,17 @@ class Learner:
         try:
             if self.unacked:
                 await self.begin_checkpoint(broker)
-            await self.commit_checkpoint(broker)
+            try:
+                await self.commit_checkpoint(broker, ack_attempts=SHUTDOWN_ACK_ATTEMPTS)
+            except grpc.aio.AioRpcError as exc:
+                # Stopped with the broker (a Ctrl-C of the local stack, a release scaled down): the checkpoint
+                # is committed; its batches, not acked, are delivered again and its trained ids keep them out.
+                log.warning(
+                    "stopping without acking %d trained batches (broker unreachable: %s); the checkpoint "
+                    "holds their groups' ids, so their redelivery is not trained again",
+                    len(self.acking),
+                    exc.code().name,
+                )
         finally:
             await broker.close()
             await server.stop(grace=2.0)

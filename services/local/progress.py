@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -369,8 +369,9 @@ class Progress:
             )
         )
 
-    def finish(self, restarts: Mapping[str, int]) -> None:
-        """Write ``summary.json`` and print the summary; ``restarts``: each service's restarts, by name."""
+    def finish(self, restarts: Mapping[str, int], killed_at_stop: Sequence[str] = ()) -> None:
+        """Write ``summary.json`` and print the summary; ``restarts``: each service's restarts, by name;
+        ``killed_at_stop``: the processes that did not end by themselves when the run stopped."""
         snap = self.snapshot()
         evals = snap["evals"]
         fit = snap["fit"]
@@ -395,6 +396,7 @@ class Progress:
             else {"tasks": {task: {k: f.get(k) for k in FIT_SUMMARY_KEYS} for task, f in curve_fits(fit).items()}},
             "half_run_projection": half_run_projection(evals) if evals and not mixed else None,
             "restarts": {name: n for name, n in restarts.items() if n},
+            "killed_at_stop": list(killed_at_stop),
             "ledger": read_json(self.run_dir / "ledger.json"),
             "length": length_rates(read_jsonl(self.run_dir / "metrics.jsonl")),
             "compute_by_service": fit.get("compute_by_service") or {},
@@ -453,5 +455,7 @@ class Progress:
             )
         if summary["restarts"]:
             t.add_row("restarts", ", ".join(f"{k} {v}" for k, v in summary["restarts"].items()))
+        if summary["killed_at_stop"]:
+            t.add_row("killed at stop", ", ".join(summary["killed_at_stop"]) + " (did not end after SIGTERM)")
         t.add_row("run directory", str(self.run_dir))
         self.console.print(t)

@@ -62,6 +62,8 @@ INTERRUPTED = 130
 """``LocalStack.run``'s exit code when Ctrl-C, SIGTERM or SIGHUP stopped it (128 + SIGINT, the shell's)."""
 PREPARE_REFUSAL = "asymptote prepare-model: "
 """How ``asymptote prepare-model`` begins the one line that refuses its request."""
+STOP_GRACE_S = 40.0
+"""How long a stop waits for the services to drain and exit after SIGTERM before it kills them."""
 NATS_USER_ENV, NATS_PASSWORD_ENV = "ASY_NATS_USER", "ASY_NATS_PASSWORD"
 """Where the credentials of a nats-server the config names (``StackConfig.nats_url``) come from."""
 
@@ -134,6 +136,8 @@ class LocalStack:
         self.placement: Placement | None = None
         """Which GPUs each process sees; None: the CPU (``resolve_placement`` at start)."""
         self.sandbox_pool_path: Path | None = None
+        self.killed_at_stop: list[str] = []
+        """Processes that had not ended by themselves when the stack stopped, so were killed (summary.json)."""
         """The sandbox pool's config, written for a code task only (``write_sandbox_pool_config``)."""
 
     def __enter__(self) -> Self:
@@ -607,12 +611,15 @@ class LocalStack:
             if p.name == "nats-server":
                 continue
             self._signal(p, signal.SIGTERM)
-        self._wait_all([p for p in self.procs if p.name != "nats-server"], 40.0)
+        self._wait_all([p for p in self.procs if p.name != "nats-server"], STOP_GRACE_S)
         for p in self.procs:
             if p.name == "nats-server":
                 self._signal(p, signal.SIGTERM)
         self._wait_all(self.procs, 10.0)
         for p in self.procs:
+            if p.popen.poll() is None:
+                self.killed_at_stop.append(p.name)
+                log.warning("%s did not stop within %.0f s of SIGTERM: killed", p.name, STOP_GRACE_S)
             self._signal(p, signal.SIGKILL)  # the whole group: vLLM's engine processes too
 
     @staticmethod
@@ -735,7 +742,7 @@ class LocalStack:
         if self.mirror is not None:
             self.mirror.close()
         if self.run_dir.exists():
-            self.progress.finish({p.name: p.restarts for p in self.procs})
+            self.progress.finish({p.name: p.restarts for p in self.procs}, self.killed_at_stop)
 
     def run(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
         """Start, then follow to max_steps and the final eval (or until ``until(progress snapshot)``); the exit code."""

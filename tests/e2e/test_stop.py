@@ -126,6 +126,7 @@ def resume_and_check(run_dir: Path, token: str) -> None:
     """``up --resume`` the stopped run to its end; one continuous curve, every step once, nothing lost."""
     stopped_at = int(read_jsonl(run_dir / "metrics.jsonl")[-1]["step"])
     evals_before = len(read_jsonl(run_dir / "eval.jsonl"))
+    stopped = json.loads((run_dir / "summary.json").read_text())  # the stopped run's, before the resume's
     with (run_dir.parent / "resume.log").open("wb") as out:
         resumed = subprocess.run(
             [sys.executable, "-m", "services.cli", "up", "--resume", str(run_dir)],
@@ -137,6 +138,11 @@ def resume_and_check(run_dir: Path, token: str) -> None:
             timeout=600,
         )
     assert resumed.returncode == 0, (run_dir.parent / "resume.log").read_text()[-3000:]
+    # Both stops drained: every service ended by itself after SIGTERM (a learner retrying its last ack to a
+    # broker stopped beside it used to hold on until it was killed, 40 s later).
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["killed_at_stop"] == [] and summary["killed_at_stop"] == [], (stopped, summary)
+    assert summary["outcome"] == "completed", summary
     rows = read_jsonl(run_dir / "metrics.jsonl")
     # The stop drained: its final checkpoint held every step, so none was trained twice.
     assert [int(r["step"]) for r in rows] == list(range(1, MAX_STEPS + 1)), stopped_at
