@@ -28,8 +28,8 @@ from asymptote.tasks import LengthControlSettings, MixtureEntry, MixtureSettings
 from services.local.config import words_code_task, words_task
 from services.local.progress import length_rates, read_jsonl
 
-MAX_STEPS = 6
-EVERY = 3
+MAX_STEPS = 4
+EVERY = 4
 BATCH_PROMPTS, GROUP_SIZE = 8, 4
 SHORT_BUDGETS = LengthControlSettings(thinking_budget_tokens=(8, 40), answer_budget_tokens=16)
 """Budgets of 8-40 tokens against thinking of 16-23: the first steps interrupt for certain (the default's

@@ -48,7 +48,7 @@ from services.local.stack import LocalStack, Proc
 
 MAX_STEPS = 990
 """A cap only: the run ends TAIL_STEPS after the stack recovered from the last fault."""
-TAIL_STEPS = 8
+TAIL_STEPS = 4
 RECOVERY_TIMEOUT_S = 180.0
 """A struck service that is not back (restarted, every service ready) by then fails the test."""
 REPEATS = int(os.environ.get("ASY_FAULT_REPEATS", "1"))
@@ -95,7 +95,7 @@ class Fault:
 
 
 def schedule(seed: int) -> list[Fault]:
-    """Every fault REPEATS times, in a seeded order, each a seeded 2 to 4 steps after the last recovery.
+    """Every fault REPEATS times, in a seeded order, each a seeded 1 to 3 steps after the last recovery.
 
     Faults are paced by recovery, not by fixed steps: while a service
     restarts the learner may train a backlog the broker holds (30 steps in
@@ -108,7 +108,7 @@ def schedule(seed: int) -> list[Fault]:
     ]
     order = faults * REPEATS
     rng.shuffle(order)
-    return [Fault(rng.randint(2, 4), service, how) for service, how in order]
+    return [Fault(rng.randint(1, 3), service, how) for service, how in order]
 
 
 @dataclass
