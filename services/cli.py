@@ -527,9 +527,6 @@ def _service(name: str) -> Callable[[list[str]], int]:
         elif name == "learner":
             from services.learner.main import main
         elif name == "sandbox-pool":
-            # Before gRPC is imported: its fork handlers, run in each sandboxed program's child between fork
-            # and exec while the server's threads are busy, crash that child (SIGSEGV, SIGABRT) at random.
-            os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
             from services.sandbox_pool.main import main
         else:
             from services.fitter.main import main

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+# isort: off
+# First: importing asymptote turns gRPC's fork handlers off (asymptote/__init__.py), which gRPC reads
+# once, when it is imported (badinput, below, imports it).
+import asymptote  # noqa: F401
+# isort: on
+
 import json
 import os
 import signal
