@@ -164,10 +164,16 @@ class LearnerConfig(MeteredServiceSettings):
     root, and gathers one layer at a time. auto: FSDP2 on GPUs, DDP on the CPU (faster there for models
     that fit; see docs/benchmarks.md). One rank runs unwrapped either way."""
     micro_batch_tokens: int | None = Field(default=None, ge=1)
-    """Padded tokens (completions x their padded prompt-plus-completion width) one forward and backward
-    may take; a rank's share of the batch is split into micro-batches of this size with gradient
-    accumulation, and the step equals the whole-batch step (the loss's denominators come from the whole
-    batch). At least one completion per micro-batch. None: the whole share at once."""
+    """Tokens one forward and backward may take: each completion's prompt and completion tokens when
+    packed (``packing``), else completions x the batch's padded width. A rank's share of the batch is
+    split into micro-batches of this size with gradient accumulation, and the step equals the
+    whole-batch step (the loss's denominators come from the whole batch). At least one completion per
+    micro-batch. None: the whole share at once."""
+    packing: bool = True
+    """Lay a micro-batch's sequences end to end in one row, with no padding, each attending only to
+    itself (variable-length flash attention on GPUs, attention a sequence at a time on the CPU); the
+    log-probs are the padded layout's. false: pad every row to the batch's longest (needed for
+    sliding-window attention)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less
     memory, about one more forward pass of compute)."""

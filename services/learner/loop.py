@@ -163,6 +163,7 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         parallelism=config.parallelism,
         micro_batch_tokens=config.micro_batch_tokens,
         activation_checkpointing=config.activation_checkpointing,
+        packing=config.packing,
     )
     trainer.checkpointer = Checkpointer(
         config.run_dir / "checkpoints",

@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from asymptote.codec import safetensors_files
 from asymptote.errors import ConfigError, ModelError, WeightsError
+from services.learner.attention import is_packed, sequence_lengths
 from services.learner.head import HeadPrecision, head_logprobs
 
 log = logging.getLogger(__name__)
@@ -361,27 +362,48 @@ class PolicyForward(torch.nn.Module):
         self.precision = precision
 
     def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = batch.to(self.precision.device)
-        with self.precision.autocast():
-            out = self.model.base_model(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
-            )
-        # Logits at position L-1+t predict completion token t; only real completion tokens go through the
-        # head (services.learner.head: a chunk of tokens at a time, recomputed in the backward pass).
-        hidden = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
+        hidden, batch = self._body(batch)
         real = batch.completion_mask.bool()
         targets = batch.input_ids[:, batch.prompt_len :][real]
         inv_temperature = (1.0 / temperature.to(hidden.device, torch.float32))[:, None].expand(real.shape)[real]
         head = self.model.get_output_embeddings()
         logp_real, entropy_real = head_logprobs(
-            hidden[real], head.weight, head.bias, targets, inv_temperature, self.precision.head
+            hidden, head.weight, head.bias, targets, inv_temperature, self.precision.head
         )
         logp = torch.zeros(real.shape, dtype=logp_real.dtype, device=hidden.device).masked_scatter(real, logp_real)
         entropy = torch.zeros_like(logp).masked_scatter(real, entropy_real.detach())
         return logp, entropy
+
+    def _body(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        """The body's last hidden state before each real completion token, in row order, and the batch
+        where the model is.
+
+        Logits at position L-1+t of a padded row predict completion token t.
+        A packed model (``attention.use_packed_attention``) gets the rows'
+        real tokens end to end as one row, each sequence attending only to
+        itself; otherwise the padded rows go through as they are.
+        """
+        device = self.precision.device
+        if not is_packed(self.model):
+            batch = batch.to(device)
+            with self.precision.autocast():
+                out = self.model.base_model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids,
+                    use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
+                )
+            real = batch.completion_mask.bool()
+            return out.last_hidden_state[:, batch.prompt_len - 1 : -1][real], batch
+        # Laid out on the host, where the batch arrives: no device sync for the sequences' lengths.
+        tokens = batch.attention_mask.bool()
+        at = tokens.flatten().cumsum(0).view(tokens.shape) - 1  # each real token's place in the packed row
+        source = at[:, batch.prompt_len - 1 : -1][batch.completion_mask.bool()]
+        lengths = sequence_lengths(tokens.sum(1), device)
+        ids, positions = batch.input_ids[tokens][None].to(device), batch.position_ids[tokens][None].to(device)
+        with self.precision.autocast():
+            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False, **lengths)
+        return out.last_hidden_state[0][source.to(device)], batch.to(device)
 
 
 def completion_logprobs(

@@ -30,9 +30,10 @@ from torch.optim.optimizer import _get_scalar_dtype
 from transformers import PreTrainedModel
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
-from asymptote.errors import PayloadError
+from asymptote.errors import ConfigError, PayloadError
 from asymptote.faults import failpoint
 from services.learner import checkpoint
+from services.learner.attention import has_sliding_window, is_packed, use_packed_attention
 from services.learner.checkpoint import Checkpointer, Restored
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
@@ -205,6 +206,21 @@ def _no_sync(policy: torch.nn.Module) -> contextlib.AbstractContextManager[objec
     return contextlib.nullcontext()
 
 
+def _by_budget(rows: list[int], cost: list[int], budget: int | None) -> list[list[int]]:
+    """``rows`` in order, cut into runs whose costs add up to at most ``budget`` (a row over it alone)."""
+    if budget is None:
+        return [rows] if rows else []
+    runs: list[list[int]] = []
+    spent = budget + 1
+    for row in rows:
+        if spent + cost[row] > budget:
+            runs.append([])
+            spent = 0
+        runs[-1].append(row)
+        spent += cost[row]
+    return runs
+
+
 def select_rows(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
     """The completions ``rows`` of a packed batch, padding unchanged."""
     return PackedBatch(
@@ -237,10 +253,18 @@ class Trainer:
         parallelism: Parallelism = "auto",
         micro_batch_tokens: int | None = None,
         activation_checkpointing: bool = False,
+        packing: bool = True,
     ) -> None:
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be at least 1 (or None: whole batch), got {micro_batch_tokens}")
         self.model = model
+        if packing:
+            if has_sliding_window(model.config):
+                raise ConfigError(
+                    f"{type(model).__name__} uses sliding-window attention, which packed sequences do not "
+                    "compute: set the learner's packing: false"
+                )
+            use_packed_attention(model)
         self.precision = precision
         self.dp = dp or DataParallel()
         self.micro_batch_tokens = micro_batch_tokens
@@ -447,20 +471,33 @@ class Trainer:
         forward and backward is a collective); a rank with fewer rows, or none,
         scores row 0 with zero weight instead.
         """
-        width = inputs.batch.input_ids.shape[1]
         budget = self.micro_batch_tokens
-        rows_each = inputs.prompt_index.numel() if budget is None else max(1, budget // width)
+        if is_packed(self.model):  # a row costs its real tokens
+            cost = inputs.batch.attention_mask.sum(1).tolist()
+        else:  # every row costs the batch's padded width
+            cost = [inputs.batch.input_ids.shape[1]] * inputs.prompt_index.numel()
         shares = []
         for rank in range(self.dp.world_size):
             first, last = DataParallel(rank, self.dp.world_size).prompt_range(inputs.num_prompts)
-            shares.append(((inputs.prompt_index >= first) & (inputs.prompt_index < last)).nonzero().squeeze(1))
-        count = max(1, *(math.ceil(r.numel() / max(rows_each, 1)) for r in shares))
+            rows = ((inputs.prompt_index >= first) & (inputs.prompt_index < last)).nonzero().squeeze(1).tolist()
+            shares.append(_by_budget(rows, cost, budget))
         mine = shares[self.dp.rank]
-        chunks = []
-        for i in range(count):
-            rows = mine[i * rows_each : (i + 1) * rows_each]
-            chunks.append((rows, 1.0) if rows.numel() else (mine.new_zeros(1), 0.0))
-        return chunks
+        count = max(1, *(len(s) for s in shares))
+        return [
+            (torch.tensor(mine[i], dtype=torch.long), 1.0) if i < len(mine) else (torch.zeros(1, dtype=torch.long), 0.0)
+            for i in range(count)
+        ]
+
+    def padding_share(self, inputs: StepInputs, chunks: list[tuple[torch.Tensor, float]]) -> float:
+        """The share of the tokens this rank's forward passes take for ``chunks`` that are padding (a
+        stand-in's all are): none packed, up to the batch's padded width a row otherwise."""
+        mask = inputs.batch.attention_mask
+        real = sum(int(mask[rows].sum()) for rows, live in chunks if live)
+        if is_packed(self.model):
+            total = sum(int(mask[rows].sum()) for rows, _ in chunks)
+        else:
+            total = sum(rows.numel() for rows, _ in chunks) * mask.shape[1]
+        return 1.0 - real / max(total, 1)
 
     def _step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         started = time.perf_counter()
@@ -481,6 +518,7 @@ class Trainer:
         )
         train = bool(keep.any())
         chunks = self.micro_batches(inputs)
+        padding_share = self.padding_share(inputs, chunks)
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[_Scored] = []
         for i, (rows, live) in enumerate(chunks):
@@ -546,6 +584,7 @@ class Trainer:
             "optim/lr": float(self.scheduler.get_last_lr()[0]),
             "time/compute_s": compute_s,
             "perf/tokens_per_s": num_tokens / compute_s if compute_s > 0 else 0.0,
+            "perf/padding_share": padding_share,
             "perf/samples_per_s": inputs.rewards.numel() / compute_s if compute_s > 0 else 0.0,
             "batch/min_token_version": float(inputs.token_versions[mask].min()) if mask.any() else 0.0,
             "batch/max_token_version": float(inputs.token_versions[mask].max()) if mask.any() else 0.0,

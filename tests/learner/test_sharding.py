@@ -84,8 +84,13 @@ def test_micro_batches_take_the_whole_batch_step(config: str, budget: int) -> No
     whole, whole_metrics = run(steps, config)
     micro, micro_metrics = run(steps, config, micro_batch_tokens=budget)
     chunks = micro.micro_batches(steps[0])
-    width = steps[0].batch.input_ids.shape[1]
-    assert len(chunks) == -(-20 // max(1, budget // width)) > 1  # 20 completions, split for real
+    # Packed, a completion costs its prompt and completion tokens: runs in order, each within the budget
+    # (a completion over it alone), and no run could have taken the next completion.
+    cost = steps[0].batch.attention_mask.sum(1)
+    spent = [int(cost[rows].sum()) for rows, _ in chunks]
+    assert len(chunks) > 1  # 20 completions, split for real
+    assert all(s <= budget or len(rows) == 1 for s, (rows, _) in zip(spent, chunks))
+    assert all(s + int(cost[nxt[0][0]]) > budget for s, nxt in zip(spent, chunks[1:]))
     assert all(live == 1.0 for _, live in chunks)
     assert torch.equal(torch.cat([rows for rows, _ in chunks]), torch.arange(20))
     grads, params = compare(whole, micro)
@@ -169,6 +174,8 @@ def test_micro_batches_match_the_rank_with_the_most() -> None:
 
 class _Ranked:
     """What ``Trainer.micro_batches`` reads of a trainer: its rank and budget."""
+
+    model = None  # padded: every completion costs the batch's padded width
 
     def __init__(self, rank: int, world: int) -> None:
         self.dp = DataParallel(rank, world)
