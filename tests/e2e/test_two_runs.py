@@ -116,9 +116,10 @@ def test_two_stacks_with_their_own_prefixes_share_one_nats_server(
         steps = read_jsonl(stack.run_dir / "metrics.jsonl")
         assert [s["step"] for s in steps] == list(range(1, MAX_STEPS + 1))
         assert [e["policy_version"] for e in read_jsonl(stack.run_dir / "eval.jsonl")] == [0, MAX_STEPS]
-        # The generator loaded versions the learner made: later batches carry tokens they sampled.
-        assert max(s["batch/max_token_version"] for s in steps) >= 1
+        # No batch carries tokens of a version its learner had not made yet (whether a later batch carries
+        # versions after 0 depends on how far ahead the generator ran: not asserted).
         assert all(s["batch/max_token_version"] <= s["step"] - 1 for s in steps)
+        # The generator loaded the versions its own learner made, up to the last.
         generator = (stack.run_dir / "metrics" / "generator-0.prom").read_text()
         assert gauge(generator, "asymptote_generator_policy_version") == MAX_STEPS
         assert gauge(generator, "asymptote_generator_swaps_total") >= 1
