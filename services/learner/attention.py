@@ -9,9 +9,11 @@ for variable-length attention), and attention stays causal inside each.
 - On a GPU, in bf16 or fp16: PyTorch's variable-length flash attention
   (``torch.nn.attention.varlen.varlen_attn``), one kernel for the row, no
   mask and no padding.
-- Elsewhere (the CPU, float32): scaled dot-product attention on each
-  sequence in turn, causal; the same numbers a padded batch gives, since a
-  padded row's real tokens never attend to its padding.
+- Elsewhere (the CPU, float32): each sequence laid in a row of its own,
+  right-padded, and scaled dot-product attention over the rows, causal; the
+  same numbers a padded batch gives, since with a causal mask a real token
+  never attends to the padding after it. Only attention sees the padding:
+  the rest of the model computes real tokens alone.
 
 A call without the sequences' lengths (a padded batch, sampling with a KV
 cache, a reference loop) is computed as transformers' SDPA computes it,
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -51,12 +52,27 @@ def _flash_varlen() -> tuple[Callable[..., Any], dict[str, Any], bool] | None:
 
 
 def sequence_lengths(lengths: torch.Tensor, device: torch.device) -> dict[str, Any]:
-    """The keywords a packed forward passes down to every attention layer, from each sequence's length."""
+    """The keywords a packed forward passes down to every attention layer, from each sequence's length.
+
+    Besides transformers' own (cumulative lengths, the longest), where each
+    token sits in a right-padded ``[sequences, longest]`` layout
+    (``asy_padded_index``), for attention without the flash kernel.
+    """
+    lengths = lengths.to(torch.long)
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
-    cu[1:] = lengths.to(torch.int32).cumsum(0)
+    cu[1:] = lengths.cumsum(0)
     longest = int(lengths.max())
+    row = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    column = torch.arange(int(lengths.sum())) - torch.repeat_interleave(cu[:-1].to(torch.long), lengths)
     cu = cu.to(device)
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+        "asy_padded_index": (row * longest + column).to(device),
+        "asy_num_sequences": lengths.numel(),
+    }
 
 
 def packed_attention(
@@ -99,15 +115,26 @@ def packed_attention(
         longest = int(kwargs["max_length_q"])
         out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling, **extra)
         return out[None], None
-    bounds = cu.tolist()
-    gqa = query.shape[1] != key.shape[1]
-    parts = [
-        F.scaled_dot_product_attention(
-            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling, enable_gqa=gqa
-        )
-        for a, b in itertools.pairwise(bounds)
-    ]
-    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+    # Each sequence in its own row, right-padded: with a causal mask a real token attends only to the real
+    # tokens before it in its row, so the padding after them changes nothing they compute.
+    index, rows, longest = kwargs["asy_padded_index"], int(kwargs["asy_num_sequences"]), int(kwargs["max_length_q"])
+
+    def padded(t: torch.Tensor) -> torch.Tensor:  # [1, heads, S, dim] -> [rows, heads, longest, dim]
+        out = t.new_zeros(t.shape[1], rows * longest, t.shape[3])
+        out[:, index] = t[0]
+        return out.view(t.shape[1], rows, longest, t.shape[3]).transpose(0, 1)
+
+    out = F.scaled_dot_product_attention(
+        padded(query),
+        padded(key),
+        padded(value),
+        is_causal=True,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    heads, dim = out.shape[1], out.shape[3]
+    flat = out.transpose(0, 1).reshape(heads, rows * longest, dim)[:, index]  # [heads, S, dim]
+    return flat.transpose(0, 1)[None].contiguous(), None
 
 
 def use_packed_attention(model: Any) -> None:

@@ -171,7 +171,7 @@ class LearnerConfig(MeteredServiceSettings):
     micro-batch. None: the whole share at once."""
     packing: bool = True
     """Lay a micro-batch's sequences end to end in one row, with no padding, each attending only to
-    itself (variable-length flash attention on GPUs, attention a sequence at a time on the CPU); the
+    itself (variable-length flash attention on GPUs, attention over right-padded rows on the CPU); the
     log-probs are the padded layout's. false: pad every row to the batch's longest (needed for
     sliding-window attention)."""
     activation_checkpointing: bool = False
