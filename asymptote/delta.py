@@ -21,7 +21,7 @@ fields. Each window picks the smallest of three encodings of its positions
 
 Windows with no change are not sent. The receiver writes each window in
 place into its copy of the base (``DeltaDecoder``) and then verifies the
-whole rebuilt version against the header's sha256 exactly as a full pull is
+whole rebuilt version against the header's digest exactly as a full pull is
 verified, so a wrong base, a lost window or a corrupted byte is refused.
 Torch-free.
 """
@@ -41,10 +41,10 @@ from asymptote.codec import (
     ReceivedDelta,
     Signature,
     WireTensor,
-    digest,
     is_finite,
     signature_num_bytes,
     tensor_views,
+    version_digest,
     wire_dtype,
 )
 from asymptote.contracts.v1 import tensors_pb2
@@ -197,10 +197,10 @@ def encode_delta(
 def delta_frames(
     version: int,
     target: Mapping[str, WireTensor],
-    sha256: str,
+    digest: str,
     base_version: int,
     base: Mapping[str, WireTensor],
-    base_sha256: str,
+    base_digest: str,
     stats: DeltaStats | None = None,
 ) -> list[bytes]:
     """``version`` as a serialized stream of changes since ``base_version``: a header, then the windows."""
@@ -208,9 +208,9 @@ def delta_frames(
         version=version,
         num_tensors=len(target),
         num_bytes=sum(len(t.data) for t in target.values()),
-        sha256=sha256 or digest(target),
+        digest=digest or version_digest(target),
         base_version=base_version,
-        base_sha256=base_sha256,
+        base_digest=base_digest,
     )
     frames = [tensors_pb2.WeightsPart(header=header).SerializeToString()]
     frames += [tensors_pb2.WeightsPart(delta=d).SerializeToString() for d in encode_delta(base, target, stats)]
@@ -226,7 +226,7 @@ class DeltaDecoder:
     """Rebuild a version from a delta, in place over the base's bytes, and verify it.
 
     ``buffers.take`` must hand back the version ``header.base_version`` with
-    digest ``header.base_sha256``, laid out as ``signature`` (name order, back
+    digest ``header.base_digest``, laid out as ``signature`` (name order, back
     to back: a staged file's data section); the caller vouches for that.
     Feed the delta's parts in order after the header: each is checked as it
     arrives and kept (a delta is small). ``finish`` then takes the base,
@@ -234,17 +234,17 @@ class DeltaDecoder:
     the event loop), so a stream cut short leaves the base untouched.
     Raises WeightsError at the first malformed window (unknown tensor, out
     of order, out of bounds, or positions and values that disagree) and, in
-    ``finish``, when the rebuilt bytes do not hash to the header's sha256 or
+    ``finish``, when the rebuilt bytes do not hash to the header's digest or
     hold NaN/Inf; the base is gone then, to be written over by a full pull.
     """
 
     def __init__(
-        self, header: tensors_pb2.WeightsHeader, signature: Signature, buffers: BufferSource, base_sha256: str
+        self, header: tensors_pb2.WeightsHeader, signature: Signature, buffers: BufferSource, base_digest: str
     ) -> None:
-        if header.base_sha256 != base_sha256:
+        if header.base_digest != base_digest:
             raise WeightsError(
-                f"delta for version {header.version} is from a base with digest {header.base_sha256[:12]}…, "
-                f"the base held has {base_sha256[:12]}…"
+                f"delta for version {header.version} is from a base with digest {header.base_digest[:12]}…, "
+                f"the base held has {base_digest[:12]}…"
             )
         num_bytes = signature_num_bytes(signature)
         if header.num_bytes != num_bytes or header.num_tensors != len(signature):
@@ -306,20 +306,20 @@ class DeltaDecoder:
                 window[: len(new)] = new
             else:
                 window[positions] = new
-        actual = digest(tensors)
-        if actual != self.header.sha256:
+        actual = version_digest(tensors)
+        if actual != self.header.digest:
             raise WeightsError(
-                f"sha256 mismatch for version {self.header.version} rebuilt from delta on version "
-                f"{self.header.base_version}: header {self.header.sha256[:12]}…, data {actual[:12]}…"
+                f"digest mismatch for version {self.header.version} rebuilt from delta on version "
+                f"{self.header.base_version}: header {self.header.digest[:12]}…, data {actual[:12]}…"
             )
         for name, t in tensors.items():
             if not is_finite(t):
                 raise WeightsError(f"tensor {name!r} holds NaN or Inf")
-        received = ReceivedDelta(int(self.header.base_version), self.header.base_sha256, frames)
+        received = ReceivedDelta(int(self.header.base_version), self.header.base_digest, frames)
         return DecodedWeights(int(self.header.version), actual, tensors, received)
 
 
-def apply_delta(frames: list[bytes], signature: Signature, base: np.ndarray, base_sha256: str) -> DecodedWeights:
+def apply_delta(frames: list[bytes], signature: Signature, base: np.ndarray, base_digest: str) -> DecodedWeights:
     """Rebuild a version from serialized delta ``frames`` over ``base`` (written in place); see DeltaDecoder."""
 
     class _Base:
@@ -331,7 +331,7 @@ def apply_delta(frames: list[bytes], signature: Signature, base: np.ndarray, bas
     parts = [tensors_pb2.WeightsPart.FromString(f) for f in frames]
     if not parts or parts[0].WhichOneof("part") != "header":
         raise WeightsError("weights stream must start with a header")
-    decoder = DeltaDecoder(parts[0].header, signature, _Base(), base_sha256)
+    decoder = DeltaDecoder(parts[0].header, signature, _Base(), base_digest)
     for part in parts[1:]:
         decoder.feed(part)
     return decoder.finish(tuple(frames))

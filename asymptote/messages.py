@@ -235,8 +235,8 @@ def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
 def decode_policy(data: bytes) -> rollout_pb2.PolicyVersion:
     """A policy version announcement that says where its weights are and their digest."""
     policy = decode(rollout_pb2.PolicyVersion, data)
-    if not policy.weights_endpoint or not policy.sha256:
-        raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or sha256")
+    if not policy.weights_endpoint or not policy.digest:
+        raise PayloadError(f"policy version {policy.version} lacks weights_endpoint or digest")
     return policy
 
 

@@ -321,7 +321,7 @@ async def through_broker(
         await publish_policy(
             kv,
             names,
-            rollout_pb2.PolicyVersion(version=0, weights_endpoint="bench:0", sha256="00", published_unix_s=time.time()),
+            rollout_pb2.PolicyVersion(version=0, weights_endpoint="bench:0", digest="00", published_unix_s=time.time()),
         )
         counts = GeneratorCounts()
         generators = [

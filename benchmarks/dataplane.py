@@ -385,7 +385,7 @@ async def announce_first_version(nats_url: str, names: Names) -> None:
         await publish_policy(
             kv,
             names,
-            rollout_pb2.PolicyVersion(version=0, weights_endpoint="sim:0", sha256="00", published_unix_s=time.time()),
+            rollout_pb2.PolicyVersion(version=0, weights_endpoint="sim:0", digest="00", published_unix_s=time.time()),
         )
     finally:
         await nc.close()

@@ -6,7 +6,7 @@ parameter Llama in bf16 (the served dtype), taken after real AdamW steps
 on a real next-token loss (arithmetic text), so the fraction of bf16
 elements that change per step is a measured one. N simulated generators
 run the generator's own weight path: each has a ``Swapper`` (pull with its
-held base, verify against the announced sha256, stage on tmpfs, hand the
+held base, verify against the announced digest, stage on tmpfs, hand the
 relay the verified version, recycle), a ``WeightRelay`` on its own gRPC
 server, and a ``PeerWeightSource`` (tree) or ``GrpcWeightSource`` (every
 generator from the learner); only vLLM is replaced, by a stand-in that
@@ -20,7 +20,7 @@ learner's egress per version, and the bytes per version with and without
 deltas. In the tree runs it injects failures on one version: an interior
 generator dies mid-transfer (its server stops while it sends) and another
 serves corrupted bytes; afterwards every live generator's staged bytes must
-hash to the learner's sha256.
+hash to the learner's digest.
 
     python -m benchmarks.fanout --output DIR [--quick]
 
@@ -48,7 +48,7 @@ from typing import Any, Literal
 import grpc
 import numpy as np
 
-from asymptote.codec import BufferSource, DecodedWeights, Signature, digest, read_signature, tensor_views
+from asymptote.codec import BufferSource, DecodedWeights, Signature, read_signature, tensor_views, version_digest
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.delta import DeltaStats, delta_frames
@@ -128,7 +128,7 @@ def delta_sizes(versions: list[Version]) -> list[dict[str, Any]]:
     for base, target in itertools.pairwise(versions):
         stats = DeltaStats()
         frames = delta_frames(
-            target.version, target.tensors, target.sha256, base.version, base.tensors, base.sha256, stats
+            target.version, target.tensors, target.digest, base.version, base.tensors, base.digest, stats
         )
         rows.append(
             {
@@ -258,15 +258,15 @@ def pull_counts(m: GeneratorMetrics) -> dict[str, float]:
     return {kind: m.weight_pulls.labels(kind)._value.get() for kind in PULL_KINDS}
 
 
-def staged_sha256(g: SimGenerator, signature: Signature) -> str | None:
-    """The sha256 of the bytes this generator's staging area would load: read back from the file."""
+def staged_digest(g: SimGenerator, signature: Signature) -> str | None:
+    """The digest of the bytes this generator's staging area would load: read back from the file."""
     area = g.swapper.staging
     files = [p for p in area.root.rglob("*.safetensors")]
     if len(files) != 1:
         return None
     raw = np.fromfile(files[0], dtype=np.uint8)
     header_len = int.from_bytes(raw[:8].tobytes(), "little")
-    return digest(tensor_views(raw[8 + header_len :], signature))
+    return version_digest(tensor_views(raw[8 + header_len :], signature))
 
 
 @dataclass
@@ -346,7 +346,7 @@ async def distribute(fleet: Fleet, v: Version) -> dict[str, Any]:
     before_counts = [pull_counts(g.metrics) for g in live]
     before_peer_failures = sum(g.metrics.weight_peer_failures._value.get() for g in live)
     policy = rollout_pb2.PolicyVersion(
-        version=v.version, weights_endpoint=fleet.learner_endpoint, sha256=v.sha256, num_bytes=v.num_bytes
+        version=v.version, weights_endpoint=fleet.learner_endpoint, digest=v.digest, num_bytes=v.num_bytes
     )
     started = time.monotonic()
     held = await asyncio.gather(*(update_until_held(g, policy) for g in live))
@@ -383,7 +383,7 @@ async def run_fleet(
     tree_degree: int,
     faults: dict[int, Fault] | None = None,
 ) -> dict[str, Any]:
-    """One fleet through every version; the per-version rows and the final sha256 check."""
+    """One fleet through every version; the per-version rows and the final digest check."""
     degree = tree_degree if mode.startswith("tree") else 0
     fleet = await start_fleet(model_dir, root, num_generators, degree, mode.endswith("delta"), link_bytes_per_s)
     watchers = []
@@ -398,7 +398,7 @@ async def run_fleet(
         wrong = [
             g.index
             for g in fleet.generators
-            if g.alive and (g.engine.version != newest.version or staged_sha256(g, fleet.signature) != newest.sha256)
+            if g.alive and (g.engine.version != newest.version or staged_digest(g, fleet.signature) != newest.digest)
         ]
         return {
             "generators": num_generators,
@@ -430,15 +430,15 @@ async def swap_memory(model_dir: Path, root: Path, versions: list[Version]) -> d
         first, second = versions[0], versions[1]
         for v in (first, second):
             fleet.store.put(v)
-        fleet.store.delta(second.version, first.version, first.sha256)
+        fleet.store.delta(second.version, first.version, first.digest)
         policy = rollout_pb2.PolicyVersion(
-            version=first.version, weights_endpoint=fleet.learner_endpoint, sha256=first.sha256
+            version=first.version, weights_endpoint=fleet.learner_endpoint, digest=first.digest
         )
         assert await g.swapper.update(policy)
         staging_before = g.swapper.staging.usage()
         tracemalloc.start()
         policy = rollout_pb2.PolicyVersion(
-            version=second.version, weights_endpoint=fleet.learner_endpoint, sha256=second.sha256
+            version=second.version, weights_endpoint=fleet.learner_endpoint, digest=second.digest
         )
         assert await g.swapper.update(policy)
         _, peak = tracemalloc.get_traced_memory()
@@ -623,7 +623,7 @@ def figures(m: dict[str, Any]) -> list[Figure]:
             unit="generators",
             baseline="0",
             measured=(
-                f"live generators whose staged bytes' sha256 differ from the learner's, after "
+                f"live generators whose staged bytes' digest differ from the learner's, after "
                 f"{sum(len(r['faults']) for r in faulted)} injected faults (a peer dying mid-transfer, a peer "
                 f"corrupting bytes) in {len(faulted)} runs: {sum(r['peer_failures'] for r in faulted):.0f} pulls "
                 f"moved up the tree"

@@ -63,10 +63,10 @@ from services.learner.attention import sequence_lengths, use_packed_attention
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.head import HeadPrecision, head_logprobs
-from services.learner.model import PackedBatch, Precision, aliases, count_parameters
+from services.learner.model import PackedBatch, Precision, count_parameters
 from services.learner.sharding import checkpoint_activations
 from services.learner.trainer import StepInputs, Trainer, collate, select_rows
-from services.learner.weights import WeightStore
+from services.learner.weights import WeightStore, served_signature
 
 BENCH_FILE_NAME = "gpu_bench.json"
 BUDGET_S = 480.0
@@ -527,10 +527,7 @@ def part_fsdp(shape: Shape, device: torch.device, clock: Clock) -> dict[str, Any
             raise RuntimeError(f"sum or max over a group of one changed the values: {sums}, {maxes}")
         out["broadcast"] = dp.broadcast({"step": 2}) == {"step": 2}
 
-        tied = aliases(model)
-        names = [n for n in model.state_dict() if n not in tied]
-        signature = {n: ("bfloat16", tuple(model.get_parameter(n).shape)) for n in names if _is_param(model, n)}
-        store = WeightStore(signature)
+        store = WeightStore(served_signature(model, "bfloat16"))
         served: dict[str, Any] = {}
         took = clock.time(lambda: served.update(v=store.snapshot_tensors(1, trainer.served_tensors(store.names))))
         out["serve_s"] = took
@@ -563,14 +560,6 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
     local: torch.Tensor = tensor.detach().to_local() if isinstance(tensor, DTensor) else tensor.detach()  # type: ignore[attr-defined]
     return local
-
-
-def _is_param(model: torch.nn.Module, name: str) -> bool:
-    try:
-        model.get_parameter(name)
-    except AttributeError:
-        return False
-    return True
 
 
 def part_staging(shape: Shape, device: torch.device, clock: Clock) -> dict[str, Any]:

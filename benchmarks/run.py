@@ -269,6 +269,12 @@ def learner_figure(quick: bool) -> Figure:
     return bench_learner_step(repeats=8 if quick else 30)
 
 
+def serving_figure(quick: bool, out: Path) -> Figure:
+    from benchmarks.serving import bench_serving
+
+    return bench_serving(quick, out / "serving")
+
+
 def learner_memory_figures(quick: bool, out: Path) -> list[Figure]:
     from benchmarks.learner_memory import bench_learner_memory
 
@@ -281,10 +287,10 @@ def fitter_figure(quick: bool) -> Figure:
     return bench_fitter(quick)
 
 
-def transfer_figure(quick: bool, out: Path) -> Figure:
-    from benchmarks.transfer import bench_transfer
+def transfer_figures(quick: bool, out: Path) -> list[Figure]:
+    from benchmarks.transfer import bench_digest, bench_transfer
 
-    return bench_transfer(quick=quick, workdir=out / "transfer")
+    return [bench_transfer(quick=quick, workdir=out / "transfer"), bench_digest(quick)]
 
 
 def broker_figure(quick: bool, out: Path) -> Figure:
@@ -565,10 +571,10 @@ def run_all(out: Path, quick: bool, only: str | None = None) -> tuple[dict[str, 
             console.print(escape(f"  {f.name}: {quantity(f.value, f.unit)}  target {f.target}  -> {f.verdict}"))
         console.print(f"  ({time.monotonic() - t0:.0f} s)")
 
-    section("learner", "learner step", lambda: [learner_figure(quick)])
+    section("learner", "learner step", lambda: [learner_figure(quick), serving_figure(quick, out)])
     section("memory", "learner memory (FSDP2)", lambda: learner_memory_figures(quick, out))
     section("fitter", "fitter", lambda: [fitter_figure(quick)])
-    section("transfer", "weight transfer", lambda: [transfer_figure(quick, out)])
+    section("transfer", "weight transfer", lambda: transfer_figures(quick, out))
     section("broker", "broker", lambda: [broker_figure(quick, out)])
     runs: dict[str, StackRun] = {}
 

@@ -178,9 +178,9 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int) -> dict[str, 
         loader = asyncio.create_task(load())
         pulls, pauses, peaks = [], [], []
         try:
-            for version, sha256 in enumerate(digests, start=1):
+            for version, digest in enumerate(digests, start=1):
                 before = metrics.swap_pull_s._sum.get()
-                policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=f"127.0.0.1:{port}", sha256=sha256)
+                policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=f"127.0.0.1:{port}", digest=digest)
                 if not await swapper.update(policy):
                     raise RuntimeError(f"version {version} was refused: {swapper.refused.get(version)}")
                 pulls.append(metrics.swap_pull_s._sum.get() - before)

@@ -6,7 +6,7 @@ Owns the weight-transfer benchmark. The learner's real weight server (a
 a model larger than the embedded default's so fixed costs do not dominate.
 This process pulls the version as a generator's swapper does before it
 touches the engine (``GrpcWeightSource.pull``, which verifies framing,
-sha256 and finiteness, decoding straight into the staged safetensors file
+digest and finiteness, decoding straight into the staged safetensors file
 of a ``StagingArea``; the digest against the announced one; the tensor
 signature; then the staged folder committed), and, interleaved with
 each pull, reads the model's safetensors file from local disk. It runs both
@@ -19,12 +19,17 @@ drop the file's cached pages (``posix_fadvise``) is reported beside it.
     python -m benchmarks.transfer --output DIR [--quick]
 
 Target: disk read time / pull time >= 0.5 (the pull at least half as fast).
+
+A second figure, ``bench_digest``: the version digest (BLAKE3, ``asymptote.codec.version_digest``)
+against the sha256 it replaced over the same tensors, interleaved. Target: sha256 seconds / digest
+seconds >= 2 (``DIGEST_TARGET``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import multiprocessing
@@ -36,7 +41,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from asymptote.codec import Signature, read_signature
+import numpy as np
+
+from asymptote.codec import Signature, WireTensor, read_signature, version_digest
 from asymptote.config import ListenSettings
 from asymptote.errors import WeightsError
 from asymptote.nats_local import free_port
@@ -46,6 +53,7 @@ from services.generator.weights import GrpcWeightSource, StagingArea, check_sign
 from services.learner.build import ModelSpec, create_model_dir
 
 TARGET = 0.5
+DIGEST_TARGET = 2.0
 BENCH_FILE_NAME = "transfer_bench.json"
 VERSION = 1
 FULL_SPEC = ModelSpec(hidden_size=512, num_layers=6, num_heads=8, intermediate_size=1536)
@@ -59,7 +67,7 @@ def serve_weights(model_dir: Path, port: int, conn: Connection, versions: int = 
 
     Holds versions 1..``versions``; each after the first differs from the one
     before in every tensor, as after an optimizer step. Sends the versions'
-    sha256 digests and the bytes of one version once it serves.
+    digest digests and the bytes of one version once it serves.
     """
     import torch
     from transformers.utils.logging import disable_progress_bar
@@ -92,7 +100,7 @@ def serve_weights(model_dir: Path, port: int, conn: Connection, versions: int = 
             lambda s: add_learner_to_server(servicer, s),
             ["asymptote.contracts.v1.Learner"],
         )
-        conn.send(([v.sha256 for v in served], served[0].num_bytes))
+        conn.send(([v.digest for v in served], served[0].num_bytes))
         try:
             await asyncio.to_thread(conn.recv)
         except EOFError:  # the parent went away
@@ -114,14 +122,14 @@ def wait_for_server(conn: Connection, server: multiprocessing.process.BaseProces
 
 
 async def pull_and_stage(
-    source: GrpcWeightSource, endpoint: str, sha256: str, signature: Signature, model_dir: Path, area: StagingArea
+    source: GrpcWeightSource, endpoint: str, digest: str, signature: Signature, model_dir: Path, area: StagingArea
 ) -> tuple[float, float]:
     """One pull as the swapper does it; (pull-and-verify seconds, staging seconds)."""
     started = time.perf_counter()
     staged = area.open(VERSION, signature)
     weights = await source.pull(endpoint, VERSION, into=staged)  # decoded straight into the staged file
-    if weights.sha256 != sha256:
-        raise WeightsError(f"version {VERSION}: digest {weights.sha256[:12]} differs from the served {sha256[:12]}")
+    if weights.digest != digest:
+        raise WeightsError(f"version {VERSION}: digest {weights.digest[:12]} differs from the served {digest[:12]}")
     check_signature(weights, signature)
     pulled = time.perf_counter()
     folder = staged.commit(model_dir)
@@ -159,18 +167,18 @@ async def measure(model_dir: Path, workdir: Path, repeats: int) -> dict[str, Any
     try:
         if not await asyncio.to_thread(wait_for_server, parent, server, 120.0):
             raise RuntimeError(f"the weight server did not start within 120 s (exit code {server.exitcode})")
-        (sha256,), num_bytes = parent.recv()
+        (digest,), num_bytes = parent.recv()
         endpoint = f"127.0.0.1:{port}"
         source = GrpcWeightSource()
         signature = read_signature(model_dir)
         file = model_dir / "model.safetensors"
         os.sync()  # written pages are clean, so the cold read's eviction can take them
         area = StagingArea(workdir / "staged")
-        await pull_and_stage(source, endpoint, sha256, signature, model_dir, area)  # warm-up
+        await pull_and_stage(source, endpoint, digest, signature, model_dir, area)  # warm-up
         read_file(file)
         pull_s, stage_s, read_s, cold_s = [], [], [], []
         for _ in range(repeats):
-            p, s = await pull_and_stage(source, endpoint, sha256, signature, model_dir, area)
+            p, s = await pull_and_stage(source, endpoint, digest, signature, model_dir, area)
             pull_s.append(p)
             stage_s.append(s)
             read_s.append(read_file(file))
@@ -239,6 +247,35 @@ def bench_transfer(quick: bool = False, workdir: Path | None = None) -> Figure:
             "pull_s_each": [p + s for p, s in zip(m["pull_s"], m["stage_s"])],
             "disk_read_s_each": m["read_s"],
         },
+    )
+
+
+def bench_digest(quick: bool = False) -> Figure:
+    """Seconds to digest a version (64 tensors; 512 MB, quick 64 MB), BLAKE3 against sha256, interleaved."""
+    total, repeats = (64 << 20, 3) if quick else (512 << 20, 5)
+    rng = np.random.default_rng(0)
+    tensors = {
+        f"layer.{i:02d}.weight": WireTensor("float32", (total // 64 // 4,), rng.bytes(total // 64)) for i in range(64)
+    }
+    blake, sha = [], []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        version_digest(tensors)
+        t1 = time.perf_counter()
+        version_digest(tensors, hashlib.sha256)
+        t2 = time.perf_counter()
+        blake.append(t1 - t0)
+        sha.append(t2 - t1)
+    b, h = statistics.median(blake[1:]), statistics.median(sha[1:])
+    return Figure(
+        name="weights_digest_blake3_vs_sha256",
+        value=b,
+        unit="s",
+        ratio=h / b,
+        baseline=f"sha256 {total / h / 1e9:.2f} GB/s",
+        measured=f"BLAKE3 {total / b / 1e9:.2f} GB/s ({total / 1e6:.0f} MB, median of {repeats})",
+        targets=(Target(of="ratio", direction="at least", bound=DIGEST_TARGET),),
+        details={"bytes": total, "blake3_s": b, "sha256_s": h, "cores": os.cpu_count(), "repeats": repeats},
     )
 
 

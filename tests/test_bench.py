@@ -18,12 +18,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = {
     "learner_step_service_vs_bare",
+    "learner_step_serving_every_step_vs_alone",
     "learner_memory_fsdp2_2_ranks_vs_1",
     "learner_memory_fsdp2_2_ranks_vs_1_activation_checkpointing",
     "learner_peak_rss_fsdp2_2_ranks_vs_1",
     "learner_step_fsdp2_vs_ddp_2_cpu_ranks",
     "fitter_fit_and_bootstrap_1000_points",
     "weight_transfer_grpc_vs_disk",
+    "weights_digest_blake3_vs_sha256",
     "broker_groups_per_s_vs_raw_nats",
     "pipeline_samples_per_s_inflight_vs_sync",
     "generator_tokens_per_s_in_loop_vs_standalone",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from benchmarks.transfer import bench_transfer
+from benchmarks.transfer import bench_digest, bench_transfer
 from services.generator.weights import SPARE_FILE
 
 
@@ -49,3 +49,12 @@ def test_quick_transfer_bench_pulls_the_served_weights(tmp_path: Path) -> None:
 
     # The weight server's process is gone.
     assert multiprocessing.active_children() == []
+
+
+def test_the_digest_figure_compares_blake3_with_sha256_over_the_same_bytes() -> None:
+    fig = bench_digest(quick=True)
+    r = fig.details
+    assert fig.name == "weights_digest_blake3_vs_sha256" and fig.unit == "s" and fig.value == r["blake3_s"]
+    assert fig.ratio == pytest.approx(r["sha256_s"] / r["blake3_s"], rel=1e-12)
+    assert r["bytes"] == 64 << 20 and r["repeats"] == 3
+    assert fig.met == (fig.ratio >= 2.0)

@@ -19,10 +19,10 @@ from asymptote.codec import (
     WeightsDecoder,
     WireTensor,
     decode,
-    digest,
     encode,
     encode_frames,
     read_signature,
+    version_digest,
 )
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import WeightsError
@@ -95,7 +95,7 @@ def test_round_trip(tensors: dict[str, WireTensor], version: int) -> None:
     event(f"{sum(len(t.data) == 0 for t in tensors.values())} empty tensors")
     decoded = decode(parts)
     assert decoded.version == version
-    assert decoded.sha256 == digest(tensors) == header.sha256
+    assert decoded.digest == version_digest(tensors) == header.digest
     assert decoded.num_bytes == header.num_bytes
     assert decoded.tensors.keys() == tensors.keys()
     for name, t in tensors.items():
@@ -120,17 +120,27 @@ def test_big_tensor_is_split_at_chunk_boundaries() -> None:
 
 def test_digest_covers_names_shapes_dtypes_and_bytes() -> None:
     a = make_tensor("float32", (2, 3), seed=0)
-    base = digest({"a": a, "b": make_tensor("int64", (4,), seed=1)})
+    base = version_digest({"a": a, "b": make_tensor("int64", (4,), seed=1)})
     b = make_tensor("int64", (4,), seed=1)
-    assert digest({"a": a, "b": b}) == base  # deterministic, independent of object identity
-    assert digest({"b": b, "a": a}) == base  # and of insertion order
-    assert digest({"a2": a, "b": b}) != base
-    assert digest({"a": WireTensor("float32", (3, 2), a.data), "b": b}) != base
-    assert digest({"a": WireTensor("int32", (2, 3), a.data), "b": b}) != base
+    assert version_digest({"a": a, "b": b}) == base  # deterministic, independent of object identity
+    assert version_digest({"b": b, "a": a}) == base  # and of insertion order
+    assert version_digest({"a2": a, "b": b}) != base
+    assert version_digest({"a": WireTensor("float32", (3, 2), a.data), "b": b}) != base
+    assert version_digest({"a": WireTensor("int32", (2, 3), a.data), "b": b}) != base
     for i in (0, 11, len(a.data) - 1):
         flipped = bytearray(a.data)
         flipped[i] ^= 0x01
-        assert digest({"a": WireTensor("float32", (2, 3), bytes(flipped)), "b": b}) != base
+        assert version_digest({"a": WireTensor("float32", (2, 3), bytes(flipped)), "b": b}) != base
+
+
+def test_digest_is_blake3_of_each_tensors_header_and_bytes_in_name_order() -> None:
+    """The published definition, written out: what another implementation of the protocol computes."""
+    from blake3 import blake3
+
+    a, b = make_tensor("float32", (2, 3), seed=0), make_tensor("bfloat16", (5,), seed=1)
+    want = blake3(b"a\0float32\0" + b"2,3\0" + bytes(a.data) + b"b\0bfloat16\0" + b"5\0" + bytes(b.data))
+    assert version_digest({"b": b, "a": a}) == want.hexdigest()
+    assert len(want.hexdigest()) == 64
 
 
 # --------------------------------------------------------------------------
@@ -161,7 +171,7 @@ def test_decode_refuses_a_corrupted_byte(stream: list[tensors_pb2.WeightsPart]) 
     data = bytearray(stream[2].chunk.data)
     data[1234] ^= 0x10
     stream[2].chunk.data = bytes(data)
-    refused(stream, "sha256 mismatch for version 7")
+    refused(stream, "digest mismatch for version 7")
 
 
 def test_decode_refuses_a_missing_chunk(stream: list[tensors_pb2.WeightsPart]) -> None:
@@ -289,7 +299,7 @@ def reference_decode(parts: list[tensors_pb2.WeightsPart]) -> tuple[int, str, di
         data.setdefault(p.chunk.name, []).append(p.chunk.data)
         meta[p.chunk.name] = (p.chunk.dtype, tuple(p.chunk.shape))
     tensors = {name: WireTensor(*meta[name], b"".join(chunks)) for name, chunks in data.items()}
-    return int(header.version), digest(tensors), tensors
+    return int(header.version), version_digest(tensors), tensors
 
 
 SETTINGS = settings(
@@ -310,12 +320,12 @@ def test_frames_are_the_serialized_parts(tensors: dict[str, WireTensor], version
 @given(tensors=tensor_dicts())
 def test_streaming_decode_is_bit_identical_to_the_reference(tensors: dict[str, WireTensor]) -> None:
     parts = list(encode(5, tensors))
-    version, sha256, expected = reference_decode(parts)
+    version, digest, expected = reference_decode(parts)
     with WeightsDecoder() as decoder:
         for part in parts:
             decoder.feed(part)
         got = decoder.finish()
-    assert (got.version, got.sha256) == (version, sha256) == (5, digest(tensors))
+    assert (got.version, got.digest) == (version, digest) == (5, version_digest(tensors))
     assert list(got.tensors) == sorted(tensors)
     for name, t in expected.items():
         g = got.tensors[name]
@@ -356,7 +366,7 @@ def test_every_flipped_bit_is_refused_as_a_digest_mismatch(tensors: dict[str, Wi
     flipped[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
     parts[i].chunk.data = bytes(flipped)
     # Reported as corruption even where the flip made a NaN or Inf.
-    refused(parts, "sha256 mismatch for version 3")
+    refused(parts, "digest mismatch for version 3")
 
 
 @SETTINGS
@@ -392,7 +402,7 @@ def test_the_report_counts_each_distinct_bad_stream_once(stream: list[tensors_pb
         corrupted.append([*stream[:4], part])
     before = BAD_INPUTS.num_tried(WEIGHTS)
     for parts in corrupted + corrupted:
-        refused(parts, "sha256 mismatch for version 7")
+        refused(parts, "digest mismatch for version 7")
     assert BAD_INPUTS.num_tried(WEIGHTS) == before + len(corrupted)
 
 
@@ -503,7 +513,7 @@ def test_a_pooled_buffer_is_written_again_only_once_nothing_views_it() -> None:
     del still_used  # nothing views the first version's buffer now: the next pull writes into it
     third = pull(version(3))
     assert address(third) == at
-    assert third.sha256 == digest(reference_decode(version(3))[2])
+    assert third.digest == version_digest(reference_decode(version(3))[2])
     assert bytes(third.tensors["a"].data) == make_tensor("float32", (CHUNK_BYTES // 4 + 3,), 3).data
     assert bytes(second.tensors["a"].data) == make_tensor("float32", (CHUNK_BYTES // 4 + 3,), 2).data
 
@@ -511,6 +521,6 @@ def test_a_pooled_buffer_is_written_again_only_once_nothing_views_it() -> None:
     del third
     corrupted = version(4)
     corrupted[1].chunk.data = b"\xff" * 8 + corrupted[1].chunk.data[8:]
-    with pytest.raises(WeightsError, match="sha256 mismatch"):
+    with pytest.raises(WeightsError, match="digest mismatch"):
         pull(corrupted)
     assert address(pull(version(5))) == at

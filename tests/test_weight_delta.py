@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asymptote.codec import WireTensor, digest, encode_frames, signature_num_bytes, tensor_views
+from asymptote.codec import WireTensor, encode_frames, signature_num_bytes, tensor_views, version_digest
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import services_pb2, tensors_pb2
 from asymptote.delta import DeltaDecoder, DeltaStats, apply_delta, decode_gaps, delta_frames, encode_gaps
@@ -91,9 +91,9 @@ def test_a_delta_rebuilds_the_version_bit_for_bit(dtype: str, sizes: list[int], 
     target = {name: changed(t, rng, fraction) for name, t in base.items()}
     stats = DeltaStats()
     with mock.patch("asymptote.delta.CHUNK_BYTES", 128):  # windows of 32 or 64 elements: several per tensor
-        frames = delta_frames(7, target, digest(target), 6, base, digest(base), stats)
-        rebuilt = apply_delta(frames, signature_of(base), buffer_of(base), digest(base))
-    assert rebuilt.version == 7 and rebuilt.sha256 == digest(target)
+        frames = delta_frames(7, target, version_digest(target), 6, base, version_digest(base), stats)
+        rebuilt = apply_delta(frames, signature_of(base), buffer_of(base), version_digest(base))
+    assert rebuilt.version == 7 and rebuilt.digest == version_digest(target)
     assert buffer_of(rebuilt.tensors).tobytes() == buffer_of(target).tobytes()
     num_changed = sum(
         int((np.frombuffer(base[n].data, np.uint8) != np.frombuffer(target[n].data, np.uint8)).any()) for n in base
@@ -118,18 +118,20 @@ def test_each_window_takes_its_smallest_encoding() -> None:
         "layer2.weight": changed(base["layer2.weight"], rng, 0.97),  # whole
     }
     stats = DeltaStats()
-    frames = delta_frames(2, target, "", 1, base, digest(base), stats)
+    frames = delta_frames(2, target, "", 1, base, version_digest(base), stats)
     assert stats.windows_by_encoding == {"gaps": 1, "mask": 1, "dense": 1}
     n = 1 << 19
     assert stats.bytes_by_encoding["dense"] == 2 * n
     assert stats.bytes_by_encoding["mask"] < n // 8 + 2 * 0.32 * n
     assert stats.bytes_by_encoding["gaps"] < 4 * 0.0025 * n  # 2 bytes a value, at most 2 a gap under 2^14
-    assert apply_delta(frames, signature_of(base), buffer_of(base), digest(base)).sha256 == digest(target)
+    assert apply_delta(frames, signature_of(base), buffer_of(base), version_digest(base)).digest == version_digest(
+        target
+    )
 
 
 def malformed(part: tensors_pb2.TensorDelta) -> list[bytes]:
     header = tensors_pb2.WeightsHeader(
-        version=2, num_tensors=1, num_bytes=200, sha256="0" * 64, base_version=1, base_sha256="b" * 64
+        version=2, num_tensors=1, num_bytes=200, digest="0" * 64, base_version=1, base_digest="b" * 64
     )
     return [
         tensors_pb2.WeightsPart(header=header).SerializeToString(),
@@ -167,7 +169,7 @@ def test_a_malformed_delta_window_is_refused(part: tensors_pb2.TensorDelta, mess
 
 
 def test_a_delta_from_another_base_or_for_another_model_is_refused() -> None:
-    header = tensors_pb2.WeightsHeader(version=2, num_tensors=1, num_bytes=200, base_version=1, base_sha256="b" * 64)
+    header = tensors_pb2.WeightsHeader(version=2, num_tensors=1, num_bytes=200, base_version=1, base_digest="b" * 64)
     with pytest.raises(WeightsError, match="from a base with digest bbbbbbbbbbbb"):
         DeltaDecoder(header, {"w": ("bfloat16", (100,))}, mock.Mock(), "c" * 64)
     with pytest.raises(WeightsError, match="the model has 1 of 202"):
@@ -178,7 +180,7 @@ def test_a_delta_from_another_base_or_for_another_model_is_refused() -> None:
 
 
 def version_of(number: int, tensors: dict[str, WireTensor]) -> Version:
-    return Version(number, tensors, digest(tensors))
+    return Version(number, tensors, version_digest(tensors))
 
 
 def versions(num: int) -> list[Version]:
@@ -242,8 +244,8 @@ async def stage_version(
     """What the swapper does: pull with the held base, check the digest, commit, recycle."""
     staged = area.open(v.version, signature_of(v.tensors))
     weights = await source.pull(endpoint, v.version, into=staged, base=staged.base)
-    assert weights.sha256 == v.sha256
-    area.recycle(staged.commit(model_dir, weights.sha256))
+    assert weights.digest == v.digest
+    area.recycle(staged.commit(model_dir, weights.digest))
 
 
 def pulls(metrics: GeneratorMetrics) -> dict[str, float]:
@@ -293,23 +295,23 @@ async def test_a_delta_that_fails_its_checks_is_pulled_again_whole(tmp_path: Pat
     rng = np.random.default_rng(9)
     other = {name: changed(t, rng, 0.01) for name, t in v1.tensors.items()}  # a base that is not v1
     bad = {
-        "corrupted": corrupted(delta_frames(2, v2.tensors, v2.sha256, 1, v1.tensors, v1.sha256)),
+        "corrupted": corrupted(delta_frames(2, v2.tensors, v2.digest, 1, v1.tensors, v1.digest)),
         # Diffed against another base while claiming v1's digest: elements that base shares with v2 are missing.
-        "another base": delta_frames(2, v2.tensors, v2.sha256, 1, other, v1.sha256),
-        "another digest": delta_frames(2, v2.tensors, v2.sha256, 1, v1.tensors, "f" * 64),
+        "another base": delta_frames(2, v2.tensors, v2.digest, 1, other, v1.digest),
+        "another digest": delta_frames(2, v2.tensors, v2.digest, 1, v1.tensors, "f" * 64),
     }[fault]
     asked: list[int] = []
 
     async def answer(request: services_pb2.PullWeightsRequest) -> AsyncIterator[bytes]:
         asked.append(int(request.base_version))
-        frames = bad if request.base_version else encode_frames(2, v2.tensors, v2.sha256)
+        frames = bad if request.base_version else encode_frames(2, v2.tensors, v2.digest)
         for frame in frames:
             yield frame
 
     area = StagingArea(tmp_path / "staged")
     stage = area.open(1, signature_of(v1.tensors))
     stage.take(v1.num_bytes)[:] = buffer_of(v1.tensors)
-    area.recycle(stage.commit(model_dir, v1.sha256))
+    area.recycle(stage.commit(model_dir, v1.digest))
     metrics = GeneratorMetrics()
     async with stub_server("Learner", answer) as endpoint:
         await stage_version(GrpcWeightSource(timeout_s=10, metrics=metrics), endpoint, area, v2, model_dir)
@@ -327,9 +329,9 @@ async def test_a_peer_that_dies_mid_transfer_hands_the_pull_up_the_tree(
     store.put(v1)
     store.put(v2)
     frames = (
-        list(encode_frames(2, v2.tensors, v2.sha256))
+        list(encode_frames(2, v2.tensors, v2.digest))
         if sending == "whole"
-        else delta_frames(2, v2.tensors, v2.sha256, 1, v1.tensors, v1.sha256)
+        else delta_frames(2, v2.tensors, v2.digest, 1, v1.tensors, v1.digest)
     )
     died = asyncio.Event()
 
@@ -388,10 +390,10 @@ def test_a_small_tree_sends_each_version_degree_times_and_every_generator_ends_r
     degree, n = 2, 8
 
     def whole_bytes(v: Version) -> int:
-        return sum(map(len, encode_frames(v.version, v.tensors, v.sha256)))
+        return sum(map(len, encode_frames(v.version, v.tensors, v.digest)))
 
     def delta_bytes(base: Version, v: Version) -> int:
-        return sum(map(len, delta_frames(v.version, v.tensors, v.sha256, base.version, base.tensors, base.sha256)))
+        return sum(map(len, delta_frames(v.version, v.tensors, v.digest, base.version, base.tensors, base.digest)))
 
     run = asyncio.run(run_fleet(model_dir, tmp_path / "fleet", vs, n, "tree-delta", None, degree))
     rows = run["rows"]
@@ -420,9 +422,11 @@ def test_a_staged_file_keeps_its_data_where_the_version_before_left_it(tmp_path:
     for version in (9, 10, 123456789):
         staged = area.open(version, signature)
         staged.take(signature_num_bytes(signature))[:] = buffer_of(tensors)
-        folder = staged.commit(model_dir, digest(tensors))
+        folder = staged.commit(model_dir, version_digest(tensors))
         raw = (folder / "model.safetensors").read_bytes()
         offsets.append(8 + int.from_bytes(raw[:8], "little"))
-        assert digest(tensor_views(np.frombuffer(raw[offsets[-1] :], np.uint8), signature)) == digest(tensors)
+        assert version_digest(tensor_views(np.frombuffer(raw[offsets[-1] :], np.uint8), signature)) == version_digest(
+            tensors
+        )
         area.recycle(folder)
     assert len(set(offsets)) == 1 and offsets[0] % 8 == 0

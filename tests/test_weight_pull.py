@@ -31,9 +31,9 @@ from asymptote.codec import (
     DecodedWeights,
     WireTensor,
     decode,
-    digest,
     encode,
     encode_frames,
+    version_digest,
 )
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
@@ -69,7 +69,7 @@ def random_tensors(seed: int) -> dict[str, WireTensor]:
 
 
 def version_of(number: int, tensors: dict[str, WireTensor]) -> Version:
-    return Version(number, tensors, digest(tensors))
+    return Version(number, tensors, version_digest(tensors))
 
 
 @asynccontextmanager
@@ -120,11 +120,11 @@ async def test_the_server_sends_the_codec_parts_and_the_generator_gets_the_same_
         async with grpc.aio.insecure_channel(endpoint) as ch:
             call = ch.unary_stream(PULL_WEIGHTS)  # raw bytes, as they travel
             frames = [f async for f in call(services_pb2.PullWeightsRequest(version=4).SerializeToString())]
-        assert frames == [p.SerializeToString() for p in encode(4, tensors, v.sha256)]
+        assert frames == [p.SerializeToString() for p in encode(4, tensors, v.digest)]
         assert frames == list(encode_frames(4, tensors))
 
         weights = await GrpcWeightSource(timeout_s=10).pull(endpoint, 4)
-        assert (weights.version, weights.sha256) == (4, v.sha256)
+        assert (weights.version, weights.digest) == (4, v.digest)
         assert_same(weights, tensors)
         assert weights.num_bytes == v.num_bytes
 
@@ -172,7 +172,7 @@ async def test_a_corrupted_byte_is_refused() -> None:
     data = bytearray(parts[2].chunk.data)
     data[777] ^= 0x04
     parts[2].chunk.data = bytes(data)
-    await refuse_pull([p.SerializeToString() for p in parts], 2, "sha256 mismatch for version 2")
+    await refuse_pull([p.SerializeToString() for p in parts], 2, "digest mismatch for version 2")
 
 
 async def test_bytes_that_are_not_a_part_are_refused_and_the_next_pull_works() -> None:
@@ -245,7 +245,7 @@ def test_staging_writes_the_verified_bytes_unchanged(tmp_path: Path) -> None:
             assert raw.numpy().tobytes() == t.data, name
     # Staged again (a restarted generator), the folder is replaced; bytes that
     # are not a pulled version's (read-only) are staged the same.
-    from_bytes = DecodedWeights(9, weights.sha256, tensors)
+    from_bytes = DecodedWeights(9, weights.digest, tensors)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert stage(from_bytes, tmp_path / "staged", model_dir) == folder

@@ -6,7 +6,7 @@ from the learner, so the learner sends each version k times (k deltas,
 once generators hold a base) whatever the fleet's size, and every
 generator sends it at most k times. ``PeerWeightSource`` walks up the tree
 when a peer is dead, slow or sends bytes that fail their checks, and ends
-at the learner; it never returns bytes that failed the sha256 check (the
+at the learner; it never returns bytes that failed the digest check (the
 decoders refuse them). ``WeightRelay`` serves ``WeightRelay.PullWeights``
 from the version the generator staged: the delta it received, to a peer
 that holds that delta's base, else the whole version read from the staged
@@ -179,13 +179,13 @@ class WeightRelay:
             return
         generation = self._generation
         delta = held.delta
-        if delta is not None and (request.base_version, request.base_sha256) == (
+        if delta is not None and (request.base_version, request.base_digest) == (
             delta.base_version,
-            delta.base_sha256,
+            delta.base_digest,
         ):
             frames, kind = iter(delta.frames), "delta"
         else:
-            frames, kind = encode_frames(held.version, held.tensors, held.sha256), "full"
+            frames, kind = encode_frames(held.version, held.tensors, held.digest), "full"
         for frame in frames:
             if self._generation != generation:
                 await context.abort(

@@ -143,12 +143,12 @@ class Swapper:
         staged = self.staging.open(version, self.signature)
         try:
             weights = await self.source.pull(policy.weights_endpoint, version, into=staged, base=staged.base)
-            if weights.sha256 != policy.sha256:
+            if weights.digest != policy.digest:
                 raise WeightsError(
-                    f"version {version}: digest {weights.sha256[:12]}… differs from the announced {policy.sha256[:12]}…"
+                    f"version {version}: digest {weights.digest[:12]}… differs from the announced {policy.digest[:12]}…"
                 )
             check_signature(weights, self.signature)
-            folder = await asyncio.to_thread(staged.commit, self.model_dir, weights.sha256)
+            folder = await asyncio.to_thread(staged.commit, self.model_dir, weights.digest)
             if self.relay is not None:
                 self.relay.hold(weights)
         except WeightsError as exc:

@@ -8,7 +8,7 @@ version the staging area holds, and the source answers with the elements
 that changed since (``asymptote.delta``), rebuilt in place over that
 version's bytes, or with the whole version; a delta that fails its checks
 is pulled again whole. Every update is checked before it reaches the
-engine: sha256, tensor names, shapes and dtypes against the model the
+engine: digest, tensor names, shapes and dtypes against the model the
 engine was built from, and NaN/Inf. A refused update raises WeightsError
 and the engine keeps the version it has. Staged versions are written as
 safetensors (never pickle) under a tmpfs folder: a pull decodes straight
@@ -59,7 +59,7 @@ class HeldVersion:
     """A verified version whose bytes a buffer holds, laid out as ``signature``: what a delta is applied to."""
 
     version: int
-    sha256: str
+    digest: str
     signature: Signature
 
 
@@ -118,7 +118,7 @@ class GrpcWeightSource:
 
     ``method``: the learner's ``LEARNER_PULL`` or a peer's ``RELAY_PULL``.
     A delta that fails its checks (wrong base, malformed, rebuilt bytes
-    that do not hash to the version's sha256) is pulled again whole from
+    that do not hash to the version's digest) is pulled again whole from
     the same endpoint; ``metrics`` counts each pull by kind (delta, full,
     fallback). Constructing one tunes the process's allocator for pulls
     (see ``reuse_freed_message_buffers``); between pulls it keeps one
@@ -171,7 +171,7 @@ class GrpcWeightSource:
         """One pull; (the verified version, bytes received)."""
         request = services_pb2.PullWeightsRequest(version=version)
         if base is not None:
-            request.base_version, request.base_sha256 = base.version, base.sha256
+            request.base_version, request.base_digest = base.version, base.digest
         received = 0
         async with channel(endpoint, self.tls) as ch:
             call = ch.unary_stream(
@@ -188,7 +188,7 @@ class GrpcWeightSource:
             if header.WhichOneof("part") == "header" and header.header.base_version:
                 if base is None or header.header.base_version != base.version or into is None:
                     raise WeightsError(f"version {version}: sent a delta from a version not held")
-                decoder = DeltaDecoder(header.header, base.signature, into, base.sha256)
+                decoder = DeltaDecoder(header.header, base.signature, into, base.digest)
                 received_frames = [first]
                 async for frame in frames:
                     received += len(frame)
@@ -351,17 +351,17 @@ class StagedVersion:
         self._buffer = np.frombuffer(mapped, dtype=np.uint8, offset=len(header))
         return self._buffer
 
-    def commit(self, model_dir: Path, sha256: str = "") -> Path:
+    def commit(self, model_dir: Path, digest: str = "") -> Path:
         """The loadable folder of the version, once the decoder verified it against the signature.
 
-        ``sha256``: the version's verified digest, so the next pull can be a
+        ``digest``: the version's verified digest, so the next pull can be a
         delta from it (none: the next pull is whole).
         """
         shutil.copy2(model_dir / "config.json", self.tmp / "config.json")
         folder = self.area.root / f"v{self.version}"
         shutil.rmtree(folder, ignore_errors=True)
         self.tmp.rename(folder)
-        self.area.held = HeldVersion(self.version, sha256, self.signature) if sha256 else None
+        self.area.held = HeldVersion(self.version, digest, self.signature) if digest else None
         return folder
 
     def discard(self) -> None:

@@ -46,7 +46,7 @@ from services.learner.minibatch import collate_mini_batches
 from services.learner.model import Precision, empty_model, load_tokenizer
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.trainer import StepInputs, Trainer, collate
-from services.learner.weights import Version, WeightStore
+from services.learner.weights import Staged, Version, WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,8 @@ class Learner:
         self.step = 0
         """Optimizer steps in the weights (restored from a checkpoint, so it can repeat after a crash)."""
         self.samples_trained = 0
+        self.publishing: asyncio.Task[None] | None = None
+        """The last staged version being digested and announced, beside the next step (``serve``)."""
         self.unacked: list[services_pb2.AckedBatch] = []
         # Groups trained into the current weights, newest last: a redelivered
         # copy (the broker restarted before it saw the ack) is not trained again.
@@ -236,19 +238,53 @@ class Learner:
 
     def snapshot(self) -> Version:
         """The current weights as the served version ``self.version`` (FSDP2 ranks join the gathers)."""
-        return self.store.snapshot_tensors(self.version, self.trainer.served_tensors(self.store.names))
+        return self.store.publish(self.stage())
 
-    async def announce(self, v: Version) -> None:
+    def stage(self) -> Staged:
+        """The current weights copied out in the served dtypes as version ``self.version`` (FSDP2 ranks
+        join the gathers): what must happen before the next step moves them."""
+        return self.store.stage(self.version, self.trainer.served_tensors(self.store.names))
+
+    async def serve(self) -> None:
+        """Serve the current weights as version ``self.version``.
+
+        Only the copy out (``stage``) holds the step loop; the digest and the
+        announcement run beside the next step. The previous version's are
+        awaited first, so versions are announced in order and at most one is
+        in flight.
+        """
+        started = time.perf_counter()
+        await self.served()
+        staged = await asyncio.to_thread(self.stage)
+        self.metrics.serve_stall_s.inc(time.perf_counter() - started)
+        self.publishing = asyncio.create_task(self._publish(staged, self.samples_trained, self.step))
+
+    async def served(self) -> None:
+        """Wait until the last staged version is announced (raises what its digest or announcement raised)."""
+        publishing, self.publishing = self.publishing, None
+        if publishing is not None:
+            await publishing
+
+    async def _publish(self, staged: Staged, samples_trained: int, step: int) -> None:
+        started = time.perf_counter()
+        v = await asyncio.to_thread(self.store.publish, staged)
+        self.metrics.publish_s.inc(time.perf_counter() - started)
+        await self.announce(v, samples_trained, step)
+
+    async def announce(self, v: Version, samples_trained: int | None = None, step: int | None = None) -> None:
+        """Publish ``v`` as the policy; ``samples_trained`` and ``step``: as of its weights (default: now)."""
+        samples_trained = self.samples_trained if samples_trained is None else samples_trained
+        step = self.step if step is None else step
         policy = rollout_pb2.PolicyVersion(
             version=v.version,
             weights_endpoint=f"{self.config.advertise_host}:{self.grpc_port}",
-            sha256=v.sha256,
+            digest=v.digest,
             num_bytes=v.num_bytes,
             num_tensors=len(v.tensors),
             published_unix_s=time.time(),
-            samples_trained=self.samples_trained,
-            step=self.step,
-            final=self.step >= self.config.max_steps,
+            samples_trained=samples_trained,
+            step=step,
+            final=step >= self.config.max_steps,
         )
         await publish_policy(self.kv, self.rt.names, policy)
         self.metrics.policy_version.set(v.version)
@@ -341,6 +377,7 @@ class Learner:
             if self.step % c.checkpoint_every_steps == 0 or self.step >= c.max_steps:
                 await self.begin_checkpoint(broker)
         if self.step >= c.max_steps:
+            await self.served()
             await self.commit_checkpoint(broker)
             log.info("reached max_steps=%d; serving the final weights until stopped", c.max_steps)
             await asyncio.to_thread(self.trainer.release_followers)
@@ -361,8 +398,7 @@ class Learner:
         self.step += 1
         self.samples_trained += int(inputs.rewards.numel())
         if announce:
-            v = await asyncio.to_thread(self.snapshot)
-            await self.announce(v)
+            await self.serve()
         self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
         record = {
             "step": self.step,
@@ -429,6 +465,8 @@ class Learner:
             raise
         finally:
             draining.cancel()
+            if self.publishing is not None:
+                self.publishing.cancel()
             await self.rt.health.shutting_down()
         try:
             if self.unacked:

@@ -25,6 +25,17 @@ class LearnerMetrics:
             "Time the training loop spent starting checkpoints (staging the state; the writes go on behind it)",
             registry=r,
         )
+        self.serve_stall_s = Counter(
+            "asymptote_learner_serve_stall_seconds",
+            "Time the training loop spent serving versions: copying the weights out in the served dtypes, and "
+            "waiting for the previous version's digest (the digest and announcement go on behind it)",
+            registry=r,
+        )
+        self.publish_s = Counter(
+            "asymptote_learner_publish_seconds",
+            "Time spent digesting served versions, beside the next step",
+            registry=r,
+        )
         self.staleness = Gauge(
             "asymptote_learner_staleness_tokens",
             "Tokens of the last batch by staleness (learner version minus token version)",

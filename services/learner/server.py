@@ -38,7 +38,7 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
         """A held version as serialized ``WeightsPart`` frames; NOT_FOUND if it is not held.
 
         Its changes since ``request.base_version`` when that version (with
-        ``request.base_sha256``) is held too, else the whole version.
+        ``request.base_digest``) is held too, else the whole version.
         """
         version = self.store.get(int(request.version))
         if version is None:
@@ -51,9 +51,9 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
         frames = None
         if request.base_version:
             frames = await asyncio.to_thread(
-                self.store.delta, version.version, int(request.base_version), request.base_sha256
+                self.store.delta, version.version, int(request.base_version), request.base_digest
             )
-        for frame in frames or encode_frames(version.version, version.tensors, version.sha256):
+        for frame in frames or encode_frames(version.version, version.tensors, version.digest):
             yield frame
 
     async def Status(

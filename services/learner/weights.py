@@ -4,7 +4,7 @@ Owns turning the model's parameters into a wire version (the tensors the
 model directory's safetensors hold, under the same Hugging Face names and
 in the same dtypes, so a generator reloads them as a checkpoint of the model
 it serves: a bf16 model gets bf16 updates from the float32 master weights),
-its sha256, and keeping the
+its digest, and keeping the
 newest few versions in memory for ``Learner.PullWeights``, with the deltas
 between them (``asymptote.delta``) encoded once each and served to every
 generator that holds the base.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asymptote.codec import Signature, WireTensor, digest
+from asymptote.codec import Signature, WireTensor, version_digest
 from asymptote.delta import delta_frames
 from services.learner.model import TORCH_DTYPES
 
@@ -28,7 +28,7 @@ from services.learner.model import TORCH_DTYPES
 class Version:
     version: int
     tensors: dict[str, WireTensor]
-    sha256: str
+    digest: str
 
     @property
     def num_bytes(self) -> int:
@@ -36,13 +36,37 @@ class Version:
 
 
 def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
-    """``tensor``'s bytes on the wire, converted to ``dtype`` (the served dtype) when given."""
+    """``tensor``'s bytes on the wire, converted to ``dtype`` (the served dtype) when given.
+
+    Cast where the tensor lives (a GPU's bf16 copy is half the bytes to move), then copied once into
+    host memory the wire tensor's bytes are a view of.
+    """
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"cannot serve weights as {dtype}; served dtypes are {sorted(TORCH_DTYPES)}")
-    t = tensor.detach().to("cpu", TORCH_DTYPES[dtype] if dtype else None).contiguous()
-    if t.dtype == torch.bfloat16:
-        return WireTensor("bfloat16", tuple(t.shape), t.view(torch.int16).numpy().tobytes())
-    return WireTensor.from_numpy(t.numpy())
+    src = tensor.detach()
+    if dtype is not None and src.dtype != TORCH_DTYPES[dtype]:
+        src = src.to(TORCH_DTYPES[dtype])
+    host = torch.empty(src.shape, dtype=src.dtype)
+    host.copy_(src)
+    raw = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
+    name = "bfloat16" if host.dtype == torch.bfloat16 else str(host.dtype).removeprefix("torch.")
+    return WireTensor(name, tuple(host.shape), memoryview(raw.numpy()).cast("B"))  # type: ignore[arg-type]
+
+
+def served_signature(model: torch.nn.Module, dtype: str) -> Signature:
+    """The signature ``model`` serves every tensor of in ``dtype`` (a tied weight under its first name)."""
+    from services.learner.model import aliases
+
+    tied = aliases(model)
+    return {name: (dtype, tuple(t.shape)) for name, t in model.state_dict().items() if name not in tied}
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A version's tensors copied out in the served dtypes, not yet digested (``WeightStore.publish``)."""
+
+    version: int
+    tensors: dict[str, WireTensor]
 
 
 class WeightStore:
@@ -72,9 +96,16 @@ class WeightStore:
         return self.snapshot_tensors(version, ((name, state[name]) for name in self.names))
 
     def snapshot_tensors(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Version:
-        """``version`` from (name, whole tensor) pairs, converted as they come (one held at a time).
+        """``version`` from (name, whole tensor) pairs: ``stage`` then ``publish``."""
+        return self.publish(self.stage(version, tensors))
 
-        The pairs must be exactly the model directory's tensors (KeyError naming the difference).
+    def stage(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Staged:
+        """``version``'s tensors copied out in the served dtypes, converted as they come (one held at a time).
+
+        The part of serving that must see the weights before the next step
+        moves them; ``publish`` (the digest) can run beside that step. The
+        pairs must be exactly the model directory's tensors (KeyError naming
+        the difference).
         """
         wire: dict[str, WireTensor] = {}
         for name, tensor in tensors:
@@ -84,7 +115,11 @@ class WeightStore:
         missing = [n for n in self.names if n not in wire]
         if missing:
             raise KeyError(f"no tensors given for {missing[:5]} (the model directory's tensors)")
-        return self.put(Version(version, wire, digest(wire)))
+        return Staged(version, wire)
+
+    def publish(self, staged: Staged) -> Version:
+        """Digest a staged version and hold it as served (blocking: call it off the event loop)."""
+        return self.put(Version(staged.version, staged.tensors, version_digest(staged.tensors)))
 
     def put(self, v: Version) -> Version:
         """Hold ``v`` as served; the oldest beyond ``keep`` are dropped."""
@@ -96,17 +131,17 @@ class WeightStore:
                 del self._deltas[key]
         return v
 
-    def delta(self, version: int, base_version: int, base_sha256: str) -> list[bytes] | None:
+    def delta(self, version: int, base_version: int, base_digest: str) -> list[bytes] | None:
         """Serialized frames of ``version`` as its changes since ``base_version``; None to send it whole.
 
         None when either version is not held, the base held has another
-        digest than ``base_sha256``, or the delta is no smaller than the
+        digest than ``base_digest``, or the delta is no smaller than the
         version. Encoded once per pair (callers asking at once wait for the
         first); blocking, so call it off the event loop.
         """
         with self._lock:
             target, base = self._versions.get(version), self._versions.get(base_version)
-            if target is None or base is None or base.sha256 != base_sha256 or base_version >= version:
+            if target is None or base is None or base.digest != base_digest or base_version >= version:
                 return None
             key = (base_version, version)
             encoding = self._encoding.setdefault(key, threading.Lock())
@@ -114,7 +149,7 @@ class WeightStore:
             with self._lock:
                 if key in self._deltas:
                     return self._deltas[key]
-            encoded = delta_frames(version, target.tensors, target.sha256, base_version, base.tensors, base.sha256)
+            encoded = delta_frames(version, target.tensors, target.digest, base_version, base.tensors, base.digest)
             frames = encoded if sum(map(len, encoded)) < target.num_bytes else None
             with self._lock:
                 if target.version in self._versions and base.version in self._versions:

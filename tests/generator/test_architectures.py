@@ -154,7 +154,7 @@ async def step_and_swap(model_dir: Path, engine: Engine, tmp_path: Path) -> Swap
     assert metrics["optim/grad_norm"] > 0
     signature = read_signature(model_dir)
     version = WeightStore(signature).snapshot(1, model)
-    weights = DecodedWeights(1, version.sha256, version.tensors)
+    weights = DecodedWeights(1, version.digest, version.tensors)
     check_signature(weights, signature)
     report = await engine.swap(stage(weights, tmp_path / "staged", model_dir), 1, "drain")
     assert report.version == 1 and engine.version == 1

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asymptote.codec import DecodedWeights, digest, read_signature
+from asymptote.codec import DecodedWeights, read_signature, version_digest
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.weights import stage
@@ -54,7 +54,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[i
             p.add_(torch.randn(p.shape, generator=generator) * 0.05)
     signature = read_signature(v0_dir)
     tensors = {n: to_wire(t) for n, t in model.state_dict().items() if n in signature}
-    folder = stage(DecodedWeights(1, digest(tensors), tensors), root / "staged", v0_dir)
+    folder = stage(DecodedWeights(1, version_digest(tensors), tensors), root / "staged", v0_dir)
     tokenizer = load_tokenizer(v0_dir)
     text = "Ann has 12 red pens and gives 5 to Bob. Bob already had 7 pens. "
     ids: list[int] = []

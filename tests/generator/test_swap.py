@@ -34,7 +34,7 @@ import torch
 from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
 from waiting import wait_until_async
 
-from asymptote.codec import DecodedWeights, WireTensor, digest, read_signature, signature_num_bytes
+from asymptote.codec import DecodedWeights, WireTensor, read_signature, signature_num_bytes, version_digest
 from asymptote.compute import ComputeMeter
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
@@ -107,7 +107,7 @@ def _version1_folder(models: dict[str, object]) -> Path:
     """v1 staged the way the swapper stages a pulled version."""
     v1 = load_model(models["v1"])
     tensors = {n: to_wire(t) for n, t in v1.state_dict().items() if n in read_signature(models["v0"])}
-    weights = DecodedWeights(1, digest(tensors), tensors)
+    weights = DecodedWeights(1, version_digest(tensors), tensors)
     return stage(weights, models["root"] / "staged", models["v0"])
 
 
@@ -174,29 +174,29 @@ def _corrupt(good: Version, kind: str) -> tuple[Version, str]:
         arr = t.to_numpy().copy()
         arr.flat[0] = float("nan")
         tensors[name] = WireTensor.from_numpy(arr)
-        return Version(good.version, tensors, digest(tensors)), "NaN or Inf"
+        return Version(good.version, tensors, version_digest(tensors)), "NaN or Inf"
     if kind == "inf":
         arr = t.to_numpy().copy()
         arr.flat[-1] = float("inf")
         tensors[name] = WireTensor.from_numpy(arr)
-        return Version(good.version, tensors, digest(tensors)), "NaN or Inf"
+        return Version(good.version, tensors, version_digest(tensors)), "NaN or Inf"
     if kind == "dtype":
         tensors[name] = WireTensor.from_numpy(t.to_numpy().astype("float16"))
-        return Version(good.version, tensors, digest(tensors)), f"tensor {name!r} is float16"
+        return Version(good.version, tensors, version_digest(tensors)), f"tensor {name!r} is float16"
     if kind == "shape":
         tensors[name] = WireTensor.from_numpy(t.to_numpy().reshape(-1)[:-1].copy())
-        return Version(good.version, tensors, digest(tensors)), f"tensor {name!r} is float32"
+        return Version(good.version, tensors, version_digest(tensors)), f"tensor {name!r} is float32"
     if kind == "names":
         tensors["model.not_a_layer.weight"] = tensors.pop(name)
-        return Version(good.version, tensors, digest(tensors)), "tensor names differ"
+        return Version(good.version, tensors, version_digest(tensors)), "tensor names differ"
     if kind == "missing":
         del tensors[name]
-        return Version(good.version, tensors, digest(tensors)), "tensor names differ"
+        return Version(good.version, tensors, version_digest(tensors)), "tensor names differ"
     if kind == "corrupted":  # bytes changed after the digest was taken
         arr = t.to_numpy().copy()
         arr.flat[0] += 1.0
         tensors[name] = WireTensor.from_numpy(arr)
-        return Version(good.version, tensors, good.sha256), "sha256 mismatch"
+        return Version(good.version, tensors, good.digest), "digest mismatch"
     if kind == "announced":  # data intact, announcement names another digest
         return good, "differs from the announced"
     raise ValueError(kind)
@@ -230,8 +230,8 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
             version = start + 100 + i
             bad, message = _corrupt(replace(good, version=version), kind)
             store.put(bad)
-            announced = "0" * 64 if kind == "announced" else bad.sha256
-            policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=endpoint, sha256=announced)
+            announced = "0" * 64 if kind == "announced" else bad.digest
+            policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=endpoint, digest=announced)
             with BAD_INPUTS.trying("weights", f"swapper update: {kind}"):
                 assert await swapper.update(policy) is False, kind
                 assert message in swapper.refused[version], (kind, swapper.refused[version])
@@ -243,7 +243,7 @@ async def test_bad_updates_are_refused_and_the_engine_keeps_serving(
         refused = metrics.swaps_refused.labels("invalid")._value.get()
         assert refused == len(BAD_KINDS)
         # A good update after all that loads.
-        policy = rollout_pb2.PolicyVersion(version=good.version, weights_endpoint=endpoint, sha256=good.sha256)
+        policy = rollout_pb2.PolicyVersion(version=good.version, weights_endpoint=endpoint, digest=good.digest)
         assert await swapper.update(policy) is True
         assert engine.version == good.version
         # Eight refusals and a swap later, staging holds one version: the loaded file, kept as the spare.
@@ -280,7 +280,7 @@ async def test_a_swap_through_a_delta_loads_the_same_weights_as_a_whole_pull(
             moved = torch.rand(p.shape, generator=generator) < 0.05
             p.add_(torch.randn(p.shape, generator=generator) * 1e-2 * moved)
     step = store.snapshot(start + 2, model)
-    again = store.put(Version(start + 3, step.tensors, step.sha256))  # the same bytes, pulled whole below
+    again = store.put(Version(start + 3, step.tensors, step.digest))  # the same bytes, pulled whole below
     health = Health("learner")
     servicer = LearnerServicer(store, health, "test", dict)
     server, port = await start_server(
@@ -288,7 +288,7 @@ async def test_a_swap_through_a_delta_loads_the_same_weights_as_a_whole_pull(
     )
 
     def announced(v: Version) -> rollout_pb2.PolicyVersion:
-        return rollout_pb2.PolicyVersion(version=v.version, weights_endpoint=f"127.0.0.1:{port}", sha256=v.sha256)
+        return rollout_pb2.PolicyVersion(version=v.version, weights_endpoint=f"127.0.0.1:{port}", digest=v.digest)
 
     def staged(swapper: Swapper) -> bytes:
         raw = (swapper.staging.root / SPARE_FILE).read_bytes()
@@ -342,7 +342,7 @@ async def test_tied_head_follows_the_swap(tmp_path: Path) -> None:
     v1_dir = save_model_dir(model, tok, tmp_path / "v1")
     signature = read_signature(v0_dir)
     tensors = {n: to_wire(t) for n, t in model.state_dict().items() if n in signature}
-    folder = stage(DecodedWeights(1, digest(tensors), tensors), tmp_path / "staged", v0_dir)
+    folder = stage(DecodedWeights(1, version_digest(tensors), tensors), tmp_path / "staged", v0_dir)
 
     eng = Engine(EngineSettings(model_dir=v0_dir, max_num_seqs=8, kv_cache_memory_bytes=32 * 1024 * 1024))
     await eng.start()

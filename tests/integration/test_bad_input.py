@@ -64,7 +64,7 @@ async def servers(nats: NatsServer) -> AsyncIterator[dict[str, int]]:
     broker = asyncio.create_task(serve(config, stop))
     nc = await connect(NatsSettings(url=nats.url), "test")
     kv = await ensure_bucket(nc.jetstream(), Names(prefix).policy_bucket)
-    await publish_policy(kv, Names(prefix), rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", sha256="00"))
+    await publish_policy(kv, Names(prefix), rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", digest="00"))
 
     store = WeightStore({"w": ("float32", (4,))})
     store.put(Version(1, {"w": WireTensor.from_numpy(np.arange(4, dtype=np.float32))}, "00" * 32))

@@ -136,7 +136,7 @@ async def running(h: Harness) -> AsyncIterator[Harness]:
     kv = await wait_until_async(policy_bucket, 10, "the broker to create the policy bucket", interval_s=0.1)
     assert kv is not None  # wait_until_async returns only a truthy value
     # The broker waits for the learner's first version before issuing.
-    await publish_policy(kv, h.names, rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", sha256="00"))
+    await publish_policy(kv, h.names, rollout_pb2.PolicyVersion(version=0, weights_endpoint="x:1", digest="00"))
     try:
         yield h
     finally:

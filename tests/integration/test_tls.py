@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.errors import NoServersError
 from raw_nats import session
 
-from asymptote.codec import WireTensor, digest, encode
+from asymptote.codec import WireTensor, encode, version_digest
 from asymptote.config import ListenSettings, NatsSettings, TlsSettings, load_config
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc, tensors_pb2
 from asymptote.errors import ConfigError
@@ -224,7 +224,7 @@ class OneVersionLearner(services_pb2_grpc.LearnerServicer):
     async def PullWeights(
         self, request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tensors_pb2.WeightsPart]:
-        for part in encode(1, self.tensors, digest(self.tensors)):
+        for part in encode(1, self.tensors, version_digest(self.tensors)):
             yield part
 
 

@@ -164,13 +164,13 @@ def main() -> None:
             plain.load_state_dict(final, strict=False)
             reference = WeightStore(signature).snapshot(1, plain)
             report[f"{name}/served"] = {
-                "sha256": served.sha256,
+                "digest": served.digest,
                 "names": sorted(served.tensors),
                 "bytes": {k: len(t.data) for k, t in served.tensors.items()},
                 "dtypes": {k: t.dtype for k, t in served.tensors.items()},
             }
             report[f"{name}/served_unsharded"] = {
-                "sha256": reference.sha256,
+                "digest": reference.digest,
                 "names": sorted(reference.tensors),
                 "bytes": {k: len(t.data) for k, t in reference.tensors.items()},
                 "dtypes": {k: t.dtype for k, t in reference.tensors.items()},

@@ -188,7 +188,7 @@ def test_fsdp_rank0_serves_what_an_unsharded_model_serves(runs: Runs) -> None:
         assert sharded["names"] == plain["names"] == sorted(tiny_model().state_dict())
         assert sharded["bytes"] == plain["bytes"] and sharded["dtypes"] == plain["dtypes"]
         assert {"bfloat16", "float32"} == set(sharded["dtypes"].values())
-        assert sharded["sha256"] == plain["sha256"]
+        assert sharded["digest"] == plain["digest"]
 
 
 def test_prompt_ranges_cover_the_batch_once() -> None:

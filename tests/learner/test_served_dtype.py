@@ -43,7 +43,7 @@ def test_a_bf16_model_trains_in_float32_and_is_served_in_bf16(bf16_dir: Path) ->
         want = state[name].detach().to(torch.bfloat16).view(torch.int16).numpy()
         assert np.array_equal(wire.to_numpy().view(np.int16), want), name  # round-to-nearest of the master
     # The generator takes it: names, dtypes and shapes are the checkpoint's.
-    check_signature(DecodedWeights(1, version.sha256, version.tensors), signature)
+    check_signature(DecodedWeights(1, version.digest, version.tensors), signature)
 
 
 def test_the_generator_still_refuses_a_float32_update_of_a_bf16_model(bf16_dir: Path) -> None:

@@ -229,7 +229,7 @@ def test_served_tensors_must_be_the_model_directory_s() -> None:
     store = WeightStore(signature)
     trainer = Trainer(model, CONFIGS["cispo-prompt-batch"], OptimizerSettings())
     served = store.snapshot_tensors(1, trainer.served_tensors(store.names))
-    assert served.sha256 == WeightStore(signature).snapshot(1, model).sha256
+    assert served.digest == WeightStore(signature).snapshot(1, model).digest
     with pytest.raises(KeyError, match=re.escape("no tensors given for ['model.norm.weight']")):
         store.snapshot_tensors(2, ((n, t) for n, t in model.state_dict().items() if n != "model.norm.weight"))
     with pytest.raises(KeyError, match=re.escape("extra.weight is not one of the model directory's tensors")):

@@ -189,10 +189,10 @@ class EvalResult(_message.Message):
     def __init__(self, eval_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_correct: _Optional[int] = ..., eval_version: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., eval_num_prompts: _Optional[int] = ..., generator_id: _Optional[str] = ..., finished_unix_s: _Optional[float] = ..., num_tokens: _Optional[int] = ..., tokens_by_version: _Optional[_Mapping[int, int]] = ..., task: _Optional[str] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
-    __slots__ = ("version", "weights_endpoint", "sha256", "num_bytes", "num_tensors", "published_unix_s", "samples_trained", "step", "final")
+    __slots__ = ("version", "weights_endpoint", "digest", "num_bytes", "num_tensors", "published_unix_s", "samples_trained", "step", "final")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
@@ -201,14 +201,14 @@ class PolicyVersion(_message.Message):
     FINAL_FIELD_NUMBER: _ClassVar[int]
     version: int
     weights_endpoint: str
-    sha256: str
+    digest: str
     num_bytes: int
     num_tensors: int
     published_unix_s: float
     samples_trained: int
     step: int
     final: bool
-    def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., sha256: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., digest: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ComputeTelemetry(_message.Message):
     __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total", "eval_device_seconds_total")

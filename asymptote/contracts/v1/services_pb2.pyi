@@ -132,14 +132,14 @@ class AckResponse(_message.Message):
     def __init__(self, num_acked: _Optional[int] = ..., unknown_batch_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullWeightsRequest(_message.Message):
-    __slots__ = ("version", "base_version", "base_sha256")
+    __slots__ = ("version", "base_version", "base_digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
-    BASE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BASE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     base_version: int
-    base_sha256: str
-    def __init__(self, version: _Optional[int] = ..., base_version: _Optional[int] = ..., base_sha256: _Optional[str] = ...) -> None: ...
+    base_digest: str
+    def __init__(self, version: _Optional[int] = ..., base_version: _Optional[int] = ..., base_digest: _Optional[str] = ...) -> None: ...
 
 class CurvePoint(_message.Message):
     __slots__ = ("compute", "pass_rate", "policy_version")

@@ -35,20 +35,20 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., tensor_num_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("version", "num_tensors", "num_bytes", "sha256", "base_version", "base_sha256")
+    __slots__ = ("version", "num_tensors", "num_bytes", "digest", "base_version", "base_digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
-    BASE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BASE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
     num_bytes: int
-    sha256: str
+    digest: str
     base_version: int
-    base_sha256: str
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., num_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., base_version: _Optional[int] = ..., base_sha256: _Optional[str] = ...) -> None: ...
+    base_digest: str
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., num_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., base_version: _Optional[int] = ..., base_digest: _Optional[str] = ...) -> None: ...
 
 class TensorDelta(_message.Message):
     __slots__ = ("name", "start", "num_elements", "encoding", "positions", "values")
