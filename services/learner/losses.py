@@ -16,6 +16,8 @@ Shapes used throughout:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -171,7 +173,7 @@ def cispo_loss(
     eps_max: float = 4.0,
     aggregation: Aggregation = "prompt",
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, RatioStats]:
     """CISPO (MiniMax-M1, arXiv 2506.13585; ScaleRL arXiv 2510.13786).
 
     Per token ``-sg(min(rho, eps_max)) * A * logp`` with
@@ -202,7 +204,7 @@ def ppo_clip_loss(
     aggregation: Aggregation = "sample",
     tis_cap: float | None = None,
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, RatioStats]:
     """PPO clip: GRPO (arXiv 2402.03300; eps_low = eps_high = 0.2, sample average)
     and DAPO (arXiv 2503.14476; asymmetric eps 0.2 / 0.28, token average).
 
@@ -245,7 +247,7 @@ def gspo_loss(
     eps_high: float = 4e-3,
     aggregation: Aggregation = "sample",
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, RatioStats]:
     """GSPO (arXiv 2507.18071): a sequence-level ratio.
 
     ``s_i = exp(mean over loss tokens of (logp - logp_gen))``, per sequence
@@ -272,17 +274,66 @@ def gspo_loss(
     return loss, ratio_stats(ratio=sd, mask=mask, capped=active)
 
 
-def ratio_stats(*, ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> dict[str, float]:
-    """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4)."""
+@dataclass(frozen=True, eq=False)
+class RatioStats(Mapping[str, float]):
+    """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4), kept as tensors where the loss ran.
+
+    Read as a mapping (``is/capped_frac``, ``is/rho_max``, ``is/rho_min``)
+    it gives floats, which waits for the device; the trainer adds the
+    tensors up over micro-batches instead and reads them once a step.
+    With no loss tokens the fraction is 0 and both extremes 1.
+    """
+
+    capped: torch.Tensor
+    """Loss tokens whose weight was capped (0-dim)."""
+    tokens: torch.Tensor
+    """Loss tokens (0-dim)."""
+    rho_max: torch.Tensor
+    """The largest ratio over loss tokens (0-dim; -inf with none)."""
+    rho_min: torch.Tensor
+    """The smallest (0-dim; +inf with none)."""
+
+    KEYS = ("is/capped_frac", "is/rho_max", "is/rho_min")
+
+    def __getitem__(self, key: str) -> float:
+        tokens = float(self.tokens)
+        if key == "is/capped_frac":
+            return float(self.capped) / tokens if tokens else 0.0
+        if key == "is/rho_max":
+            return float(self.rho_max) if tokens else 1.0
+        if key == "is/rho_min":
+            return float(self.rho_min) if tokens else 1.0
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return len(self.KEYS)
+
+    @classmethod
+    def merge(cls, parts: list[RatioStats]) -> RatioStats:
+        """The stats over all of ``parts``' loss tokens, on the device (no wait)."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            capped=torch.stack([p.capped for p in parts]).sum(),
+            tokens=torch.stack([p.tokens for p in parts]).sum(),
+            rho_max=torch.stack([p.rho_max for p in parts]).max(),
+            rho_min=torch.stack([p.rho_min for p in parts]).min(),
+        )
+
+
+def ratio_stats(*, ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor) -> RatioStats:
+    """IS-ratio metrics over loss tokens, computed without waiting for the device."""
     m = mask.bool()
-    if not m.any():
-        return {"is/capped_frac": 0.0, "is/rho_max": 1.0, "is/rho_min": 1.0}
-    r = ratio[m]
-    return {
-        "is/capped_frac": float(capped[m].float().mean()),
-        "is/rho_max": float(r.max()),
-        "is/rho_min": float(r.min()),
-    }
+    r = ratio.detach().to(torch.float64)
+    return RatioStats(
+        capped=(capped & m).sum().to(torch.float64),
+        tokens=m.sum().to(torch.float64),
+        rho_max=torch.where(m, r, -torch.inf).amax() if m.numel() else torch.tensor(-torch.inf),
+        rho_min=torch.where(m, r, torch.inf).amin() if m.numel() else torch.tensor(torch.inf),
+    )
 
 
 def _check_shapes(
@@ -318,7 +369,7 @@ def policy_loss(
     clip: tuple[float, float] = (0.2, 0.2),
     tis_cap: float | None = None,
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, RatioStats]:
     """The loss named in the learner's config (``weights``: see ``aggregate``)."""
     if name == "cispo":
         return cispo_loss(

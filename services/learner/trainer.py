@@ -37,7 +37,14 @@ from services.learner.attention import has_sliding_window, is_packed, use_packed
 from services.learner.checkpoint import Checkpointer, Restored
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
-from services.learner.losses import aggregation_weights, batch_counts, group_advantages, log_ratio, policy_loss
+from services.learner.losses import (
+    RatioStats,
+    aggregation_weights,
+    batch_counts,
+    group_advantages,
+    log_ratio,
+    policy_loss,
+)
 from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, fill_from_dir, materialize, pack
 from services.learner.sharding import (
     Parallelism,
@@ -168,33 +175,23 @@ class _Scored:
     entropy: torch.Tensor
     logp_gen: torch.Tensor
     score_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    stats: dict[str, float]
+    stats: RatioStats
 
     @classmethod
     def merge(cls, parts: Sequence[_Scored]) -> _Scored:
-        """One rank's micro-batches as one: losses summed, rows stacked, IS-ratio stats over all loss tokens."""
+        """One rank's micro-batches as one: losses summed, rows stacked, IS-ratio stats over all loss tokens
+        (on the device: nothing here waits for it)."""
         if len(parts) == 1:
             return parts[0]
         width = max(p.logp.shape[1] for p in parts)
         assert all(p.logp.shape[1] == width for p in parts), "micro-batches keep the batch's padding"
-        counts = [float(p.loss_mask.sum()) for p in parts]
-        with_tokens = [p.stats for p, n in zip(parts, counts, strict=True) if n > 0]
-        total = sum(counts)
-        stats = {
-            "is/capped_frac": sum(p.stats["is/capped_frac"] * n for p, n in zip(parts, counts, strict=True)) / total
-            if total
-            else 0.0,
-            "is/rho_max": max((st["is/rho_max"] for st in with_tokens), default=1.0),
-            "is/rho_min": min((st["is/rho_min"] for st in with_tokens), default=1.0),
-        }
+        stats = RatioStats.merge([p.stats for p in parts])
         return cls(
             loss=torch.stack([p.loss for p in parts]).sum(),
             logp=torch.cat([p.logp for p in parts]),
             entropy=torch.cat([p.entropy for p in parts]),
             logp_gen=torch.cat([p.logp_gen for p in parts]),
             score_mask=torch.cat([p.score_mask for p in parts]),
-            loss_mask=torch.cat([p.loss_mask for p in parts]),
             stats=stats,
         )
 
@@ -553,7 +550,6 @@ class Trainer:
                     entropy=entropy,
                     logp_gen=inputs.logp_gen[rows].to(device),
                     score_mask=(inputs.loss_mask[rows] * live).to(device),
-                    loss_mask=loss_mask,
                     stats=stats,
                 )
             )
@@ -598,37 +594,18 @@ class Trainer:
     def _scored_stats(self, part: _Scored) -> dict[str, float]:
         """Metrics of the learner's own scores, summed over ranks (one process: as they are)."""
         loss, logp, logp_gen, entropy = part.loss, part.logp, part.logp_gen, part.entropy
-        score_mask, loss_mask, stats = part.score_mask, part.loss_mask, part.stats
+        score_mask, stats = part.score_mask, part.stats
         mask = score_mask.bool()
         with torch.no_grad():
             diff = log_ratio(logp=logp.detach(), logp_gen=logp_gen)[mask]
             # k3 estimator of KL(gen || learner): E_gen[exp(d) - 1 - d], d = logp - logp_gen.
             kl = diff.exp() - 1 - diff
-            in_loss = float(loss_mask.sum())
-            present = in_loss > 0
-            sums = self.dp.sum(
-                torch.tensor(
-                    [
-                        float(loss.detach()),
-                        float(entropy[mask].sum()),
-                        float(mask.sum()),
-                        float(kl.sum()),
-                        float(diff.abs().sum()),
-                        stats["is/capped_frac"] * in_loss,
-                        in_loss,
-                    ],
-                    dtype=torch.float64,
-                )
-            )
-            extremes = self.dp.max(
-                torch.tensor(
-                    [
-                        stats["is/rho_max"] if present else -math.inf,
-                        -stats["is/rho_min"] if present else -math.inf,
-                    ],
-                    dtype=torch.float64,
-                )
-            )
+            # Built where the scores are and read in one copy: the step's only wait for the device.
+            parts = [loss.detach(), entropy[mask].sum(), mask.sum(), kl.sum(), diff.abs().sum(), stats.capped]
+            local = torch.stack([t.to(torch.float64) for t in [*parts, stats.tokens, stats.rho_max, -stats.rho_min]])
+            local = local.cpu()
+            sums = self.dp.sum(local[:7].clone())
+            extremes = self.dp.max(local[7:].clone())
         loss_sum, entropy_sum, scored, kl_sum, abs_sum, capped, in_loss_total = sums.tolist()
         some = in_loss_total > 0
         return {
