@@ -9,6 +9,7 @@ alive, no process left behind).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -316,13 +317,33 @@ def test_attack_fails(attack: Attack, backend: str, host: Host, monkeypatch: pyt
 
 
 def strays() -> list[int]:
-    """Processes still running a sandboxed program (found by its file name on their command line)."""
+    """Processes still running a sandboxed program (found by its file name on their command line), but
+    for those another test worker is running now: a program under a process that carries another
+    worker's ``PYTEST_XDIST_WORKER`` (the stacks and pools it started inherit it) is that test's. An
+    escaped program has no such ancestor: it was re-parented to init."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info["cmdline"] or []
         if any(part.endswith(PROGRAM_NAME) for part in cmdline) and proc.info["pid"] != os.getpid():
-            found.append(int(proc.info["pid"]))
+            if not _another_workers(proc):
+                found.append(int(proc.info["pid"]))
     return found
+
+
+def _another_workers(proc: psutil.Process) -> bool:
+    mine = os.environ.get(XDIST_WORKER)
+    try:
+        for parent in proc.parents():
+            with contextlib.suppress(psutil.Error):
+                worker = parent.environ().get(XDIST_WORKER)
+                if worker is not None and worker != mine:
+                    return True
+    except psutil.Error:
+        return False
+    return False
+
+
+XDIST_WORKER = "PYTEST_XDIST_WORKER"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
