@@ -331,8 +331,8 @@ def ratio_stats(*, ratio: torch.Tensor, mask: torch.Tensor, capped: torch.Tensor
     return RatioStats(
         capped=(capped & m).sum().to(torch.float64),
         tokens=m.sum().to(torch.float64),
-        rho_max=torch.where(m, r, -torch.inf).amax() if m.numel() else torch.tensor(-torch.inf),
-        rho_min=torch.where(m, r, torch.inf).amin() if m.numel() else torch.tensor(torch.inf),
+        rho_max=torch.where(m, r, -torch.inf).amax() if m.numel() else r.new_tensor(-torch.inf),
+        rho_min=torch.where(m, r, torch.inf).amin() if m.numel() else r.new_tensor(torch.inf),
     )
 
 

@@ -21,7 +21,7 @@ import torch
 
 from asymptote.codec import Signature, WireTensor, version_digest
 from asymptote.delta import delta_frames
-from services.learner.model import TORCH_DTYPES
+from services.learner.model import TORCH_DTYPES, aliases
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,6 @@ def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
 
 def served_signature(model: torch.nn.Module, dtype: str) -> Signature:
     """The signature ``model`` serves every tensor of in ``dtype`` (a tied weight under its first name)."""
-    from services.learner.model import aliases
-
     tied = aliases(model)
     return {name: (dtype, tuple(t.shape)) for name, t in model.state_dict().items() if name not in tied}
 
