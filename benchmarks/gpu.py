@@ -18,7 +18,10 @@ Owns the figures a first GPU run needs and no CPU machine can give:
   and a ``torch.distributed.checkpoint`` save and load;
 - **staging**: host to device copies from pageable and pinned memory and a
   device to device copy (GB/s), and the pause they project for a 16 GB
-  (8B bf16) swap.
+  (8B bf16) swap; and the generator's own staging (``worker_ext``): a
+  version mapped from tmpfs, then copied into pinned buffers or onto the
+  device while an engine would generate, checked byte for byte, and the
+  placement ``auto`` picks.
 
     python -m benchmarks.gpu --output DIR            # one GPU: a random Qwen3-0.6B shape
     python -m benchmarks.gpu --output DIR --device cpu --quick   # the same code, tiny, on the CPU
@@ -584,7 +587,44 @@ def part_staging(shape: Shape, device: torch.device, clock: Clock) -> dict[str, 
         rate = n / took
         out[f"{name}_gb_per_s"] = rate / 1e9
         out[f"{name}_pause_16gb_s"] = SWAP_BYTES / rate
+    out.update(generator_staging(n, device))
     return out
+
+
+def generator_staging(num_bytes: int, device: torch.device) -> dict[str, Any]:
+    """The generator's staging of a version of ``num_bytes`` (bf16, eight tensors) written to tmpfs:
+    mapping it, and on a GPU copying it to each placement (twice: pinned buffers are kept and reused),
+    GB/s, with the copies checked against the file."""
+    from safetensors.torch import save_file
+
+    from services.generator.worker_ext import _mapped, _staged_copy, choose_placement
+
+    rows = max(1, num_bytes // (8 * 1024 * 2))
+    tensors = {f"layers.{i}.weight": torch.randn(rows, 1024).to(torch.bfloat16) for i in range(8)}
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-staging-", dir=shm if shm.is_dir() else None) as tmp:
+        file = Path(tmp) / "model.safetensors"
+        save_file(tensors, str(file))
+        out: dict[str, Any] = {
+            "generator_staging_bytes": size,
+            "auto_placement": choose_placement("auto", device, size),
+        }
+        t0 = time.perf_counter()
+        mapped = _mapped([file])
+        out["mapped_gb_per_s"] = size / (time.perf_counter() - t0) / 1e9
+        if device.type != "cuda":
+            return out
+        for placement in ("pinned", "device"):
+            keep: dict[str, Any] = {}
+            for attempt in ("first", "again"):
+                t0 = time.perf_counter()
+                staged = _staged_copy(mapped, placement, device, keep)
+                out[f"stage_{placement}_{attempt}_gb_per_s"] = size / (time.perf_counter() - t0) / 1e9
+            if not all(torch.equal(staged[k].cpu(), t) for k, t in tensors.items()):
+                raise RuntimeError(f"the {placement} staging differs from the file it staged")
+            del staged
+        return out
 
 
 PARTS: dict[str, Callable[[Shape, torch.device, Clock], dict[str, Any]]] = {

@@ -46,6 +46,10 @@ def test_the_quick_run_measures_every_part(tmp_path: Path) -> None:
     staging = parts["staging"]
     assert staging["bytes"] == QUICK.staging_bytes
     assert math.isclose(staging["pageable_to_device_pause_16gb_s"] * staging["pageable_to_device_gb_per_s"], 16.0)
+    # The generator's staging on the CPU: the version mapped where the pull wrote it, nothing copied.
+    assert staging["auto_placement"] == "mapped" and staging["mapped_gb_per_s"] > 0
+    assert abs(staging["generator_staging_bytes"] - QUICK.staging_bytes) <= 8 * 1024 * 2
+    assert not any(k.startswith("stage_") for k in staging)
     assert set(parts["activations"]) >= {f"T{t}_plain_s" for t in QUICK.activation_lengths}
 
 

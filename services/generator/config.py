@@ -45,6 +45,12 @@ class EngineSettings(Frozen):
     Refused at start where the platform cannot run it (vLLM's CPU build: none)."""
     enforce_eager: bool = True
     """No CUDA graphs / compilation (required for fast start on CPU)."""
+    swap_staging: Literal["auto", "mapped", "pinned", "device"] = "auto"
+    """Where a new version waits, while generation goes on, for the pause that loads it. mapped: the
+    tmpfs pages the pull wrote (no copy; the only choice on the CPU). pinned: page-locked host buffers
+    kept from swap to swap (one version's bytes per engine worker, so tensor_parallel_size x the model).
+    device: spare GPU memory, so the paused load is a device-to-device copy. auto: mapped on the CPU; on
+    GPUs device when the version fits in free memory with 1 GiB to spare, else pinned."""
     seed: int = 0
     """Engine sampling seed."""
 

@@ -71,17 +71,30 @@ class SwapReport:
     """Reading the checkpoint into the worker, while generation continued."""
     pause_wait_s: float = 0.0
     """Waiting for the step under way to finish (drain: for running requests)."""
+    load_s: float = 0.0
+    """Of the pause, the load into the model in the engine's workers (the slowest); the rest is the
+    engine's calls around it."""
+    placement: str = ""
+    """Where the version waited for the pause (EngineSettings.swap_staging, resolved)."""
 
 
 def check_platform(s: EngineSettings) -> None:
     """ConfigError naming the setting when this platform's vLLM cannot run ``s``.
 
-    Imports vLLM only when there is something to check (a quantization).
+    Imports vLLM only when there is something to check (a quantization, a staging place for GPUs).
     """
-    if s.quantization is None:
+    if s.quantization is None and s.swap_staging in ("auto", "mapped"):
         return
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
     from vllm.platforms import current_platform
+
+    if s.swap_staging not in ("auto", "mapped") and current_platform.device_type == "cpu":
+        raise ConfigError(
+            f"engine.swap_staging {s.swap_staging!r} stages for a GPU; vLLM's CPU build computes from the "
+            "staged pages themselves: use auto or mapped"
+        )
+    if s.quantization is None:
+        return
 
     if s.quantization not in QUANTIZATION_METHODS:
         # Checked here because CUDA keeps no list of its own (verify_quantization passes any name there).
@@ -299,7 +312,9 @@ class Engine:
         async with self._swap_lock:
             path = str(weights_path)
             started = time.monotonic()
-            await self._llm.collective_rpc("stage_weights", kwargs={"weights_path": path})
+            await self._llm.collective_rpc(
+                "stage_weights", kwargs={"weights_path": path, "placement": self.settings.swap_staging}
+            )
             # The worker reads on a thread of its own while the engine steps;
             # asking whether it is done is a short call between two steps.
             while not all(await self._llm.collective_rpc("staged", kwargs={"weights_path": path})):
@@ -338,7 +353,16 @@ class Engine:
             self.version = version
         async with self._version_changed:
             self._version_changed.notify_all()
-        return SwapReport(version, resumed - paused, running, staged_s=staged - started, pause_wait_s=paused - staged)
+        loads: list[dict[str, Any]] = results[0]
+        return SwapReport(
+            version,
+            resumed - paused,
+            running,
+            staged_s=staged - started,
+            pause_wait_s=paused - staged,
+            load_s=max(load["load_s"] for load in loads),
+            placement=loads[0]["placement"],
+        )
 
     async def wait_for_version(self, version: int) -> None:
         """Return once the engine serves ``version`` or a newer one."""

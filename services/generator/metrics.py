@@ -8,6 +8,8 @@ from services.generator.episode import END_REASONS
 
 SWAP_REFUSALS = ("invalid", "staging", "unreachable")
 """Why a weight version was refused (``swapper.Swapper.update``): exported at 0 from the start."""
+PAUSE_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
+"""Seconds: a swap's pause and the load inside it."""
 PULL_KINDS = ("delta", "full", "fallback")
 """How a version was pulled (``weights.GrpcWeightSource``): rebuilt from a delta, whole (no base held, or
 the source no longer holds it), or whole after a refused delta. Exported at 0 from the start."""
@@ -65,7 +67,13 @@ class GeneratorMetrics:
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
             "Generation stalled per swap (scheduler paused to resumed)",
-            buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5),
+            buckets=PAUSE_BUCKETS,
+            registry=r,
+        )
+        self.swap_load_s = Histogram(
+            "asymptote_generator_swap_load_seconds",
+            "Of a swap's pause, the load into the model in the engine's workers",
+            buckets=PAUSE_BUCKETS,
             registry=r,
         )
         self.swap_pull_s = Histogram(

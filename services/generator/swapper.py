@@ -178,13 +178,14 @@ class Swapper:
         m.swaps.inc()
         m.swap_pull_s.observe(pulled)
         m.swap_pause_s.observe(report.paused_s)
+        m.swap_load_s.observe(report.load_s)
         m.swap_last_pause_s.set(report.paused_s)
         m.swap_bytes.inc(weights.num_bytes)
         m.swap_carried.inc(report.num_running)
         m.policy_version.set(version)
         log.info(
             "loaded version %d: %.1f MB (%s), pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
-            "paused %.1f ms, %d sequences carried across",
+            "paused %.1f ms (loading %.1f ms from %s memory), %d sequences carried across",
             version,
             weights.num_bytes / 1e6,
             f"delta of {weights.delta.num_bytes / 1e6:.2f} MB" if weights.delta is not None else "whole",
@@ -192,6 +193,8 @@ class Swapper:
             report.staged_s * 1e3,
             report.pause_wait_s * 1e3,
             report.paused_s * 1e3,
+            report.load_s * 1e3,
+            report.placement,
             report.num_running,
         )
         return True

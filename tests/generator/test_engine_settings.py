@@ -90,6 +90,15 @@ def test_quantization_is_refused_on_the_cpu_build_by_name() -> None:
         check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
 
 
+def test_gpu_staging_places_are_refused_on_the_cpu_build() -> None:
+    check_platform(EngineSettings(model_dir=Path("/m"), swap_staging="mapped"))
+    for place in ("pinned", "device"):
+        with pytest.raises(
+            ConfigError, match=rf"^engine.swap_staging '{place}' stages for a GPU; .*use auto or mapped"
+        ):
+            check_platform(EngineSettings(model_dir=Path("/m"), swap_staging=place))  # type: ignore[arg-type]
+
+
 def test_a_name_vllm_does_not_know_is_refused_with_the_accepted_ones() -> None:
     with pytest.raises(ConfigError) as caught:
         check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp9"))
@@ -106,6 +115,7 @@ def test_on_a_gpu_platform_vllm_decides(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(platform, "device_name", "cuda")
     # CUDA keeps no list: a method vLLM knows passes, an unknown one does not.
     check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp8"))
+    check_platform(EngineSettings(model_dir=Path("/m"), swap_staging="pinned"))  # staging for a GPU: fine
     with pytest.raises(ConfigError, match=r"^engine.quantization 'fp9' is not a vLLM quantization method"):
         check_platform(EngineSettings(model_dir=Path("/m"), quantization="fp9"))
     # A platform with a list (ROCm, XPU): vLLM's refusal, under the setting's name.

@@ -104,8 +104,8 @@ def test_worker_loads_only_the_safetensors_beside_pickles(tmp_path: Path) -> Non
     worker = StagedWeightsExtension()
     assert worker.stage_weights(str(version)) == (version / "model.safetensors").stat().st_size
     assert worker._staging is not None
-    staged = worker._staging[1].result(timeout=30)
-    assert worker.staged(str(version))
+    placement, staged = worker._staging[1].result(timeout=30)
+    assert worker.staged(str(version)) and placement == "mapped"  # a worker with no model: the CPU
     assert list(staged) == ["model.embed_tokens.weight"]
     torch.testing.assert_close(staged["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
     assert not marker.exists()
