@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::")[0]
         module_rank[module] = min(module_rank.get(module, cost_rank(item)), cost_rank(item))
     items.sort(key=lambda item: module_rank[item.nodeid.split("::")[0]])  # stable: file order within a rank
+
+
+SHARED_WORKER = {"tests/integration/test_multiturn_rollout.py": "tests/generator/test_episodes.py"}
+"""Modules sent to the parallel worker of another module: they share a session fixture that starts a
+vLLM engine (``qwen3_chat_engine``), which then starts once (a worker takes whole modules)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``loadscope`` (a module to one worker), with SHARED_WORKER's modules put together."""
+    if config.getvalue("dist") != "loadscope":
+        return None  # xdist's own scheduler for the mode asked for
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkerScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_WORKER.get(scope, scope)
+
+    return SharedWorkerScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+async def qwen3_chat_engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Path, Any]]:
+    """The tiny Qwen3 chat model (tool-calling template, tests/envs/chat_models.py) and one vLLM engine
+    serving it, for the modules that play episodes on it (see SHARED_WORKER). Nothing swaps its weights."""
+    from services.generator.config import EngineSettings
+    from services.generator.engine import Engine
+    from tests.envs.chat_models import chat_model_dir
+
+    model_dir = chat_model_dir("qwen3", tmp_path_factory.mktemp("chat-engine") / "qwen3")
+    engine = Engine(
+        EngineSettings(model_dir=model_dir, max_num_seqs=16, max_model_len=1024, kv_cache_memory_bytes=64 * 1024 * 1024)
+    )
+    await engine.start()
+    try:
+        yield model_dir, engine
+    finally:
+        await engine.shutdown()
 
 
 def bad_input_report_path(config: pytest.Config) -> Path:

@@ -32,7 +32,11 @@ FIGURES = {
     "swap_pause_median_vs_memory_copy",
     "learning_speed_plus_0.1_onpolicy_vs_stack",
 }
-FULL_ONLY = {"pipeline_samples_per_s_inflight_vs_sync", "learning_speed_plus_0.1_onpolicy_vs_stack"}
+FULL_ONLY = {
+    "pipeline_samples_per_s_inflight_vs_sync",
+    "learning_speed_plus_0.1_onpolicy_vs_stack",
+    "learner_memory_fsdp2_2_ranks_vs_1_activation_checkpointing",
+}
 
 
 def test_a_measured_stack_run_waits_for_metric_samples_not_for_time(tmp_path: Path) -> None:

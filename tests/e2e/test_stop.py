@@ -99,10 +99,10 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
         resume_and_check(tmp_path / "run", token)
 
 
-EVAL_EVERY = 5
-STOP_AFTER = 6
+EVAL_EVERY = 4
+STOP_AFTER = 5
 """The step after which ``up`` is stopped: past its first eval round after version 0."""
-MAX_STEPS = 13
+MAX_STEPS = 10
 """Not a multiple of the eval interval: the final version is evaluated all the same."""
 
 

@@ -1,8 +1,9 @@
 """vLLM and the learner score the same completions alike, for every tested architecture,
 before and after a weight swap that follows one learner step.
 
-For Llama (untied head), Qwen2 (attention biases, tied head) and Qwen3 (q/k
-norms, its own head size, tied head), each built by ``create_test_model_dir``
+For Llama (tied head, as the embedded default's), Qwen2 (attention biases,
+untied head) and Qwen3 (q/k norms, its own head size, tied head), each built
+by ``create_test_model_dir``
 with a locally trained BPE tokenizer and ChatML template, a real vLLM engine
 (CPU, float32) samples completions of chat-templated prompts; the learner's
 ``completion_logprobs`` (loaded through the Auto classes, FP32 head) scores
@@ -11,7 +12,10 @@ rewards changes the learner's weights; the new version goes through the
 generator's own path (the signature check, staging as safetensors, the
 in-flight reload with the tied-head fix-up) and the engine samples again.
 Its log-probs must match the stepped learner's, and differ from the
-pre-step learner's, so the swap is known to have happened. The bf16 engine
+pre-step learner's, so the swap is known to have happened. For a tied head
+that is the fix-up's check: vLLM's in-place reload skips the head (no
+checkpoint tensor names it), and without re-tying it the head keeps version
+0's prepacked weights, so the reported log-probs belong to neither version. The bf16 engine
 serves a model as ``asymptote export`` writes it from a learner checkpoint
 (safetensors shards and their index): vLLM loads what users take out.
 """
@@ -41,7 +45,7 @@ from services.learner.weights import WeightStore
 
 pytestmark = [pytest.mark.vllm]
 
-VARIANTS: list[tuple[Family, bool]] = [("llama", False), ("qwen2", True), ("qwen3", True)]
+VARIANTS: list[tuple[Family, bool]] = [("llama", True), ("qwen2", False), ("qwen3", True)]
 """(family, tied head): each family once, tied and untied heads both."""
 
 CONVERSATIONS = (

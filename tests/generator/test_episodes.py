@@ -37,6 +37,7 @@ import contextvars
 from collections import Counter as Tally
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -88,8 +89,13 @@ class RecordingEngine:
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
-async def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
+async def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, qwen3_chat_engine: tuple[Path, Engine]
+) -> AsyncIterator[Any]:
     flavour: Flavour = request.param
+    if flavour == "qwen3":  # the session's engine, shared with the multi-turn rollout's tests
+        yield (flavour, *qwen3_chat_engine)
+        return
     model_dir = chat_model_dir(flavour, tmp_path_factory.mktemp("episodes") / flavour)
     engine = Engine(
         EngineSettings(model_dir=model_dir, max_num_seqs=16, max_model_len=1024, kv_cache_memory_bytes=64 * 1024 * 1024)

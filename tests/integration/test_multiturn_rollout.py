@@ -36,7 +36,6 @@ import asyncio
 import json
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,6 @@ from asymptote.nats_local import NatsServer
 from asymptote.tasks import DatasetTask, MultiTurnSettings, parse_task_settings
 from asymptote.tasks.multiturn import episode_prompt
 from services.broker.config import EvalSettings, SamplingSettings
-from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.episode import END_REASONS, Episode, EpisodeRunner
 from services.generator.metrics import GeneratorMetrics
@@ -61,7 +59,6 @@ from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
 from services.learner.model import completion_logprobs, load_model
 from services.learner.trainer import collate
-from tests.envs.chat_models import chat_model_dir
 from tests.envs.tool_classes import Counter
 
 pytestmark = [pytest.mark.vllm]
@@ -94,16 +91,9 @@ class RecordingRunner(EpisodeRunner):
 
 
 @pytest.fixture(scope="module")
-async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engine]:
-    model_dir = chat_model_dir("qwen3", tmp_path_factory.mktemp("multiturn") / "qwen3")
-    eng = Engine(
-        EngineSettings(model_dir=model_dir, max_num_seqs=16, max_model_len=1024, kv_cache_memory_bytes=64 * 1024 * 1024)
-    )
-    await eng.start()
-    try:
-        yield eng
-    finally:
-        await eng.shutdown()
+def engine(qwen3_chat_engine: tuple[Path, Engine]) -> Engine:
+    """The session's engine of the tiny Qwen3 chat model (tests/conftest.py), shared with the episode tests."""
+    return qwen3_chat_engine[1]
 
 
 def multiturn_task(root: Path, chat_template_kwargs: dict[str, Any]) -> MultiTurnSettings:
