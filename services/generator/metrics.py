@@ -64,6 +64,7 @@ class GeneratorMetrics:
             self.swaps_refused.labels(reason)
         self.task_errors.labels("poison")
         self.task_errors.labels("task_digest")
+        self.task_errors.labels("no_sequence")
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
             "Generation stalled per swap (scheduler paused to resumed)",

@@ -17,8 +17,13 @@ the group's completions are the episodes' training samples in order, each
 with its own prompt when it is not the group's (the first sample's) and,
 after an episode's first, marked as continuing that episode; an episode's
 reward is its environment's, else the verifier's on its final turn. An
-episode that produced no sequence (its environment failed at reset) fails
-the task, which is handed back as on engine trouble.
+episode that produced no sequence (its environment failed at reset or
+before the model's first turn) ends with its reason, which is counted. A
+train group leaves such episodes out; when none produced a sequence the
+task is dead-lettered with the reason (recorded in the ledger first, so
+nothing is lost and nothing is tried again: the environment, not the
+engine, failed). An eval result counts such an episode as a wrong answer,
+so a round keeps its size and completes.
 """
 
 from __future__ import annotations
@@ -94,19 +99,25 @@ def completion(
     )
 
 
+class NoSequence(ValueError):
+    """None of a task's episodes produced a sequence to train on."""
+
+
 def episode_completions(
     episodes: list[Episode], rewards: list[float]
 ) -> tuple[list[int], list[rollout_pb2.Completion]]:
     """A multi-turn group's prompt (its first sequence's) and completions: every episode's training samples in
     order, each with its episode's reward, its own prompt where it is not the group's, and every sample after
-    an episode's first marked as continuing it. ValueError for an episode without a sequence."""
-    empty = [i for i, e in enumerate(episodes) if not e.samples]
-    if empty:
-        first = episodes[empty[0]]
-        raise ValueError(f"{len(empty)} episode(s) produced no sequence ({first.end_reason}: {first.error})")
-    group_prompt = episodes[0].samples[0].prompt_ids
+    an episode's first marked as continuing it. An episode without a sequence is left out; NoSequence, naming
+    the first one's end, when no episode has one."""
+    played = [(e, r) for e, r in zip(episodes, rewards, strict=True) if e.samples]
+    if not played:
+        first = episodes[0] if episodes else None
+        why = f" ({first.end_reason}: {first.error})" if first is not None else ""
+        raise NoSequence(f"none of the task's {len(episodes)} episodes produced a sequence{why}")
+    group_prompt = played[0][0].samples[0].prompt_ids
     out = []
-    for episode, reward in zip(episodes, rewards, strict=True):
+    for episode, reward in played:
         for j, t in enumerate(episode.samples):
             own = t.prompt_ids if t.prompt_ids != group_prompt else None
             out.append(completion(t.sample, reward, own, continues_episode=j > 0))
@@ -308,9 +319,14 @@ class RolloutLoop:
                     )
             if self.episodes is not None:
                 rewards = await self._episode_rewards(task, episodes)
-                prompt_ids, completions = episode_completions(episodes, rewards)
-                samples = [t.sample for e in episodes for t in e.samples]
                 self._count_episodes(kind, episodes)
+                samples = [t.sample for e in episodes for t in e.samples]
+                if task.kind == rollout_pb2.TASK_KIND_TRAIN:
+                    try:
+                        prompt_ids, completions = episode_completions(episodes, rewards)
+                    except NoSequence as exc:
+                        await self._refuse(msg, task.task_id, str(exc), "no_sequence")
+                        return
             else:
                 rewards = await self.scorer.rewards(task.task_name, [x.text for x in samples], task.reference)
                 completions = [completion(x, r) for x, r in zip(samples, rewards)]

@@ -75,7 +75,7 @@ class Counter:
 
 class Misbehaves(Counter):
     """Fails its first step (or its reset) in the way the task's reference names; "well" behaves as Counter
-    for two turns. Modes: raise, hang, garbage, role, oversize, crash, reset-hang, well."""
+    for two turns. Modes: raise, hang, garbage, role, oversize, crash, reset-hang, reset-raise, well."""
 
     mode = "well"
 
@@ -83,6 +83,8 @@ class Misbehaves(Counter):
         self.mode = task.reference
         if self.mode == "reset-hang":
             threading.Event().wait()
+        if self.mode == "reset-raise":
+            raise RuntimeError("the environment could not start")
         return await super().reset(task.model_copy(update={"reference": "2"}))
 
     async def step(self, assistant_turn: str) -> Any:

@@ -297,3 +297,83 @@ async def test_failing_environments_end_their_own_episodes_only(served: Any) -> 
     assert runner.ends == Tally(
         {"done": 7, "env_invalid": 2, "env_timeout": 2, "env_raised": 1, "env_oversize": 1, "env_crashed": 1}
     )
+
+
+class SwappingEngine:
+    """The engine; once the first turn returns, it loads ``folder`` as the next version before answering,
+    so the episode's next turn is sampled under it: a swap forced between two turns."""
+
+    def __init__(self, engine: Engine, folder: Path) -> None:
+        self.engine = engine
+        self.folder = folder
+        self.swapped_to: int | None = None
+
+    async def sample(self, *args: Any, **kwargs: Any) -> Any:
+        out = await self.engine.sample(*args, **kwargs)
+        if self.swapped_to is None:
+            self.swapped_to = self.engine.version + 1
+            await self.engine.swap(self.folder, self.swapped_to, "inflight")
+        return out
+
+
+@pytest.mark.parametrize("served", ["llama"], indirect=True)  # an engine of this module's own, swapped here
+async def test_a_swap_between_turns_gives_the_episode_two_versions_and_the_gate_its_oldest(
+    served: Any, tmp_path: Path
+) -> None:
+    """The version-1 weights are version 0's own bytes: what is checked is the bookkeeping of versions
+    (the numerics of a swap under way: test_swap.py, test_architectures.py)."""
+    from safetensors.torch import load_file
+
+    from asymptote.codec import DecodedWeights, version_digest
+    from asymptote.compute import ComputeMeter
+    from asymptote.contracts.v1 import rollout_pb2
+    from asymptote.jetstream.names import Names
+    from services.broker.batcher import Batcher
+    from services.generator.metrics import GeneratorMetrics
+    from services.generator.rollout import RolloutLoop, episode_completions
+    from services.generator.weights import stage
+    from services.learner.weights import to_wire
+
+    _, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    tensors = {n: to_wire(t) for f in sorted(model_dir.glob("*.safetensors")) for n, t in load_file(str(f)).items()}
+    folder = stage(DecodedWeights(1, version_digest(tensors), tensors), tmp_path / "staged", model_dir)
+    swapping = SwappingEngine(engine, folder)
+    before = engine.version
+    pool = EnvironmentPool(SETTINGS.model_copy(update={"max_episode_tokens": 400}))
+    await pool.start()
+    try:
+        runner = EpisodeRunner(cast(Engine, swapping), tokenizer, pool)
+        episode = await runner.run(EnvTask(task_id="swap", prompt="Count.", reference="2"), 1.0, 1.0, seed=11)
+    finally:
+        pool.close()
+
+    assert swapping.swapped_to == before + 1 == engine.version
+    assert (episode.end_reason, episode.num_turns, len(episode.samples)) == ("done", 2, 1)
+    (stored,) = episode.samples
+    spans = stored.sample.version_spans
+    # The first turn's tokens under the old version, the second's under the new; the environment's in between
+    # under none (out of the loss).
+    assert [v for v, _, _ in spans] == [before, before + 1], spans
+    mask = stored.sample.loss_mask
+    assert all(mask[i] for v, a, b in spans for i in range(a, b)) and mask.count(0) == episode.num_env_tokens > 0
+
+    loop = RolloutLoop(
+        engine,
+        None,  # type: ignore[arg-type]
+        Names(),
+        "gen",
+        max_inflight_groups=1,
+        ack_wait_s=30.0,
+        metrics=GeneratorMetrics(),
+        meter=ComputeMeter("generator", "gen", "cpu", 1),
+    )
+    prompt_ids, completions = episode_completions([episode], [2.0])
+    task = rollout_pb2.GenerationTask(task_id="swap", prompt="Count.")
+    group = loop._group(task, prompt_ids, completions, [stored.sample], started=0.0)
+    assert (group.min_version, group.max_version) == (before, before + 1)
+    # The staleness gate reads the oldest version in the trajectory: with k = 2 the group is admitted while
+    # the learner is at most 2 versions past the first turn's, not 3.
+    batcher = Batcher(batch_prompts=1, max_staleness_versions=2)
+    assert not batcher.is_stale(group, learner_version=before + 2)
+    assert batcher.is_stale(group, learner_version=before + 3)

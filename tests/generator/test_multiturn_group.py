@@ -20,7 +20,7 @@ from services.generator.config import EngineSettings
 from services.generator.engine import Engine, Sample
 from services.generator.episode import Episode, TrainingSample
 from services.generator.metrics import GeneratorMetrics
-from services.generator.rollout import RolloutLoop, episode_completions
+from services.generator.rollout import NoSequence, RolloutLoop, episode_completions
 
 PROMPT = [1, 2, 3]
 
@@ -83,7 +83,14 @@ def test_the_group_holds_every_sequence_its_prompt_and_its_episode(tmp_path: Pat
     assert batcher.is_stale(group, learner_version=6)
 
 
-def test_an_episode_without_a_sequence_fails_the_group() -> None:
-    eps = [*episodes(), Episode([], "env_timeout", None, 0, "", error="no answer within 10s")]
-    with pytest.raises(ValueError, match=r"1 episode\(s\) produced no sequence \(env_timeout: no answer within 10s\)"):
-        episode_completions(eps, [1.0, 0.0, 0.0])
+def test_an_episode_without_a_sequence_is_left_out_and_a_group_of_none_refused() -> None:
+    failed = Episode([], "env_timeout", None, 0, "", error="no answer within 10s")
+    prompt_ids, completions = episode_completions([failed, *episodes()], [0.0, 1.0, 0.0])
+    # The failed episode first: the group's prompt is the first sequence's that exists, the rewards stay aligned.
+    assert prompt_ids == PROMPT
+    assert [list(c.token_ids) for c in completions] == [[7, 8, 20, 21, 9], [10, 11], [12, 13, 14]]
+    assert [c.reward for c in completions] == [1.0, 0.0, 0.0]
+    with pytest.raises(
+        NoSequence, match=r"none of the task's 2 episodes produced a sequence \(env_timeout: no answer within 10s\)"
+    ):
+        episode_completions([failed, failed], [0.0, 0.0])

@@ -41,13 +41,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_broker_nats import Harness, next_batch, running
+from test_broker_nats import Harness, next_batch, running, stream_count
 from transformers import AutoTokenizer
 from waiting import wait_until_async
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.envs import EnvironmentPool, EnvTask
+from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer
 from asymptote.tasks import DatasetTask, MultiTurnSettings, parse_task_settings
 from asymptote.tasks.multiturn import episode_prompt
@@ -96,15 +97,20 @@ def engine(qwen3_chat_engine: tuple[Path, Engine]) -> Engine:
     return qwen3_chat_engine[1]
 
 
-def multiturn_task(root: Path, chat_template_kwargs: dict[str, Any]) -> MultiTurnSettings:
+def multiturn_task(
+    root: Path,
+    chat_template_kwargs: dict[str, Any],
+    rows: list[dict[str, str]] = ROWS,
+    entry: str = "tests.envs.tool_classes:Counter",
+) -> MultiTurnSettings:
     path = root / "problems.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = parse_task_settings(
         {
             "name": "multiturn",
             "dataset": {"path": str(path), "holdout_fraction": 0.2, "prompt_format": "Please: {prompt}"},
             "environment": {
-                "entry": "tests.envs.tool_classes:Counter",
+                "entry": entry,
                 "max_turns": 3,
                 "max_turn_tokens": 10,
                 "max_episode_tokens": 84,
@@ -298,3 +304,100 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
     )
     env_s = metrics.registry.get_sample_value("asymptote_generator_environment_seconds_total")
     assert env_s is not None and env_s == pytest.approx(sum(e.env_s for e in everything)) and env_s > 0
+
+
+NUM_REFUSED_TRAIN = 6
+
+
+async def test_tasks_whose_environment_fails_at_reset_end_once_with_the_reason(
+    nats: NatsServer, engine: Engine, tmp_path: Path
+) -> None:
+    """An environment that raises at reset: no episode of the task has a sequence. A train task is
+    dead-lettered once, naming the episodes' end, and the ledger counts it (nothing lost, nothing handed
+    back to be played again); an eval task scores its episodes as wrong answers, so its round completes;
+    every episode is counted by its end reason."""
+    rows = [{"id": f"q{i}", "prompt": f"Say {i} words.", "answer": "reset-raise"} for i in range(10)]
+    settings = multiturn_task(tmp_path, {}, rows, entry="tests.envs.tool_classes:Misbehaves")
+    h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4)
+    h.config = h.config.model_copy(
+        update={
+            "task": settings,
+            "sampling": SamplingSettings(group_size=GROUP_SIZE, max_tokens=16),
+            "eval": EvalSettings(every_versions=1000, num_samples=2),
+        }
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(engine.settings.model_dir))
+    metrics = GeneratorMetrics()
+    pool = EnvironmentPool(settings.environment)
+    await pool.start()
+    scorer = TaskScorer(settings, engine.settings.model_dir, metrics)
+    num_heldout = len(DatasetTask(settings.dataset).problems("heldout"))
+    try:
+        async with running(h):
+            eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
+            loop = RolloutLoop(
+                engine,
+                h.js,
+                h.names,
+                "generator-reset",
+                max_inflight_groups=4,
+                ack_wait_s=30.0,
+                metrics=metrics,
+                meter=ComputeMeter("generator", "generator-reset", "cpu", 1),
+                scorer=scorer,
+                episodes=EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs),
+            )
+            stop = asyncio.Event()
+            generating = asyncio.create_task(loop.run(stop))
+            results: list[rollout_pb2.EvalResult] = []
+
+            async def refused_train() -> bool:
+                entries = await read_entries(h.js, h.names)
+                return sum(e.event == rollout_pb2.LEDGER_EVENT_DEADLETTERED for e in entries) >= NUM_REFUSED_TRAIN
+
+            async def eval_results() -> bool:
+                try:
+                    msgs = await eval_sub.fetch(num_heldout, timeout=1.0)
+                except TimeoutError:
+                    msgs = []
+                for m in msgs:
+                    results.append(rollout_pb2.EvalResult.FromString(m.data))
+                    await m.ack()
+                return len(results) >= num_heldout
+
+            try:
+                await wait_until_async(refused_train, 120, f"{NUM_REFUSED_TRAIN} refused train tasks in the ledger")
+                await wait_until_async(eval_results, 120, f"{num_heldout} eval results")
+            finally:
+                stop.set()
+                await asyncio.wait_for(generating, 60)
+                await eval_sub.unsubscribe()
+            sub = await h.js.subscribe(h.names.deadletter("tasks"), ordered_consumer=True)
+            letters = [await sub.next_msg(timeout=5) for _ in range(await stream_count(h, h.names.deadletter_stream))]
+            await sub.unsubscribe()
+            num_groups = await stream_count(h, h.names.rollouts_stream)
+            ledger = await audit(h.js, h.names)
+    finally:
+        scorer.close()
+        pool.close()
+
+    # Each refused task once (never handed back and refused again), with the episodes' end as its reason.
+    refused = [rollout_pb2.GenerationTask.FromString(m.data) for m in letters]
+    assert all(t.kind == rollout_pb2.TASK_KIND_TRAIN for t in refused)
+    assert len({t.task_id for t in refused}) == len(refused) >= NUM_REFUSED_TRAIN
+    for m in letters:
+        reason = (m.headers or {})["Asymptote-Reason"]
+        assert reason.startswith(f"none of the task's {GROUP_SIZE} episodes produced a sequence (env_raised: "), reason
+        assert "the environment could not start" in reason, reason
+    assert num_groups == 0  # nothing to train on was published
+    # The eval round completes: every episode counted, none correct.
+    assert len(results) == num_heldout and all((r.num_samples, r.num_correct) == (2, 0) for r in results)
+    # Counted: the refusals, and every episode by its end.
+    value = metrics.registry.get_sample_value
+    assert value("asymptote_generator_task_errors_total", {"reason": "no_sequence"}) == len(refused)
+    train_ends = value("asymptote_generator_episodes_total", {"kind": "train", "reason": "env_raised"})
+    assert train_ends == GROUP_SIZE * len(refused)
+    assert value("asymptote_generator_episodes_total", {"kind": "eval", "reason": "env_raised"}) == 2 * num_heldout
+    # The ledger: every refused train task dead-lettered; none lost, none twice.
+    assert ledger.ok, ledger.as_dict()
+    assert ledger.deadlettered == len(refused) and ledger.lost == [] and ledger.trained_twice == []
