@@ -325,14 +325,12 @@ async def test_a_swap_between_turns_gives_the_episode_two_versions_and_the_gate_
     from safetensors.torch import load_file
 
     from asymptote.codec import DecodedWeights, version_digest
-    from asymptote.compute import ComputeMeter
     from asymptote.contracts.v1 import rollout_pb2
-    from asymptote.jetstream.names import Names
     from services.broker.batcher import Batcher
-    from services.generator.metrics import GeneratorMetrics
-    from services.generator.rollout import RolloutLoop, episode_completions
+    from services.generator.rollout import episode_completions
     from services.generator.weights import stage
     from services.learner.weights import to_wire
+    from tests.generator.test_multiturn_group import offline_loop
 
     _, model_dir, engine = served
     tokenizer = load_tokenizer(model_dir)
@@ -358,16 +356,7 @@ async def test_a_swap_between_turns_gives_the_episode_two_versions_and_the_gate_
     mask = stored.sample.loss_mask
     assert all(mask[i] for v, a, b in spans for i in range(a, b)) and mask.count(0) == episode.num_env_tokens > 0
 
-    loop = RolloutLoop(
-        engine,
-        None,  # type: ignore[arg-type]
-        Names(),
-        "gen",
-        max_inflight_groups=1,
-        ack_wait_s=30.0,
-        metrics=GeneratorMetrics(),
-        meter=ComputeMeter("generator", "gen", "cpu", 1),
-    )
+    loop = offline_loop(engine)
     prompt_ids, completions = episode_completions([episode], [2.0])
     task = rollout_pb2.GenerationTask(task_id="swap", prompt="Count.")
     group = loop._group(task, prompt_ids, completions, [stored.sample], started=0.0)

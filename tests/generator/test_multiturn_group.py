@@ -50,6 +50,20 @@ def episodes() -> list[Episode]:
     return [first, second]
 
 
+def offline_loop(engine: Engine) -> RolloutLoop:
+    """A rollout loop with no JetStream: for building groups (``_group``), never for running."""
+    return RolloutLoop(
+        engine,
+        None,  # type: ignore[arg-type]
+        Names(),
+        "gen",
+        max_inflight_groups=1,
+        ack_wait_s=30.0,
+        metrics=GeneratorMetrics(),
+        meter=ComputeMeter("generator", "gen", "cpu", 1),
+    )
+
+
 def test_the_group_holds_every_sequence_its_prompt_and_its_episode(tmp_path: Path) -> None:
     eps = episodes()
     prompt_ids, completions = episode_completions(eps, [1.0, 0.0])
@@ -61,16 +75,7 @@ def test_the_group_holds_every_sequence_its_prompt_and_its_episode(tmp_path: Pat
     assert [c.reward for c in completions] == [1.0, 0.0, 0.0]
     assert list(completions[0].loss_mask) == [1, 1, 0, 0, 1]
 
-    loop = RolloutLoop(
-        Engine(EngineSettings(model_dir=tmp_path)),  # never started
-        None,  # type: ignore[arg-type]
-        Names(),
-        "gen",
-        max_inflight_groups=1,
-        ack_wait_s=30.0,
-        metrics=GeneratorMetrics(),
-        meter=ComputeMeter("generator", "gen", "cpu", 1),
-    )
+    loop = offline_loop(Engine(EngineSettings(model_dir=tmp_path)))  # never started
     task = rollout_pb2.GenerationTask(task_id="t-1", prompt="p")
     group = loop._group(task, prompt_ids, completions, [t.sample for e in eps for t in e.samples], started=0.0)
     # Over every version span of every sequence: the oldest is the first sequence of the second episode.
