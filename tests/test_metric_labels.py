@@ -30,7 +30,11 @@ def samples(registry: object, name: str, label: str) -> dict[str, float]:
 def test_a_fresh_generator_exports_every_refusal_reason_and_refused_tasks_at_zero() -> None:
     registry = GeneratorMetrics().registry
     assert samples(registry, "asymptote_generator_swaps_refused_total", "reason") == dict.fromkeys(SWAP_REFUSALS, 0.0)
-    assert samples(registry, "asymptote_generator_task_errors_total", "reason") == {"poison": 0.0, "task_digest": 0.0}
+    assert samples(registry, "asymptote_generator_task_errors_total", "reason") == {
+        "poison": 0.0,
+        "task_digest": 0.0,
+        "no_sequence": 0.0,
+    }
 
 
 def test_the_refusal_reasons_are_the_ones_the_swapper_counts() -> None:
