@@ -124,6 +124,54 @@ def multiturn_task(
     return settings
 
 
+def harness(nats: NatsServer, settings: MultiTurnSettings, **kwargs: Any) -> Harness:
+    """A broker issuing ``settings``' task in groups of GROUP_SIZE, with an eval round at the first version."""
+    h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4, **kwargs)
+    h.config = h.config.model_copy(
+        update={
+            "task": settings,
+            "sampling": SamplingSettings(group_size=GROUP_SIZE, max_tokens=16),
+            "eval": EvalSettings(every_versions=1000, num_samples=2),
+        }
+    )
+    return h
+
+
+def rollout_loop(
+    h: Harness, engine: Engine, metrics: GeneratorMetrics, scorer: TaskScorer, episodes: EpisodeRunner
+) -> RolloutLoop:
+    return RolloutLoop(
+        engine,
+        h.js,
+        h.names,
+        "generator-multiturn",
+        max_inflight_groups=4,
+        ack_wait_s=30.0,
+        metrics=metrics,
+        meter=ComputeMeter("generator", "generator-multiturn", "cpu", 1),
+        scorer=scorer,
+        episodes=episodes,
+    )
+
+
+async def eval_results(sub: Any, count: int) -> list[rollout_pb2.EvalResult]:
+    """``count`` eval results from ``sub``, each acked, within 120 s."""
+    results: list[rollout_pb2.EvalResult] = []
+
+    async def arrived() -> bool:
+        try:
+            msgs = await sub.fetch(count, timeout=1.0)
+        except TimeoutError:
+            msgs = []
+        for m in msgs:
+            results.append(rollout_pb2.EvalResult.FromString(m.data))
+            await m.ack()
+        return len(results) >= count
+
+    await wait_until_async(arrived, 120, f"{count} eval results")
+    return results
+
+
 def expected_reward(episode: Episode, verifier: DatasetTask, reference: str) -> float:
     """The environment's reward when it ended the episode (Counter's: its turns); else the verifier's."""
     if episode.end_reason == "done":
@@ -173,14 +221,7 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
     """extended: the template extends the history, one sequence an episode. resplit: Qwen3's template with
     thinking off drops each earlier turn's empty think block, so every turn starts a sequence of its own."""
     settings = multiturn_task(tmp_path, {} if thinking is None else {"enable_thinking": thinking})
-    h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4, zero_variance="keep")
-    h.config = h.config.model_copy(
-        update={
-            "task": settings,
-            "sampling": SamplingSettings(group_size=GROUP_SIZE, max_tokens=16),
-            "eval": EvalSettings(every_versions=1000, num_samples=2),
-        }
-    )
+    h = harness(nats, settings, zero_variance="keep")
     tokenizer = AutoTokenizer.from_pretrained(str(engine.settings.model_dir))
     verifier = DatasetTask(settings.dataset)
     metrics = GeneratorMetrics()
@@ -191,18 +232,7 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
     try:
         async with running(h):
             eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
-            loop = RolloutLoop(
-                engine,
-                h.js,
-                h.names,
-                "generator-multiturn",
-                max_inflight_groups=4,
-                ack_wait_s=30.0,
-                metrics=metrics,
-                meter=ComputeMeter("generator", "generator-multiturn", "cpu", 1),
-                scorer=scorer,
-                episodes=runner,
-            )
+            loop = rollout_loop(h, engine, metrics, scorer, runner)
             stop = asyncio.Event()
             generating = asyncio.create_task(loop.run(stop))
             groups: list[rollout_pb2.RolloutGroup] = []
@@ -212,19 +242,7 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
                     assert header.num_groups == BATCH_PROMPTS, header
                     groups += batch
                 num_heldout = len(verifier.problems("heldout"))
-                results: list[rollout_pb2.EvalResult] = []
-
-                async def eval_results() -> bool:
-                    try:
-                        msgs = await eval_sub.fetch(num_heldout, timeout=1.0)
-                    except TimeoutError:
-                        msgs = []
-                    for m in msgs:
-                        results.append(rollout_pb2.EvalResult.FromString(m.data))
-                        await m.ack()
-                    return len(results) >= num_heldout
-
-                await wait_until_async(eval_results, 120, f"{num_heldout} eval results")
+                results = await eval_results(eval_sub, num_heldout)
             finally:
                 stop.set()
                 await asyncio.wait_for(generating, 60)
@@ -318,14 +336,7 @@ async def test_tasks_whose_environment_fails_at_reset_end_once_with_the_reason(
     every episode is counted by its end reason."""
     rows = [{"id": f"q{i}", "prompt": f"Say {i} words.", "answer": "reset-raise"} for i in range(10)]
     settings = multiturn_task(tmp_path, {}, rows, entry="tests.envs.tool_classes:Misbehaves")
-    h = Harness(nats, batch_prompts=BATCH_PROMPTS, outstanding=4)
-    h.config = h.config.model_copy(
-        update={
-            "task": settings,
-            "sampling": SamplingSettings(group_size=GROUP_SIZE, max_tokens=16),
-            "eval": EvalSettings(every_versions=1000, num_samples=2),
-        }
-    )
+    h = harness(nats, settings)
     tokenizer = AutoTokenizer.from_pretrained(str(engine.settings.model_dir))
     metrics = GeneratorMetrics()
     pool = EnvironmentPool(settings.environment)
@@ -335,39 +346,19 @@ async def test_tasks_whose_environment_fails_at_reset_end_once_with_the_reason(
     try:
         async with running(h):
             eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
-            loop = RolloutLoop(
-                engine,
-                h.js,
-                h.names,
-                "generator-reset",
-                max_inflight_groups=4,
-                ack_wait_s=30.0,
-                metrics=metrics,
-                meter=ComputeMeter("generator", "generator-reset", "cpu", 1),
-                scorer=scorer,
-                episodes=EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs),
+            loop = rollout_loop(
+                h, engine, metrics, scorer, EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs)
             )
             stop = asyncio.Event()
             generating = asyncio.create_task(loop.run(stop))
-            results: list[rollout_pb2.EvalResult] = []
 
             async def refused_train() -> bool:
                 entries = await read_entries(h.js, h.names)
                 return sum(e.event == rollout_pb2.LEDGER_EVENT_DEADLETTERED for e in entries) >= NUM_REFUSED_TRAIN
 
-            async def eval_results() -> bool:
-                try:
-                    msgs = await eval_sub.fetch(num_heldout, timeout=1.0)
-                except TimeoutError:
-                    msgs = []
-                for m in msgs:
-                    results.append(rollout_pb2.EvalResult.FromString(m.data))
-                    await m.ack()
-                return len(results) >= num_heldout
-
             try:
                 await wait_until_async(refused_train, 120, f"{NUM_REFUSED_TRAIN} refused train tasks in the ledger")
-                await wait_until_async(eval_results, 120, f"{num_heldout} eval results")
+                results = await eval_results(eval_sub, num_heldout)
             finally:
                 stop.set()
                 await asyncio.wait_for(generating, 60)
