@@ -7,8 +7,11 @@ leave them all running (nats-server, broker, fitter, learner ranks,
 generators and their vLLM engines). Each command here runs with a marker in
 its environment, which every process it starts inherits; after SIGTERM the
 command must exit with 130 and no process on the machine may still carry
-the marker. ``up`` is stopped after its first eval round, as Ctrl-C stops
-it, and resumed from what it says: the run then ends with one continuous
+the marker. ``bench`` is stopped once every service of its stack runs (its
+generator before vLLM's engine is up: the same teardown as ``up``'s, which
+is stopped with its engine's processes running and checked for them too).
+``up`` is stopped after its first eval round, as Ctrl-C stops it, and
+resumed from what it says: the run then ends with one continuous
 curve (eval rounds at increasing versions, before and after the stop, one
 fit over all of them), every step trained once, and the ledger at 0 lost,
 0 trained twice.
@@ -64,6 +67,21 @@ def engine_processes(token: str) -> set[psutil.Process]:
     return found
 
 
+def services_running(token: str) -> bool:
+    """Whether every service of the stack has a process: nats-server, broker, fitter, learner, generator
+    (started in that order after nats-server, so the generator's process means every one was started)."""
+    roles: set[str] = set()
+    for proc in marked(token):
+        try:
+            cmd = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        roles.update(r for r in ("broker", "fitter", "learner", "generator") if r in cmd)
+        if cmd and Path(cmd[0]).name == "nats-server":
+            roles.add("nats-server")
+    return roles == {"nats-server", "broker", "fitter", "learner", "generator"}
+
+
 def alive(procs: set[psutil.Process]) -> set[psutil.Process]:
     """Those of ``procs`` still running (zombies aside)."""
     running = set()
@@ -95,14 +113,17 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
             start_new_session=True,
         )
     try:
-        wait_until(
-            lambda: bool(engine_processes(token)) or main.poll() is not None, 300, "a generator's vLLM engine to start"
-        )
+        if command == "up":
+            wait_until(
+                lambda: bool(engine_processes(token)) or main.poll() is not None, 300, "a generator's vLLM engine"
+            )
+        else:
+            wait_until(lambda: services_running(token) or main.poll() is not None, 300, "every service of the stack")
         assert main.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
         engine = engine_processes(token)
         started = {p.pid for p in marked(token)} - {main.pid}
         # nats-server, broker, fitter, learner (torchrun and its rank, or one process) and generator; its engine
-        assert len(started) >= 5 and engine, (started, engine)
+        assert len(started) >= 5 and (engine or command == "bench"), (started, engine)
         if command == "up":  # mid-run: past the first eval round, steps going on
             wait_until(
                 lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, f"step {STOP_AFTER}"
