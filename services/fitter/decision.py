@@ -129,10 +129,12 @@ def determination(fit: CurveFit, intervals: Intervals) -> Determination:
     c_low, c_high = intervals.c_mid
     spread = c_high / c_low
     if spread > MAX_C_MID_SPREAD:
+        # One decimal near the limit, so that a spread just over it never reads as the limit itself.
+        times = f"{spread:.0f}x" if spread >= 2 * MAX_C_MID_SPREAD else f"{spread:.1f}x"
         shortfalls.append(
             Shortfall(
                 "c_mid_spread",
-                f"C_mid's interval [{c_low:.4g}, {c_high:.4g}] spans {spread:.0f}x (at most {MAX_C_MID_SPREAD:g}x): "
+                f"C_mid's interval [{c_low:.4g}, {c_high:.4g}] spans {times} (at most {MAX_C_MID_SPREAD:g}x): "
                 "more points past the midpoint",
             )
         )

@@ -173,7 +173,9 @@ def test_too_few_points_are_not_determined_however_well_they_fit() -> None:
         ((0.206, 0.70), None, [], ""),
         # C_mid's interval: at most 10x wide.
         (None, (300.0, 3000.0), [], ""),
-        (None, (300.0, 3300.0), ["c_mid_spread"], "C_mid's interval [300, 3300] spans 11x (at most 10x): more"),
+        (None, (300.0, 3300.0), ["c_mid_spread"], "C_mid's interval [300, 3300] spans 11.0x (at most 10x): more"),
+        # Just over the limit reads as over it, never as "10x (at most 10x)".
+        (None, (460.3, 4654.0), ["c_mid_spread"], "C_mid's interval [460.3, 4654] spans 10.1x (at most 10x)"),
         ((0.30, 1.0), (10.0, 8600.0), ["a_at_cap", "c_mid_spread"], "A's interval [0.300, 1.000] reaches the cap"),
     ],
 )
