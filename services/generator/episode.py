@@ -139,12 +139,20 @@ class EpisodeRunner:
         self.num_resplits = 0
         """Training samples started anew because the template re-rendered earlier text, over all episodes."""
 
-    async def run(self, task: EnvTask, temperature: float, top_p: float, seed: int = 0) -> Episode:
-        """One episode of ``task``; see the module docstring."""
+    async def run(
+        self,
+        task: EnvTask,
+        temperature: float,
+        top_p: float,
+        seed: int = 0,
+        place: contextlib.AbstractAsyncContextManager[Any] | None = None,
+    ) -> Episode:
+        """One episode of ``task``; see the module docstring. ``place``, if given, is entered around each
+        turn's engine call (the task's place in the engine, held only while it samples)."""
         record = _Record()
         try:
             async with self.pool.episode() as env:
-                await self._play(env, task, temperature, top_p, seed, record)
+                await self._play(env, task, temperature, top_p, seed, record, place or contextlib.nullcontext())
         except EnvFailure as exc:
             record.end(f"env_{exc.reason}", error=exc.detail)
             log.warning("episode of task %s ended: %s", task.task_id, exc)
@@ -153,7 +161,14 @@ class EpisodeRunner:
         return record.episode()
 
     async def _play(
-        self, env: EnvSession, task: EnvTask, temperature: float, top_p: float, seed: int, record: _Record
+        self,
+        env: EnvSession,
+        task: EnvTask,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        record: _Record,
+        place: contextlib.AbstractAsyncContextManager[Any],
     ) -> None:
         s = self.settings
         began = time.perf_counter()
@@ -173,9 +188,10 @@ class EpisodeRunner:
                 record.end("max_tokens")
                 return
             # Each turn is its own request: distinct seeds keep a seeded episode's turns apart.
-            _, (sampled,) = await self.engine.sample(
-                ids, 1, temperature, top_p, min(s.max_turn_tokens, room), seed + turn if seed else 0
-            )
+            async with place:
+                _, (sampled,) = await self.engine.sample(
+                    ids, 1, temperature, top_p, min(s.max_turn_tokens, room), seed + turn if seed else 0
+                )
             record.num_env_tokens += stream.add_turn(sampled)
             record.num_turns += 1
             record.final_turn = sampled.text

@@ -124,6 +124,45 @@ def episode_completions(
     return group_prompt, out
 
 
+class EnginePlace:
+    """A multi-turn task's place in the engine, held only while one of its episodes samples a turn.
+
+    While every episode of the task waits on its environment (for a worker,
+    a reset or a tool call) the task counts as parked and its place goes to
+    a task that can sample now; an episode about to sample takes the place
+    back, waiting for one if the engine is full. Enter it around each turn's
+    engine call; ``close`` when the task's episodes are done.
+    """
+
+    def __init__(self, loop: RolloutLoop) -> None:
+        self._loop = loop
+        self._sampling = 0
+        self._lock = asyncio.Lock()
+        loop._park()  # no episode samples yet
+
+    async def __aenter__(self) -> None:
+        async with self._lock:
+            if self._sampling == 0:
+                self._loop._unpark()
+                try:
+                    await self._loop._slots.acquire()
+                except BaseException:
+                    self._loop._park()
+                    raise
+            self._sampling += 1
+
+    async def __aexit__(self, *_: object) -> None:
+        self._sampling -= 1
+        if self._sampling == 0:
+            self._loop._slots.release()
+            self._loop._park()
+
+    def close(self) -> None:
+        """The task's episodes are done: it is no longer parked (its task ends, or goes on to score)."""
+        assert self._sampling == 0, "an episode still samples"
+        self._loop._unpark()
+
+
 class RolloutLoop:
     def __init__(
         self,
@@ -257,6 +296,14 @@ class RolloutLoop:
     def _release(self, key: int, _: asyncio.Task[None]) -> None:
         self.hold.end(key)
 
+    def _park(self) -> None:
+        """A started task gives up its place in the engine while it waits: another may start."""
+        self._parked += 1
+        self._start_waiting()
+
+    def _unpark(self) -> None:
+        self._parked -= 1
+
     def _finished(self, t: asyncio.Task[None]) -> None:
         self._inflight.discard(t)
         self._start_waiting()
@@ -280,8 +327,7 @@ class RolloutLoop:
                 # version the task names (the lease is kept alive meanwhile).
                 # A generator draining hands such a task back instead: the
                 # version may come only after it is gone.
-                self._parked += 1
-                self._start_waiting()  # its place in the engine goes to a task that can start now
+                self._park()  # its place in the engine goes to a task that can start now
                 waiting = asyncio.create_task(self.engine.wait_for_version(int(task.require_version)))
                 draining = asyncio.create_task(self._drain.wait())
                 try:
@@ -289,34 +335,36 @@ class RolloutLoop:
                 finally:
                     waiting.cancel()
                     draining.cancel()
-                    self._parked -= 1
+                    self._unpark()
                 if self._drain.is_set() and task.require_version > self.engine.version:
                     await msg.nak(delay=HAND_BACK_DELAY_S)
                     return
             kind = "train" if task.kind == rollout_pb2.TASK_KIND_TRAIN else "eval"
-            async with self._slots:
-                started = time.time()
-                s = task.sampling
-                prompt = self.scorer.prompt(task.task_name, task.prompt)
-                length = self.scorer.length_control(task.task_name)
-                episodes: list[Episode] = []
-                if self.episodes is not None:
-                    episodes = await self._play(task, prompt)
-                elif length is None:
-                    prompt_ids, samples = await self.engine.sample(
-                        prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
-                    )
-                else:
-                    prompt_ids, samples = await length.sample(
-                        self.engine,
-                        task.task_id,
-                        prompt,
-                        s.num_samples,
-                        s.temperature,
-                        s.top_p,
-                        s.max_tokens,
-                        int(s.seed),
-                    )
+            started = time.time()
+            s = task.sampling
+            prompt = self.scorer.prompt(task.task_name, task.prompt)
+            length = self.scorer.length_control(task.task_name)
+            episodes: list[Episode] = []
+            if self.episodes is not None:
+                # Each turn takes the engine's place; waits on the environment leave it to other tasks.
+                episodes = await self._play(task, prompt)
+            else:
+                async with self._slots:
+                    if length is None:
+                        prompt_ids, samples = await self.engine.sample(
+                            prompt, s.num_samples, s.temperature, s.top_p, s.max_tokens, int(s.seed)
+                        )
+                    else:
+                        prompt_ids, samples = await length.sample(
+                            self.engine,
+                            task.task_id,
+                            prompt,
+                            s.num_samples,
+                            s.temperature,
+                            s.top_p,
+                            s.max_tokens,
+                            int(s.seed),
+                        )
             if self.episodes is not None:
                 rewards = await self._episode_rewards(task, episodes)
                 self._count_episodes(kind, episodes)
@@ -365,14 +413,20 @@ class RolloutLoop:
         env_task = EnvTask(task_id=task.task_id, prompt=prompt, reference=task.reference)
         # A seeded task's episodes get seeds of their own, apart by more than their turns' offsets.
         stride = runner.settings.max_turns
-        return list(
-            await asyncio.gather(
-                *(
-                    runner.run(env_task, s.temperature, s.top_p, int(s.seed) + i * stride if s.seed else 0)
-                    for i in range(s.num_samples)
+        place = EnginePlace(self)
+        try:
+            return list(
+                await asyncio.gather(
+                    *(
+                        runner.run(
+                            env_task, s.temperature, s.top_p, int(s.seed) + i * stride if s.seed else 0, place=place
+                        )
+                        for i in range(s.num_samples)
+                    )
                 )
             )
-        )
+        finally:
+            place.close()
 
     async def _episode_rewards(self, task: rollout_pb2.GenerationTask, episodes: list[Episode]) -> list[float]:
         """Each episode's reward: its environment's, else the verifier's on its final turn."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from asymptote.envs.base import EnvTask, Message
@@ -73,14 +75,21 @@ class Counter:
         return [{"role": "user", "content": f"Turn {self.turns} done. Go on."}], None, False
 
 
+GATE_ENV = "ASY_TEST_ENV_GATE"
+"""The gate file of Misbehaves' "gate" mode (environment workers inherit the test's environment)."""
+
+
 class Misbehaves(Counter):
     """Fails its first step (or its reset) in the way the task's reference names; "well" behaves as Counter
-    for two turns. Modes: raise, hang, garbage, role, oversize, crash, reset-hang, reset-raise, well."""
+    for two turns. Modes: raise, hang, garbage, role, oversize, crash, reset-hang, reset-raise, well; and
+    gate, whose first step appends the task's id to ``$GATE.arrived`` and waits until the file named by
+    GATE_ENV exists (a tool call that takes as long as the test wants), then behaves as "well"."""
 
     mode = "well"
+    task_id = ""
 
     async def reset(self, task: EnvTask) -> tuple[list[Message], list[dict[str, Any]]]:
-        self.mode = task.reference
+        self.mode, self.task_id = task.reference, task.task_id
         if self.mode == "reset-hang":
             threading.Event().wait()
         if self.mode == "reset-raise":
@@ -100,6 +109,13 @@ class Misbehaves(Counter):
             return [{"role": "tool", "name": "count", "content": "x" * 2**20}], None, False  # a megabyte
         if self.mode == "crash":
             os._exit(3)
+        if self.mode == "gate":
+            gate = Path(os.environ[GATE_ENV])
+            with open(f"{gate}.arrived", "a") as arrived:
+                arrived.write(f"{self.task_id}\n")
+            while not gate.exists():
+                time.sleep(0.05)  # pacing: polls of the gate the test opens (the tool's timeout bounds it)
+            self.mode = "well"
         return await super().step(assistant_turn)
 
 

@@ -60,7 +60,7 @@ from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
 from services.learner.model import completion_logprobs, load_model
 from services.learner.trainer import collate
-from tests.envs.tool_classes import Counter
+from tests.envs.tool_classes import GATE_ENV, Counter
 
 pytestmark = [pytest.mark.vllm]
 
@@ -83,10 +83,10 @@ class RecordingRunner(EpisodeRunner):
         super().__init__(*args, **kwargs)
         self.played: dict[str, list[Episode | None]] = defaultdict(list)
 
-    async def run(self, task: EnvTask, temperature: float, top_p: float, seed: int = 0) -> Episode:
+    async def run(self, task: EnvTask, temperature: float, top_p: float, seed: int = 0, **kwargs: Any) -> Episode:
         slot = len(self.played[task.task_id])
         self.played[task.task_id].append(None)
-        episode = await super().run(task, temperature, top_p, seed)
+        episode = await super().run(task, temperature, top_p, seed, **kwargs)
         self.played[task.task_id][slot] = episode
         return episode
 
@@ -102,6 +102,7 @@ def multiturn_task(
     chat_template_kwargs: dict[str, Any],
     rows: list[dict[str, str]] = ROWS,
     entry: str = "tests.envs.tool_classes:Counter",
+    tool_timeout_s: float = 30.0,
 ) -> MultiTurnSettings:
     path = root / "problems.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -114,7 +115,7 @@ def multiturn_task(
                 "max_turns": 3,
                 "max_turn_tokens": 10,
                 "max_episode_tokens": 84,
-                "tool_timeout_s": 30.0,
+                "tool_timeout_s": tool_timeout_s,
                 "num_workers": 4,
             },
             "chat_template_kwargs": chat_template_kwargs,
@@ -138,14 +139,19 @@ def harness(nats: NatsServer, settings: MultiTurnSettings, **kwargs: Any) -> Har
 
 
 def rollout_loop(
-    h: Harness, engine: Engine, metrics: GeneratorMetrics, scorer: TaskScorer, episodes: EpisodeRunner
+    h: Harness,
+    engine: Engine,
+    metrics: GeneratorMetrics,
+    scorer: TaskScorer,
+    episodes: EpisodeRunner,
+    max_inflight_groups: int = 4,
 ) -> RolloutLoop:
     return RolloutLoop(
         engine,
         h.js,
         h.names,
         "generator-multiturn",
-        max_inflight_groups=4,
+        max_inflight_groups=max_inflight_groups,
         ack_wait_s=30.0,
         metrics=metrics,
         meter=ComputeMeter("generator", "generator-multiturn", "cpu", 1),
@@ -392,3 +398,62 @@ async def test_tasks_whose_environment_fails_at_reset_end_once_with_the_reason(
     # The ledger: every refused train task dead-lettered; none lost, none twice.
     assert ledger.ok, ledger.as_dict()
     assert ledger.deadlettered == len(refused) and ledger.lost == [] and ledger.trained_twice == []
+
+
+GATE_TIMEOUT_S = 300.0
+"""The gated tool call's own timeout: far past the wait below, so that only a second task reaching the gate
+while the first waits there can end that wait."""
+
+
+async def test_a_task_waiting_on_its_environment_leaves_its_engine_place_to_another(
+    nats: NatsServer, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One place in the engine (``max_inflight_groups`` 1) and tasks whose first tool call waits at a gate the
+    test holds shut: while the first task's episodes wait on their environment, another task takes the
+    engine and reaches the gate too (with the place held across the episode it would wait behind the first
+    until its tool call timed out). Once the gate opens every task finishes, and the loop ends with no task
+    parked."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))  # read by the environment workers the pool spawns
+    rows = [{"id": f"q{i}", "prompt": f"Say {i} words.", "answer": "gate"} for i in range(10)]
+    settings = multiturn_task(
+        tmp_path, {}, rows, entry="tests.envs.tool_classes:Misbehaves", tool_timeout_s=GATE_TIMEOUT_S
+    )
+    h = harness(nats, settings, zero_variance="keep")
+    tokenizer = AutoTokenizer.from_pretrained(str(engine.settings.model_dir))
+    metrics = GeneratorMetrics()
+    pool = EnvironmentPool(settings.environment)
+    await pool.start()
+    scorer = TaskScorer(settings, engine.settings.model_dir, metrics)
+    arrived = Path(f"{gate}.arrived")
+
+    async def two_tasks_at_gate() -> bool:
+        return arrived.exists() and len(set(arrived.read_text().split())) >= 2
+
+    try:
+        async with running(h):
+            eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
+            runner = EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs)
+            loop = rollout_loop(h, engine, metrics, scorer, runner, max_inflight_groups=1)
+            stop = asyncio.Event()
+            generating = asyncio.create_task(loop.run(stop))
+            try:
+                await wait_until_async(two_tasks_at_gate, 120, "a second task at the gate")
+                gate.touch()
+                header, batch = await next_batch(h, timeout_s=120.0)
+                results = await eval_results(eval_sub, len(DatasetTask(settings.dataset).problems("heldout")))
+            finally:
+                stop.set()
+                await asyncio.wait_for(generating, 60)
+                await eval_sub.unsubscribe()
+    finally:
+        scorer.close()
+        pool.close()
+    # Every task that waited finished: a batch of train groups and the eval round, no episode timed out.
+    assert header.num_groups == BATCH_PROMPTS and all(len(g.completions) == GROUP_SIZE for g in batch)
+    assert all(r.num_samples == 2 for r in results)
+    value = metrics.registry.get_sample_value
+    assert not any(
+        value("asymptote_generator_episodes_total", {"kind": k, "reason": "env_timeout"}) for k in ("train", "eval")
+    )
+    assert loop._parked == 0 and not loop._slots.locked()  # every place given back
