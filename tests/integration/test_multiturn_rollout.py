@@ -33,9 +33,11 @@ episodes played.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter as Tally
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,19 @@ def rollout_loop(
     )
 
 
+@contextlib.asynccontextmanager
+async def looping(loop: RolloutLoop, eval_sub: Any) -> AsyncIterator[None]:
+    """``loop`` generating for the block; then stopped (its in-flight groups drained) and ``eval_sub`` closed."""
+    stop = asyncio.Event()
+    generating = asyncio.create_task(loop.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(generating, 60)
+        await eval_sub.unsubscribe()
+
+
 async def eval_results(sub: Any, count: int) -> list[rollout_pb2.EvalResult]:
     """``count`` eval results from ``sub``, each acked, within 120 s."""
     results: list[rollout_pb2.EvalResult] = []
@@ -239,20 +254,14 @@ async def test_a_multiturn_task_trains_through_broker_generator_and_batches(
         async with running(h):
             eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
             loop = rollout_loop(h, engine, metrics, scorer, runner)
-            stop = asyncio.Event()
-            generating = asyncio.create_task(loop.run(stop))
             groups: list[rollout_pb2.RolloutGroup] = []
-            try:
+            async with looping(loop, eval_sub):
                 for _ in range(NUM_BATCHES):
                     header, batch = await next_batch(h, timeout_s=120.0)
                     assert header.num_groups == BATCH_PROMPTS, header
                     groups += batch
                 num_heldout = len(verifier.problems("heldout"))
                 results = await eval_results(eval_sub, num_heldout)
-            finally:
-                stop.set()
-                await asyncio.wait_for(generating, 60)
-                await eval_sub.unsubscribe()
     finally:
         scorer.close()
         pool.close()
@@ -355,20 +364,14 @@ async def test_tasks_whose_environment_fails_at_reset_end_once_with_the_reason(
             loop = rollout_loop(
                 h, engine, metrics, scorer, EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs)
             )
-            stop = asyncio.Event()
-            generating = asyncio.create_task(loop.run(stop))
 
             async def refused_train() -> bool:
                 entries = await read_entries(h.js, h.names)
                 return sum(e.event == rollout_pb2.LEDGER_EVENT_DEADLETTERED for e in entries) >= NUM_REFUSED_TRAIN
 
-            try:
+            async with looping(loop, eval_sub):
                 await wait_until_async(refused_train, 120, f"{NUM_REFUSED_TRAIN} refused train tasks in the ledger")
                 results = await eval_results(eval_sub, num_heldout)
-            finally:
-                stop.set()
-                await asyncio.wait_for(generating, 60)
-                await eval_sub.unsubscribe()
             sub = await h.js.subscribe(h.names.deadletter("tasks"), ordered_consumer=True)
             letters = [await sub.next_msg(timeout=5) for _ in range(await stream_count(h, h.names.deadletter_stream))]
             await sub.unsubscribe()
@@ -435,17 +438,11 @@ async def test_a_task_waiting_on_its_environment_leaves_its_engine_place_to_anot
             eval_sub = await h.js.pull_subscribe(h.names.eval_results, durable="test", stream=h.names.evals_stream)
             runner = EpisodeRunner(engine, tokenizer, pool, settings.chat_template_kwargs)
             loop = rollout_loop(h, engine, metrics, scorer, runner, max_inflight_groups=1)
-            stop = asyncio.Event()
-            generating = asyncio.create_task(loop.run(stop))
-            try:
+            async with looping(loop, eval_sub):
                 await wait_until_async(two_tasks_at_gate, 120, "a second task at the gate")
                 gate.touch()
                 header, batch = await next_batch(h, timeout_s=120.0)
                 results = await eval_results(eval_sub, len(DatasetTask(settings.dataset).problems("heldout")))
-            finally:
-                stop.set()
-                await asyncio.wait_for(generating, 60)
-                await eval_sub.unsubscribe()
     finally:
         scorer.close()
         pool.close()
