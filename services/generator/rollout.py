@@ -414,17 +414,20 @@ class RolloutLoop:
         # A seeded task's episodes get seeds of their own, apart by more than their turns' offsets.
         stride = runner.settings.max_turns
         place = EnginePlace(self)
-        try:
-            return list(
-                await asyncio.gather(
-                    *(
-                        runner.run(
-                            env_task, s.temperature, s.top_p, int(s.seed) + i * stride if s.seed else 0, place=place
-                        )
-                        for i in range(s.num_samples)
-                    )
-                )
+        playing = [
+            asyncio.ensure_future(
+                runner.run(env_task, s.temperature, s.top_p, int(s.seed) + i * stride if s.seed else 0, place=place)
             )
+            for i in range(s.num_samples)
+        ]
+        try:
+            return list(await asyncio.gather(*playing))
+        except BaseException:
+            # The task fails (it is handed back): its other episodes stop now rather than go on sampling.
+            for episode in playing:
+                episode.cancel()
+            await asyncio.gather(*playing, return_exceptions=True)
+            raise
         finally:
             place.close()
 
