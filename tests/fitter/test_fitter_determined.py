@@ -11,8 +11,9 @@ Synthetic streams first: the sigmoid's pass rate, measured as a held-out round m
 prompts x 4 samples, each prompt's correct count binomial), every 10
 versions up to 300, seeded. Rising runs, one that stays flat, one still
 early and one whose A stays open (the reported run's shape). Then the
-eval.jsonl of five real runs of the embedded default (tests/fitter/streams/:
-three of 120 steps, two of 300), replayed round by round the same way.
+eval.jsonl of ten real runs of the embedded default (tests/fitter/streams/:
+three of 120 steps, seven of the default 300), replayed round by round the
+same way.
 """
 
 from __future__ import annotations
@@ -344,7 +345,7 @@ def test_replayed_streams_keep_the_stability_rule_and_end_determined_or_say_why(
 # Recorded streams: the eval.jsonl of real runs of the embedded default (`asymptote up`, the word problems,
 # each with its seed), kept in tests/fitter/streams/ and replayed row by row through the live fitter's path.
 RECORDED = sorted((Path(__file__).parent / "streams").glob("*.jsonl"))
-RECORDED_RUNS = 5
+RECORDED_RUNS = 10
 
 
 def replay_recorded(path: Path, run_dir: Path) -> list[dict[str, Any]]:
