@@ -68,8 +68,7 @@ def engine_processes(token: str) -> set[psutil.Process]:
 
 
 def services_running(token: str) -> bool:
-    """Whether every service of the stack has a process: nats-server, broker, fitter, learner, generator
-    (started in that order after nats-server, so the generator's process means every one was started)."""
+    """Whether every service of the stack has a process: nats-server, broker, fitter, learner, generator."""
     roles: set[str] = set()
     for proc in marked(token):
         try:

@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-from nats.js import JetStreamContext
+from test_multiturn_group import offline_loop
 from waiting import wait_until_async
 
-from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.envs import EnvTask
-from asymptote.jetstream.names import Names
 from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
-from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import Scorer
 from services.generator.rollout import RolloutLoop
 
@@ -81,18 +78,7 @@ class ScriptedRunner:
 
 def loop_with(runner: ScriptedRunner) -> RolloutLoop:
     """A rollout loop with one place in its engine; nothing but its accounting and ``_play`` is used."""
-    return RolloutLoop(
-        cast(Engine, None),
-        cast(JetStreamContext, None),
-        Names(),
-        "generator-place",
-        max_inflight_groups=1,
-        ack_wait_s=30.0,
-        metrics=GeneratorMetrics(),
-        meter=ComputeMeter("generator", "generator-place", "cpu", 1),
-        scorer=cast(Scorer, object()),
-        episodes=cast(EpisodeRunner, runner),
-    )
+    return offline_loop(cast(Engine, None), scorer=cast(Scorer, object()), episodes=cast(EpisodeRunner, runner))
 
 
 def task(num_samples: int) -> rollout_pb2.GenerationTask:

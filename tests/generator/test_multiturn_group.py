@@ -8,6 +8,7 @@ into two sequences, and environment tokens between turns.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,9 @@ def episodes() -> list[Episode]:
     return [first, second]
 
 
-def offline_loop(engine: Engine) -> RolloutLoop:
-    """A rollout loop with no JetStream: for building groups (``_group``), never for running."""
+def offline_loop(engine: Engine, **overrides: Any) -> RolloutLoop:
+    """A rollout loop with no JetStream and one place in its engine: for building groups (``_group``) or
+    driving its accounting by hand, never for running. ``overrides``: more of RolloutLoop's arguments."""
     return RolloutLoop(
         engine,
         None,  # type: ignore[arg-type]
@@ -61,6 +63,7 @@ def offline_loop(engine: Engine) -> RolloutLoop:
         ack_wait_s=30.0,
         metrics=GeneratorMetrics(),
         meter=ComputeMeter("generator", "gen", "cpu", 1),
+        **overrides,
     )
 
 
