@@ -9,11 +9,12 @@ writes the verified bytes unchanged.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import platform
 import random
 import resource
 import signal
+import subprocess
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -45,7 +46,6 @@ from services.generator.weights import (
     GrpcWeightSource,
     StagingArea,
     check_signature,
-    reuse_freed_message_buffers,
     stage,
 )
 from services.learner.server import LearnerServicer, add_learner_to_server
@@ -339,41 +339,56 @@ async def test_a_full_staging_folder_is_an_error_that_names_it_and_its_size(tmp_
 # -- the allocator ---------------------------------------------------------------------
 
 
+# The allocator's counters are process-wide, and a test worker has other
+# threads (gRPC's, a previous test's) that allocate and free at any moment, so
+# the checks run in a fresh interpreter whose only thread is the one checking.
+ALLOCATOR_CHECK = """
+import ctypes
+
+from asymptote.codec import CHUNK_BYTES
+from services.generator.weights import reuse_freed_message_buffers
+
+
 class MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd",
+        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]
+
+
+reuse_freed_message_buffers()
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+
+
+def mapped_blocks():
+    return int(libc.mallinfo2().hblks)
+
+
+libc.malloc_trim(0)  # the heap's free top handed back: what follows grows it
+before = mapped_blocks()
+message = bytearray(CHUNK_BYTES + 4096)  # a chunk and its fields
+assert mapped_blocks() == before, "a message-sized buffer is mmapped"
+heap = int(libc.mallinfo2().arena)
+del message
+assert int(libc.mallinfo2().arena) == heap, "freeing it shrinks the heap"
+version = bytearray(64 << 20)  # far larger buffers are still mapped, and unmapped when freed
+assert mapped_blocks() == before + 1, (before, mapped_blocks())
+del version
+assert mapped_blocks() == before, (before, mapped_blocks())
+print("allocator checked")
+"""
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's allocator")
 def test_message_sized_buffers_come_from_the_heap_and_stay_there() -> None:
-    reuse_freed_message_buffers()
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
-
-    def mapped_blocks() -> int:
-        return int(libc.mallinfo2().hblks)
-
-    libc.malloc_trim(0)  # the heap's free top handed back: what follows grows it
-    before = mapped_blocks()
-    message = bytearray(CHUNK_BYTES + 4096)  # a chunk and its fields
-    assert mapped_blocks() == before, "a message-sized buffer is not mmapped"
-    heap = int(libc.mallinfo2().arena)
-    del message
-    assert int(libc.mallinfo2().arena) == heap, "freeing it does not shrink the heap"
-    version = bytearray(64 << 20)  # far larger buffers are still mapped, and unmapped when freed
-    assert mapped_blocks() == before + 1
-    del version
-    assert mapped_blocks() == before
+    done = subprocess.run(
+        [sys.executable, "-c", ALLOCATOR_CHECK],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "allocator checked"
