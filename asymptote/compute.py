@@ -24,6 +24,19 @@ from asymptote.jetstream.names import Names
 log = logging.getLogger(__name__)
 
 
+def device_time(seconds: float, *more: float) -> str:
+    """Accelerator time as people count it (the curve's axis; GPU-seconds on GPUs): seconds for short runs,
+    hours (the paper's GPU-hours) else. ``more`` (an interval's ends) follow in the first value's unit:
+    "1.64 device-hours", "201 [150, 260] device-s"."""
+    hours = seconds >= 360
+
+    def shown(x: float) -> str:
+        return f"{x / 3600:,.2f}" if hours else f"{x:,.0f}"
+
+    ends = f" [{', '.join(shown(x) for x in more)}]" if more else ""
+    return f"{shown(seconds)}{ends} {'device-hours' if hours else 'device-s'}"
+
+
 class ComputeMeter:
     """Accumulates one instance's device time and publishes it."""
 

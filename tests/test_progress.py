@@ -69,14 +69,17 @@ def test_a_determined_fit_shows_a_with_its_interval_and_the_projection_at_the_bu
     (at_budget,) = [p for p in fit["projections"] if p["compute"] == 30_000.0]
     a, c_mid, budget = fit["a_interval"], fit["c_mid_interval"], at_budget["interval"]
     a_shown = f"A {fit['a']:.3f} [{a['low']:.3f}, {a['high']:.3f}]"
-    budget_shown = f"at budget 3e+04: {at_budget['pass_rate']:.3f} [{budget['low']:.3f}, {budget['high']:.3f}]"
+    budget_shown = (
+        f"at budget 8.33 device-hours: {at_budget['pass_rate']:.3f} [{budget['low']:.3f}, {budget['high']:.3f}]"
+    )
     # Noiseless points: the bootstrap collapses onto the fit.
     assert a_shown == "A 0.700 [0.700, 0.700]"
     assert a_text(fit) == f"{a_shown}  {budget_shown}"
     line = Progress(tmp_path, max_steps=10).line({**snap(12), "fit": fit}, READY)
     assert line.endswith(f"step 12/10  {a_shown}  {budget_shown}")
     assert fit_text(fit) == (
-        f"{a_shown}  B {fit['b']:.2f}  C_mid {fit['c_mid']:.4g} [{c_mid['low']:.4g}, {c_mid['high']:.4g}]  "
+        f"{a_shown}  B {fit['b']:.2f}  C_mid {fit['c_mid'] / 3600:,.2f} [{c_mid['low'] / 3600:,.2f}, "
+        f"{c_mid['high'] / 3600:,.2f}] device-hours  "
         f"R0 0.250  {budget_shown}  {fit['recommendation']}: {fit['recommendation_reason']}"
     )
 
@@ -153,6 +156,7 @@ def test_the_line_shows_tokens_per_second_an_eta_and_warns_of_truncation(tmp_pat
 
 
 def test_the_summary_shows_training_compute_and_eval_sampling_apart(tmp_path: Path) -> None:
+    from asymptote.compute import device_time
     from services.local.progress import compute_text
 
     (tmp_path / "fit.json").write_text(json.dumps({"compute_by_service": {"generator": 3000.0, "learner": 600.0,
@@ -174,3 +178,6 @@ def test_the_summary_shows_training_compute_and_eval_sampling_apart(tmp_path: Pa
         "0% of generation, off the curve's axis"
     )
     assert compute_text({}) is None
+    # An interval in its point's unit: C_mid's, in seconds for a short run.
+    assert device_time(201.0, 150.0, 173_442.0) == "201 [150, 173,442] device-s"
+    assert device_time(5901.0, 201.0, 173_442.0) == "1.64 [0.06, 48.18] device-hours"

@@ -35,6 +35,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
+from asymptote.compute import device_time
 from asymptote.config import load_config, log_resolved
 from asymptote.logs import setup_logging
 from services.fitter.curve import (
@@ -253,7 +254,7 @@ def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, st
     """The fitted parameters, and per run its projections and advice (or why it failed)."""
     table = _table(
         "Sigmoid fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
-        ("run", "A [95% interval]", "B", "C_mid", "R0", "points", "RMSE"),
+        ("run", "A [95% interval]", "B", "C_mid (device-s)", "R0", "points", "RMSE"),
         caption="* at the bound of its search range: not pinned down by the data",
     )
     notes: list[tuple[str, str]] = []
@@ -267,7 +268,7 @@ def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, st
         advice = result.recommendation
         if judged.determined:
             said = "; ".join(
-                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {target:.4g}"
+                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {device_time(target)}"
                 for target, interval in zip(intervals.target_compute, intervals.projection)
             )
             if advice is not None:
@@ -293,7 +294,7 @@ def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, st
 def _half_run_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
     table = _table(
         "Half-run check: fit on the first half of the compute, projected to the end",
-        ("run", "half compute", "points", "projected", "measured", "error"),
+        ("run", "half compute (device-s)", "points", "projected", "measured", "error"),
     )
     notes: list[tuple[str, str]] = []
     for result in results:

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asymptote.compute import device_time
 from services.fitter.holdout import half_run_projection
 
 
@@ -101,11 +102,6 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
-def device_time(seconds: float) -> str:
-    """Accelerator time as people count it: seconds for short runs, hours (the paper's GPU-hours) else."""
-    return f"{seconds / 3600:,.2f} device-hours" if seconds >= 360 else f"{seconds:,.0f} device-s"
-
-
 def compute_text(by_service: Mapping[str, float]) -> str | None:
     """The run's compute: training (the curve's axis) by service, and the eval rounds' sampling apart."""
     if not by_service:
@@ -126,14 +122,15 @@ def _interval(interval: Mapping[str, Any] | None) -> str:
 
 
 def budget_projection(fit: Mapping[str, Any]) -> str | None:
-    """The projected pass rate at the planned budget with its interval, e.g. "at budget 1.8e+04: 0.571
+    """The projected pass rate at the planned budget with its interval, e.g. "at budget 5.00 device-hours: 0.571
     [0.560, 0.590]"; None without a budget (``planned_compute`` 0) or its projection."""
     budget = float(fit.get("planned_compute") or 0.0)
     if budget <= 0:
         return None
     for projection in fit.get("projections") or ():
         if math.isclose(float(projection.get("compute", 0.0)), budget, rel_tol=1e-9):
-            return f"at budget {budget:.4g}: {projection['pass_rate']:.3f} {_interval(projection.get('interval'))}"
+            shown = f"{projection['pass_rate']:.3f} {_interval(projection.get('interval'))}"
+            return f"at budget {device_time(budget)}: {shown}"
     return None
 
 
@@ -184,7 +181,7 @@ def fit_text(fit: Mapping[str, Any]) -> str | None:
     c_mid = fit.get("c_mid_interval") or {}
     text = (
         f"A {fit['a']:.3f} {_interval(fit.get('a_interval'))}  B {fit['b']:.2f}  "
-        f"C_mid {fit['c_mid']:.4g} [{c_mid.get('low', 0.0):.4g}, {c_mid.get('high', 0.0):.4g}]  R0 {fit['r0']:.3f}"
+        f"C_mid {device_time(fit['c_mid'], c_mid.get('low', 0.0), c_mid.get('high', 0.0))}  R0 {fit['r0']:.3f}"
     )
     at_budget = budget_projection(fit)
     if at_budget:

@@ -307,7 +307,7 @@ def test_replayed_streams_keep_the_stability_rule_and_end_determined_or_say_why(
         interval = f"[{fit['a_interval']['low']:.3f}, {fit['a_interval']['high']:.3f}]"
         if fit["determined"]:
             (at_budget,) = [p for p in fit["projections"] if p["compute"] == BUDGET_S]
-            budget = f"at budget {BUDGET_S:.4g}: {at_budget['pass_rate']:.3f} [{at_budget['interval']['low']:.3f}, "
+            budget = f"at budget {BUDGET_S / 3600:,.2f} device-hours: {at_budget['pass_rate']:.3f} [{at_budget['interval']['low']:.3f}, "
             assert line.startswith(f"A {fit['a']:.3f} {interval}") and budget in line
         elif shows_interval(fit):
             assert line == f"A in {interval}, not yet determined: {fit['why_not_determined']}"

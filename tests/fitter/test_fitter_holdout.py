@@ -190,13 +190,14 @@ def test_fit_text_shows_the_curve_and_recommendation_of_a_determined_fit() -> No
         "recommendation_reason": "the gain left to the asymptote is at most 0.010, within the margin 0.02",
     }
     assert fit_text(fit) == (
-        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542 [2300, 2900]  R0 0.200  "
+        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 0.71 [0.64, 0.81] device-hours  R0 0.200  "
         "stop: the gain left to the asymptote is at most 0.010, within the margin 0.02"
     )
     budget = {"compute": 20_000.0, "pass_rate": 0.605, "interval": {"low": 0.598, "high": 0.612}}
     with_budget = {**fit, "planned_compute": 20_000.0, "projections": [budget]}
     assert fit_text(with_budget) == (
-        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 2542 [2300, 2900]  R0 0.200  at budget 2e+04: 0.605 [0.598, 0.612]  "
+        "A 0.610 [0.600, 0.620]  B 1.92  C_mid 0.71 [0.64, 0.81] device-hours  R0 0.200  "
+        "at budget 5.56 device-hours: 0.605 [0.598, 0.612]  "
         "stop: the gain left to the asymptote is at most 0.010, within the margin 0.02"
     )
     assert fit_text({"ok": False, "reason": "too few points"}) == "too few points"
