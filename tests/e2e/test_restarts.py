@@ -6,9 +6,10 @@ with SIGKILL, and stops the broker, learner, generator and fitter with
 SIGTERM (graceful drain); failpoints kill the generator with its engine
 paused mid-swap, the learner while its ranks write a checkpoint, with a
 checkpoint written but not committed and mid-step, and raise an exception
-mid-step on the learner's rank 0, the service's own event loop (every rank
-must be gone within FAIL_FAST_S; an exception on either rank of a bare
-two-rank step: tests/learner/test_fail_fast.py). Each fault strikes REPEATS times, in a seeded random order at seeded
+mid-step on the learner's rank 0 (the service's own event loop) and, as a
+fault of its own, on rank 1 (every rank must be gone within FAIL_FAST_S; the
+same in a bare two-rank step, with its must-fail twin:
+tests/learner/test_fail_fast.py). Each fault strikes REPEATS times, in a seeded random order at seeded
 steps (``ASY_FAULT_SEED`` replays one). The stack restarts what died; then
 the ledger is audited: every issued train task is trained exactly once into
 the weights that continue, filtered with a reason, dead-lettered, or still
@@ -70,11 +71,13 @@ FAILPOINTS = {
     "learner.checkpoint.writing": "learner",  # every rank's shards being written in the background
     "learner.checkpoint.written": "learner",  # checkpoint files written, not yet committed
     "learner.step.trained": "learner",  # weights stepped in memory, nothing announced
-    # An exception (a bug) in the middle of a step on rank 0, inside the service's event loop, the other
-    # rank inside the step's collectives (rank 1 raising, in a bare step: tests/learner/test_fail_fast.py).
+    # An exception (a bug) in the middle of a step on one rank, the other rank inside the step's
+    # collectives: on rank 0 it is raised inside the service's event loop, on rank 1 inside the loop
+    # that follows rank 0's orders.
     "learner.step.backward.rank0": "learner",
+    "learner.step.backward.rank1": "learner",
 }
-RAISING = {"learner.step.backward.rank0"}
+RAISING = {"learner.step.backward.rank0", "learner.step.backward.rank1"}
 """Failpoints that raise instead of killing: the learner must fail fast, every rank gone within FAIL_FAST_S."""
 FAIL_FAST_S = 60.0
 LEARNER_RANKS = 2
