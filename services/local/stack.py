@@ -63,7 +63,10 @@ INTERRUPTED = 130
 PREPARE_REFUSAL = "asymptote prepare-model: "
 """How ``asymptote prepare-model`` begins the one line that refuses its request."""
 STOP_GRACE_S = 40.0
-"""How long a stop waits for the services to drain and exit after SIGTERM before it kills them."""
+"""How long a stop waits for each phase's services to drain and exit after SIGTERM before it kills them."""
+STOP_PHASES = (("learner", "generator"), ("broker", "fitter", "sandbox"))
+"""The order a stop sends SIGTERM in, by service (nats-server last): the learner's final checkpoint acks
+its batches to the broker, and the generators hand their finished groups on, so the broker outlives both."""
 NATS_USER_ENV, NATS_PASSWORD_ENV = "ASY_NATS_USER", "ASY_NATS_PASSWORD"
 """Where the credentials of a nats-server the config names (``StackConfig.nats_url``) come from."""
 
@@ -605,13 +608,17 @@ class LocalStack:
             except OSError as exc:
                 log.warning("could not save %s's metrics: %s", p.name, exc)
 
+    def stop_services(self) -> None:
+        """SIGTERM to the services in STOP_PHASES, each phase waited for; nats-server stays up."""
+        for phase in STOP_PHASES:
+            procs = [p for p in self.procs if p.name.split("-")[0] in phase and p.popen.poll() is None]
+            for p in reversed(procs):
+                self._signal(p, signal.SIGTERM)
+            self._wait_all(procs, STOP_GRACE_S)
+
     def stop(self) -> None:
-        """SIGTERM in reverse start order, wait, then SIGKILL what is left."""
-        for p in reversed(self.procs):
-            if p.name == "nats-server":
-                continue
-            self._signal(p, signal.SIGTERM)
-        self._wait_all([p for p in self.procs if p.name != "nats-server"], STOP_GRACE_S)
+        """The services (``stop_services``), then nats-server; SIGKILL what is left."""
+        self.stop_services()
         for p in self.procs:
             if p.name == "nats-server":
                 self._signal(p, signal.SIGTERM)
@@ -729,13 +736,17 @@ class LocalStack:
                 live.stop()
 
     def close(self) -> None:
-        """Save each live service's last metrics, audit the ledger, stop every process, write the summary.
+        """Save each live service's last metrics, stop the services, audit the ledger, stop nats-server, write
+        the summary.
 
         Each step only where there is something to do it on: a stack that
         never started a process stops nothing and audits no ledger.
         """
         if self.procs:
             self.save_final_metrics()
+            # Audited once the services are gone, nats-server still up: a learner stopped mid-run acks
+            # the batches its final checkpoint holds as it drains, and those acks are in the ledger.
+            self.stop_services()
             if self.config.nats_url is not None or any(p.name == "nats-server" for p in self.procs):
                 self.audit_ledger()
             self.stop()

@@ -170,6 +170,10 @@ def resume_and_check(run_dir: Path, token: str) -> None:
     stopped_at = int(read_jsonl(run_dir / "metrics.jsonl")[-1]["step"])
     evals_before = len(read_jsonl(run_dir / "eval.jsonl"))
     stopped = json.loads((run_dir / "summary.json").read_text())  # the stopped run's, before the resume's
+    stopped_ledger = json.loads((run_dir / "ledger.json").read_text())
+    # The stop acked every batch its final checkpoint holds: the learner was stopped before the broker.
+    trained = sum(int(r["batch/prompts"]) for r in read_jsonl(run_dir / "metrics.jsonl"))
+    assert (stopped_ledger["trained"], stopped_ledger["lost"]) == (trained, 0), stopped_ledger
     with (run_dir.parent / "resume.log").open("wb") as out:
         resumed = subprocess.run(
             [sys.executable, "-m", "services.cli", "up", "--resume", str(run_dir)],
