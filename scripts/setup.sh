@@ -21,7 +21,7 @@ if [[ "$build" != cpu && "$build" != gpu ]]; then
   echo "ASY_BUILD=$build: expected cpu or gpu" >&2
   exit 2
 fi
-stamp_key=$( (cat pyproject.toml scripts/setup.sh; echo "$build") | sha256sum | cut -c1-16)
+stamp_key=$( (cat pyproject.toml scripts/setup.sh scripts/envs-requirements.txt; echo "$build") | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$stamp_key"
 if [[ -f "$stamp" ]]; then
   exit 0
@@ -57,6 +57,20 @@ else
   "$VENV/bin/python" -m uv pip uninstall --quiet --python "$VENV/bin/python" torchvision torchaudio torchcodec \
     >/dev/null 2>&1 || true
 fi
+
+# Environments that bring packages of their own (verifiers, OpenEnv) run their workers on a second
+# interpreter (EnvironmentSettings.python), so that their pins need not fit vLLM's. Not byte-compiled:
+# a worker imports a small part of it.
+ENVS_VENV="${ASY_ENVS_VENV:-.venv-envs}"
+if [[ ! -x "$ENVS_VENV/bin/python" ]]; then
+  "$PYTHON" -m venv "$ENVS_VENV"
+fi
+envs_uv=("$VENV/bin/python" -m uv pip install --quiet --python "$ENVS_VENV/bin/python")
+for link in $links; do
+  envs_uv+=(--find-links "$link")
+done
+"${envs_uv[@]}" -r scripts/envs-requirements.txt
+"$ENVS_VENV/bin/python" -c "import pydantic, docstring_parser, verifiers, openenv"
 
 "$VENV/bin/python" - <<'PY'
 import importlib

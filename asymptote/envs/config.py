@@ -2,21 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import importlib
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asymptote.config import Frozen
+
+ENTRY_PATTERN = r"^[\w.]+:[\w.]+$"
+"""A class (or any attribute) as ``package.module:Name``."""
+
+
+def import_entry(entry: str) -> Any:
+    """What ``package.module:Name`` (``Name`` may be dotted) names; ImportError or AttributeError if nothing."""
+    module_name, _, attr = entry.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class OpenEnvSettings(Frozen):
+    """How an OpenEnv environment's actions and observations become the model's turns and messages."""
+
+    action: str = Field(pattern=ENTRY_PATTERN)
+    """The environment's ``Action`` class as ``package.module:ClassName``."""
+    action_field: str
+    """The ``Action`` field that takes the model's turn (its text after any reasoning), e.g. ``message``."""
+    base_url: str | None = None
+    """The environment's server (``http://`` or ``ws://``): the entry is then its client, an
+    ``openenv.core.EnvClient`` subclass. None: the entry is the server-side ``Environment`` class, run in the
+    worker."""
+    observation_field: str | None = None
+    """The observation field shown to the model; None: every field but done, reward and metadata, as JSON
+    (a single one as its text)."""
 
 
 class EnvironmentSettings(Frozen):
     """Which environment a generator runs episodes against, and each episode's limits."""
 
-    entry: str = Field(pattern=r"^[\w.]+:[\w.]+$")
+    entry: str = Field(pattern=ENTRY_PATTERN)
     """The environment's class as ``package.module:ClassName``, imported in each environment worker."""
-    kind: Literal["environment", "tools"] = "environment"
+    kind: Literal["environment", "tools", "openenv"] = "environment"
     """environment: the class implements ``reset``/``step`` (asymptote.envs.base.Environment);
-    tools: a plain class whose public methods are the model's tools (asymptote.envs.tools)."""
+    tools: a plain class whose public methods are the model's tools (asymptote.envs.tools);
+    openenv: an OpenEnv client or environment class, as ``openenv`` says (asymptote.envs.adapters)."""
+    openenv: OpenEnvSettings | None = None
+    """With kind openenv: its action, observation and server."""
     max_turns: int = Field(default=8, ge=1)
     """Model turns in one episode; the episode ends (``max_turns``) after the last."""
     max_episode_tokens: int = Field(default=4096, ge=1)
@@ -30,3 +62,14 @@ class EnvironmentSettings(Frozen):
     """Largest observation (or first messages and tools), as JSON; a larger one ends the episode."""
     num_workers: int = Field(default=4, ge=1)
     """Worker processes, one per episode in flight: more episodes wait for a worker."""
+    python: str | None = None
+    """The interpreter the workers run, e.g. ``.venv-envs/bin/python``: a virtual environment holding the
+    environment's own packages (``verifiers``, ``openenv``, ...), which need not fit the generator's. It needs
+    pydantic and docstring-parser; this project's modules come from the generator's source tree. None: the
+    generator's own interpreter."""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> EnvironmentSettings:
+        if (self.kind == "openenv") != (self.openenv is not None):
+            raise ValueError("kind openenv takes the openenv settings (action, action_field), and only it does")
+        return self

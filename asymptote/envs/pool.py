@@ -17,25 +17,36 @@ with an :class:`EnvFailure` whose reason is counted by the caller:
 
 A worker that timed out or died is replaced by a new one for a later
 episode; the generator's process never runs environment code, so nothing
-an environment does takes it down. Requests and replies cross the pipe as
-JSON with a hard size bound. Workers are spawned, not forked: the
-generator's process holds vLLM's threads, which a fork would copy mid-flight.
+an environment does takes it down. Requests and replies cross a socket as
+JSON with a hard size bound. Workers are new interpreters
+(``python -m asymptote.envs.worker``), not forks: the generator's process
+holds vLLM's threads, which a fork would copy mid-flight. The interpreter
+is the generator's own or ``settings.python``, a virtual environment that
+holds the environment's own packages; either way the worker imports this
+project's modules from the generator's source tree, and exits when the
+generator is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
-import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Literal
 
+from asymptote.envs.adapters import OpenEnvAdapter, load_openenv
 from asymptote.envs.base import Environment, EnvTask, InvalidOutput, Message, StepResult, check_reset, check_step
-from asymptote.envs.config import EnvironmentSettings
+from asymptote.envs.config import EnvironmentSettings, import_entry
 from asymptote.envs.tools import ToolClassEnvironment, tool_schemas
 from asymptote.errors import ConfigError
 
@@ -66,15 +77,20 @@ class EnvFailure(RuntimeError):
 
 def load_factory(settings: EnvironmentSettings) -> Callable[[], Environment]:
     """A new environment per call, for ``settings.entry``; ConfigError naming the entry when it cannot be."""
-    module_name, _, attr = settings.entry.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_entry(settings.entry)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"environment entry {settings.entry!r} cannot be imported: {exc}") from exc
     if not isinstance(obj, type):
         raise ConfigError(f"environment entry {settings.entry!r} is a {type(obj).__name__}, not a class")
+    if settings.openenv is not None:
+        openenv = settings.openenv
+        try:
+            action_cls = load_openenv(obj, openenv)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"environment entry {settings.entry!r}: {exc}") from exc
+        entry_cls = obj
+        return lambda: OpenEnvAdapter(entry_cls, action_cls, openenv)
     if settings.kind == "tools":
         try:
             schemas = tool_schemas(obj)
@@ -155,8 +171,26 @@ def _error(kind: FailureReason, detail: str) -> bytes:
     return json.dumps({"ok": False, "kind": kind, "error": detail[:MAX_ERROR_CHARS]}).encode()
 
 
+PARENT_POLL_S = 1.0
+"""How often a worker checks that the generator that started it is alive."""
+
+
+def _exit_with_parent() -> None:
+    """End this worker once its parent is gone (a generator killed by SIGKILL leaves no one to close the
+    socket while an environment is busy in a step)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)  # polling: no portable event for a parent's exit
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def serve(conn: Connection, settings_json: str) -> None:
-    """A worker's main: import the environment, say ready, then answer requests until the pipe closes."""
+    """A worker's main: import the environment, say ready, then answer requests until the socket closes."""
+    _exit_with_parent()
     settings = EnvironmentSettings.model_validate_json(settings_json)
     try:
         factory = load_factory(settings)
@@ -176,13 +210,42 @@ def serve(conn: Connection, settings_json: str) -> None:
 # ---- the generator's side -------------------------------------------------
 
 
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder holding this project's packages: on every worker's path, whatever its interpreter."""
+
+
+def worker_path() -> str:
+    """A worker's PYTHONPATH: this project's source tree and the generator's own path entries outside its
+    interpreter's installation (where an environment's module may live, e.g. the working directory), so
+    that a worker in another virtual environment takes its packages from there and nothing else."""
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    entries = [str(SOURCE_ROOT)]
+    for entry in sys.path:
+        path = Path(entry or os.getcwd()).resolve()
+        if any(path == root or root in path.parents for root in installed) or str(path) in entries:
+            continue
+        entries.append(str(path))
+    return os.pathsep.join(entries)
+
+
 class _Worker:
     def __init__(self, settings: EnvironmentSettings) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, settings.model_dump_json()), daemon=True)
-        self.process.start()
-        child.close()
+        python = settings.python or sys.executable
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        child_fd = theirs.detach()
+        try:
+            self.process = subprocess.Popen(
+                [python, "-m", "asymptote.envs.worker", str(child_fd), settings.model_dump_json()],
+                pass_fds=(child_fd,),
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": worker_path()},
+            )
+        except OSError as exc:
+            self.conn.close()
+            raise ConfigError(f"environment python {python!r} cannot be started: {exc}") from exc
+        finally:
+            os.close(child_fd)
         self.max_reply_bytes = settings.max_observation_bytes + REPLY_OVERHEAD_BYTES
         self.broken = False
 
@@ -241,14 +304,17 @@ class _Worker:
         return reply
 
     def _exitcode(self) -> int | None:
-        self.process.join(timeout=1.0)
-        return self.process.exitcode
+        try:
+            return self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill(self) -> None:
         self.broken = True
-        if self.process.is_alive():
+        if self.process.poll() is None:
             self.process.kill()
-        self.process.join(timeout=5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5.0)
         self.conn.close()
 
 

@@ -11,13 +11,18 @@ worker in service.
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asymptote.envs import EnvFailure, EnvironmentPool, EnvironmentSettings, EnvTask
 from asymptote.errors import ConfigError
+from tests.envs.tool_classes import ENVS_PYTHON
 
 TIMEOUT_S = 1.0
 SETTINGS = EnvironmentSettings(
@@ -113,3 +118,28 @@ async def test_an_environment_that_cannot_load_fails_at_start(entry: str, kind: 
         assert message in str(caught.value)
     finally:
         pool.close()
+
+
+async def where(settings: EnvironmentSettings) -> dict[str, Any]:
+    pool = EnvironmentPool(settings)
+    try:
+        await pool.start()
+        async with pool.episode() as env:
+            messages, _ = await env.reset(EnvTask(prompt="Where?"))
+        return dict(json.loads(messages[0]["content"]))
+    finally:
+        pool.close()
+
+
+async def test_workers_run_on_the_environment_s_own_interpreter() -> None:
+    settings = SETTINGS.model_copy(update={"entry": "tests.envs.tool_classes:WhereAmI"})
+    assert await where(settings) == {"prefix": sys.prefix, "torch": True, "openenv": False}
+    own = await where(settings.model_copy(update={"python": str(ENVS_PYTHON)}))
+    assert own == {"prefix": str(ENVS_PYTHON.parents[1]), "torch": False, "openenv": True}
+
+
+async def test_an_environment_python_that_does_not_run_fails_at_start(tmp_path: Path) -> None:
+    pool = EnvironmentPool(SETTINGS.model_copy(update={"python": str(tmp_path / "absent" / "python")}))
+    with pytest.raises(ConfigError) as caught:
+        await pool.start()
+    assert f"environment python {str(tmp_path / 'absent' / 'python')!r} cannot be started" in str(caught.value)

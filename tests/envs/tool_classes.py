@@ -6,6 +6,7 @@ way the pool must contain.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.envs.base import EnvTask, Message
+
+ENVS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-envs" / "bin" / "python"
+"""The environments' own interpreter (scripts/setup.sh installs it): openenv and verifiers, no torch."""
 
 
 class Calculator:
@@ -122,3 +126,18 @@ class Misbehaves(Counter):
 class NoDocstring:
     def add(self, a: int, b: int) -> int:
         return a + b
+
+
+class WhereAmI:
+    """Says which interpreter hosts it: its first message names ``sys.prefix`` and whether torch and
+    openenv import there (an environment's own virtual environment has openenv and no torch)."""
+
+    async def reset(self, task: EnvTask) -> tuple[list[Message], list[dict[str, Any]]]:
+        import importlib.util
+        import sys
+
+        found = {name: importlib.util.find_spec(name) is not None for name in ("torch", "openenv")}
+        return [{"role": "user", "content": json.dumps({"prefix": sys.prefix, **found})}], []
+
+    async def step(self, assistant_turn: str) -> tuple[list[Message], float | None, bool]:
+        return [], 1.0, True

@@ -49,7 +49,7 @@ from services.generator.engine import Engine, Sample
 from services.generator.episode import Episode, EpisodeRunner
 from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
 from tests.envs.chat_models import Flavour, chat_model_dir
-from tests.envs.tool_classes import Counter
+from tests.envs.tool_classes import ENVS_PYTHON, Counter
 
 pytestmark = [pytest.mark.vllm]
 
@@ -136,8 +136,11 @@ def render(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]])
     return text
 
 
-async def audit(tokenizer: Any, task: EnvTask, episode: Episode, calls: list[Call]) -> Tally[str]:
-    """Mismatches of ``episode`` against the slow references of the module docstring, by kind."""
+async def audit(
+    tokenizer: Any, task: EnvTask, episode: Episode, calls: list[Call], rerender: bool = True
+) -> Tally[str]:
+    """Mismatches of ``episode`` against the slow references of the module docstring, by kind (``rerender``:
+    with the re-render check, which replays the Counter environment here)."""
     wrong: Tally[str] = Tally()
     assert len(episode.samples) == 1 and episode.num_resplits == 0  # turns render verbatim: nothing re-renders
     (stored,) = episode.samples
@@ -165,6 +168,8 @@ async def audit(tokenizer: Any, task: EnvTask, episode: Episode, calls: list[Cal
     wrong["spans"] += expected_spans != completion.version_spans
     wrong["env_tokens"] += mask.count(0) != episode.num_env_tokens
 
+    if not rerender:
+        return wrong
     # Re-render: every turn's prompt is the template's own text for the conversation so far.
     before, tools = await conversation(tokenizer, task, calls)
     for call, messages in zip(calls, before):
@@ -252,6 +257,62 @@ async def test_episodes_store_the_engines_tokens_and_only_the_templates_text_bet
     ]
     print(f"{model_dir.name}: learner vs engine log-probs over {len(gaps)} tokens: max gap {max(gaps):.2e}")
     assert max(gaps) <= LOGPROB_TOL
+
+
+@pytest.mark.parametrize("served", ["qwen3"], indirect=True)
+async def test_an_openenv_environment_runs_episodes_on_the_engine(served: Any) -> None:
+    """An environment written against OpenEnv's public API (tests/envs/openenv_guess.py), in workers on the
+    environments' own interpreter: the model's turns are its guesses (random text: never a number), each
+    answered as the user, the third ends the episode with OpenEnv's reward 0; the stored tokens pass the
+    audit's token checks (the re-render needs the environment replayed here, and this process has no
+    openenv: tests/envs/test_adapters.py checks the messages)."""
+    from asymptote.envs.config import OpenEnvSettings
+
+    _, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    recorder = RecordingEngine(engine)
+    settings = SETTINGS.model_copy(
+        update={
+            "entry": "tests.envs.openenv_guess:GuessEnvironment",
+            "kind": "openenv",
+            "openenv": OpenEnvSettings(action="tests.envs.openenv_guess:GuessAction", action_field="guess"),
+            "python": str(ENVS_PYTHON),
+            "max_turns": 4,
+            "max_episode_tokens": 400,
+            "num_workers": 2,
+        }
+    )
+    pool = EnvironmentPool(settings)
+    await pool.start()
+    try:
+        runner = EpisodeRunner(cast(Engine, recorder), tokenizer, pool)
+        tasks = [EnvTask(task_id=f"g{i}", prompt="Find the secret number.", reference=str(i)) for i in range(6)]
+        episodes = await run_episodes(runner, tasks)
+    finally:
+        pool.close()
+    wrong: Tally[str] = Tally()
+    for i, task in enumerate(tasks):
+        wrong += await audit(tokenizer, task, episodes[i], recorder.calls[i], rerender=False)
+    assert sum(wrong.values()) == 0, dict(wrong)
+    for i, task in enumerate(tasks):
+        ending = (episodes[i].end_reason, episodes[i].reward, episodes[i].num_turns)
+        assert ending == guessing_game(task, recorder.calls[i]), (i, ending)
+        assert episodes[i].num_env_tokens > 0
+
+
+def guessing_game(task: EnvTask, calls: list[Call]) -> tuple[str, float, int]:
+    """The game's end for the turns the model took (tests/envs/openenv_guess.py, slowly): a turn whose text
+    after its reasoning is the secret wins at once; the third guess ends it otherwise."""
+    for k, call in enumerate(calls, start=1):
+        try:
+            right = int(call.turn.text.rsplit("</think>", 1)[-1].strip()) == int(task.reference)
+        except ValueError:  # not a number: the game says so
+            right = False
+        if right:
+            return "done", 1.0, k
+        if k == 3:
+            return "done", 0.0, 3
+    raise AssertionError(f"the episode ended after {len(calls)} turns, before the game did")
 
 
 MODES = ("raise", "garbage", "role", "oversize", "crash", "hang", "reset-hang")

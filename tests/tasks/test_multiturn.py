@@ -63,6 +63,7 @@ def test_the_digest_covers_the_environment_but_not_where_episodes_run(data: Path
     base = task_digest(settings(data))
     # How many workers host episodes and score turns says nothing about a reward.
     assert task_digest(settings(data, num_workers=9)) == base
+    assert task_digest(settings(data, python="/opt/envs/bin/python")) == base
     assert task_digest(settings(data, {"num_score_workers": 7})) == base
     # The environment, its limits and the dataset's verifier do.
     assert task_digest(settings(data, entry="tests.envs.tool_classes:Calculator")) != base

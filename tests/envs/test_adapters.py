@@ -1,0 +1,171 @@
+"""Environments written for other libraries, run by the pool on the environments' own interpreter.
+
+An OpenEnv environment written against OpenEnv's public API
+(tests/envs/openenv_guess.py) runs in-process in the worker and behind
+OpenEnv's own server reached by its client; both give the same episode:
+the task's prompt then the reset observation, one user message per
+observation, the action filled with the turn after its reasoning, the
+reward that comes with done. Settings that do not fit the entry are
+refused at start with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
+from asymptote.envs.config import OpenEnvSettings
+from asymptote.envs.pool import worker_path
+from tests.envs.tool_classes import ENVS_PYTHON
+
+REPO = Path(__file__).resolve().parents[2]
+GUESS = "tests.envs.openenv_guess"
+IN_WORKER = EnvironmentSettings(
+    entry=f"{GUESS}:GuessEnvironment",
+    kind="openenv",
+    openenv=OpenEnvSettings(action=f"{GUESS}:GuessAction", action_field="guess"),
+    python=str(ENVS_PYTHON),
+    tool_timeout_s=30.0,
+    num_workers=1,
+)
+SERVER_START_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """OpenEnv's FastAPI app for the game under uvicorn, on the environments' interpreter; its base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([str(ENVS_PYTHON), "-m", GUESS, str(port)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert process.poll() is None, f"the OpenEnv server exited with {process.returncode}"
+                assert time.monotonic() < deadline, f"the OpenEnv server did not listen within {SERVER_START_S}s"
+                time.sleep(0.1)  # pacing: between connection attempts, under the deadline above
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def through_server(base_url: str) -> EnvironmentSettings:
+    openenv = IN_WORKER.openenv
+    assert openenv is not None
+    return IN_WORKER.model_copy(
+        update={
+            "entry": f"{GUESS}:GuessClient",
+            "openenv": openenv.model_copy(update={"base_url": base_url}),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+async def pools(server: str) -> AsyncIterator[dict[str, EnvironmentPool]]:
+    """A started pool for each place the game runs (a worker imports openenv once: seconds)."""
+    started = {
+        "in the worker": EnvironmentPool(IN_WORKER),
+        "behind its server": EnvironmentPool(through_server(server)),
+    }
+    try:
+        await asyncio.gather(*(pool.start() for pool in started.values()))
+        yield started
+    finally:
+        for pool in started.values():
+            pool.close()
+
+
+async def play(pool: EnvironmentPool, turns: list[str]) -> list[tuple[object, ...]]:
+    """The first messages, then (observation, reward, done) of each turn, in one episode."""
+    async with pool.episode() as env:
+        messages, tools = await env.reset(EnvTask(task_id="t1", prompt="Find the secret number.", reference="7"))
+        out: list[tuple[object, ...]] = [(messages, tools)]
+        for turn in turns:
+            result = await env.step(turn)
+            out.append((result.observation, result.reward, result.done))
+    return out
+
+
+FIRST = [{"role": "user", "content": "Find the secret number.\n\nGuess the number. You have 3 guesses."}]
+
+
+@pytest.mark.parametrize("where", ["in the worker", "behind its server"])
+async def test_an_openenv_environment_plays_an_episode(where: str, pools: dict[str, EnvironmentPool]) -> None:
+    pool = pools[where]
+    assert await play(pool, ["<think>start low</think> 3", "<think>up</think>9", "7"]) == [
+        (FIRST, []),
+        ([{"role": "user", "content": "higher"}], None, False),
+        ([{"role": "user", "content": "lower"}], None, False),
+        ([], 1.0, True),
+    ]
+    # Out of guesses: the reward that comes with done, 0.
+    assert (await play(pool, ["1", "2", "3"]))[-1] == ([], 0.0, True)
+
+
+MISFITS = [
+    ({"entry": f"{GUESS}:GuessClient"}, "is not an OpenEnv Environment subclass, as openenv without base_url"),
+    ({"action_field": "answer"}, "openenv action_field 'answer' is not a field of GuessAction (its fields:"),
+    ({"action": f"{GUESS}:GuessObservation"}, "is not a field of GuessObservation"),
+    ({"action": f"{GUESS}:MAX_GUESSES"}, f"openenv action '{GUESS}:MAX_GUESSES' is not an OpenEnv Action class"),
+]
+LOAD_EACH = """
+import json, sys
+from asymptote.envs.config import EnvironmentSettings
+from asymptote.envs.pool import load_factory
+from asymptote.errors import ConfigError
+said = []
+for settings in json.loads(sys.stdin.read()):
+    try:
+        load_factory(EnvironmentSettings.model_validate(settings))
+        said.append(None)
+    except ConfigError as exc:
+        said.append(str(exc))
+print(json.dumps(said))
+"""
+
+
+def test_openenv_settings_that_do_not_fit_the_entry_are_refused_with_the_reason() -> None:
+    """What a worker's start reports (the pool turns it into a ConfigError at start: tests/envs/test_pool.py);
+    all cases in one interpreter, since each import of openenv takes seconds."""
+    openenv = IN_WORKER.openenv
+    assert openenv is not None
+    cases = []
+    for update, _ in MISFITS:
+        fields = dict(update)
+        entry = fields.pop("entry", IN_WORKER.entry)
+        cases.append(IN_WORKER.model_copy(update={"entry": entry, "openenv": openenv.model_copy(update=fields)}))
+    done = subprocess.run(
+        [str(ENVS_PYTHON), "-c", LOAD_EACH],
+        input=json.dumps([c.model_dump(mode="json") for c in [IN_WORKER, *cases]]),
+        env={**os.environ, "PYTHONPATH": worker_path()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said[0] is None  # the well-fitting settings load
+    for (_, message), got in zip(MISFITS, said[1:], strict=True):
+        assert got is not None and message in got, (message, got)
+
+
+def test_kind_openenv_and_its_settings_go_together() -> None:
+    with pytest.raises(ValueError, match="kind openenv takes the openenv settings"):
+        EnvironmentSettings(entry=IN_WORKER.entry, kind="openenv")
+    with pytest.raises(ValueError, match="kind openenv takes the openenv settings"):
+        EnvironmentSettings(entry=IN_WORKER.entry, openenv=IN_WORKER.openenv)
