@@ -11,6 +11,15 @@ Owns the adapters from the environment libraries users bring to the
   each observation is shown to the model as a user message; the reward
   that comes with ``done`` is the episode's.
 
+- **verifiers** (``kind: verifiers``): a ``verifiers`` environment
+  (``MultiTurnEnv``, ``ToolEnv`` and their kin; the version pinned in
+  scripts/envs-requirements.txt), the entry being its ``load_environment``
+  function or its class. The environment runs its own rollout
+  (``run_rollout``: its turns, tools, stop conditions and rubric) with a
+  client that hands each model request to the generator and the generator's
+  turn back as the model's response: each request's new messages are an
+  observation, the rubric's reward at the end is the episode's.
+
 The libraries are imported here only, in environment workers, which may
 run on an interpreter of their own (``EnvironmentSettings.python``): the
 generator never imports them.
@@ -18,14 +27,19 @@ generator never imports them.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
 
 from asymptote.envs.base import EnvTask, Message
 from asymptote.envs.config import OpenEnvSettings, import_entry
+from asymptote.envs.tools import ParsedTurn, parse_turn
 
 OBSERVATION_BOOKKEEPING = frozenset({"done", "reward", "metadata"})
 """An OpenEnv observation's fields that are not for the model."""
@@ -120,3 +134,164 @@ def _accepted(function: Any, given: dict[str, Any]) -> dict[str, Any]:
         return given
     names = {p.name for p in parameters}
     return {k: v for k, v in given.items() if k in names}
+
+
+# ---- verifiers ----------------------------------------------------------------------
+
+
+def load_verifiers(entry: Any, env_args: dict[str, Any]) -> Any:
+    """The verifiers environment ``entry`` makes (its ``load_environment(**env_args)`` or its class called
+    so); ValueError when it is neither or makes something other than a verifiers Environment."""
+    import verifiers as vf
+
+    if not callable(entry):
+        raise ValueError(f"is a {type(entry).__name__}, not a load_environment function or an environment class")
+    env = entry(**env_args)
+    if not isinstance(env, vf.Environment):
+        raise ValueError(f"made a {type(env).__name__}, not a verifiers Environment")
+    return env
+
+
+class VerifiersAdapter:
+    """One episode of a verifiers environment (see the module docstring); ``env`` is shared by the worker's
+    episodes, as verifiers shares one environment among its rollouts.
+
+    The rollout's prompt is the environment's system prompt, if it has one,
+    and the task's prompt as the user's; the task's reference is its
+    ``answer``. A turn's ``<tool_call>`` calls become the response's tool
+    calls (their results come back as tool messages named after them); its
+    other text is the response's content. A rollout that ends with an error
+    ends the episode with it (raised).
+    """
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.rollout: asyncio.Future[Any] | None = None
+        self.asked: asyncio.Future[tuple[list[Any], list[Any] | None]] | None = None
+        self.reply: asyncio.Future[ParsedTurn] | None = None
+        self.sent = 0
+        """Messages of the rollout's conversation the model has seen (its own turns included)."""
+        self.tool_names: dict[str, str] = {}
+
+    async def reset(self, task: EnvTask) -> tuple[list[Message], list[dict[str, Any]]]:
+        system = getattr(self.env, "system_prompt", None)
+        prompt = [
+            *([{"role": "system", "content": system}] if system else []),
+            {"role": "user", "content": task.prompt},
+        ]
+        given = {"prompt": prompt, "example_id": 0, "answer": task.reference, "info": {"task_id": task.task_id}}
+        client = _turn_client(self)
+        self.rollout = asyncio.ensure_future(self.env.run_rollout(given, client, "policy", {}))
+        asked = await self._next()
+        if asked is None:
+            raise RuntimeError("the verifiers rollout ended before asking the model for a turn")
+        messages, tools = asked
+        self.sent = len(messages)
+        return [self._message(m) for m in messages], [_tool_schema(t) for t in tools or []]
+
+    async def step(self, assistant_turn: str) -> tuple[list[Message], float | None, bool]:
+        assert self.reply is not None, "step before reset"
+        self.reply.set_result(parse_turn(assistant_turn))
+        asked = await self._next()
+        if asked is None:
+            assert self.rollout is not None
+            output = self.rollout.result()
+            if output.get("error"):
+                raise RuntimeError(f"the verifiers rollout failed: {output['error']}")
+            reward = output.get("reward")
+            return [], None if reward is None else float(reward), True
+        messages, _ = asked
+        new = messages[self.sent + 1 :]  # after the model's turn, as the environment recorded it
+        self.sent = len(messages)
+        return [self._message(m) for m in new], None, False
+
+    async def close(self) -> None:
+        if self.rollout is not None and not self.rollout.done():
+            self.rollout.cancel()
+            await asyncio.gather(self.rollout, return_exceptions=True)
+
+    async def _next(self) -> tuple[list[Any], list[Any] | None] | None:
+        """The rollout's next request to the model, or None when the rollout ended (its error raised)."""
+        assert self.rollout is not None
+        self.asked = asyncio.get_running_loop().create_future()
+        await asyncio.wait({self.asked, self.rollout}, return_when=asyncio.FIRST_COMPLETED)
+        if self.asked.done():
+            return self.asked.result()
+        self.rollout.result()  # the rollout's own exception, if it raised
+        return None
+
+    async def ask(self, prompt: list[Any], tools: list[Any] | None) -> ParsedTurn:
+        """The client's side: hand the request over and wait for the generator's turn."""
+        assert self.asked is not None and not self.asked.done(), "the rollout asked twice without an answer"
+        self.reply = asyncio.get_running_loop().create_future()
+        self.asked.set_result((prompt, tools))
+        return await self.reply
+
+    def _message(self, message: Any) -> Message:
+        data = message.model_dump() if isinstance(message, BaseModel) else dict(message)
+        content = data.get("content") or ""
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        role = data.get("role")
+        if role == "tool":
+            name = self.tool_names.get(str(data.get("tool_call_id")), "tool")
+            return {"role": "tool", "name": name, "content": str(content)}
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"the verifiers environment sent a message with role {role!r}")
+        return {"role": role, "content": str(content)}
+
+
+def _tool_schema(tool: Any) -> dict[str, Any]:
+    data = tool.model_dump() if isinstance(tool, BaseModel) else dict(tool)
+    function = {k: data[k] for k in ("name", "description", "parameters") if k in data}
+    return {"type": "function", "function": function}
+
+
+def _turn_client(adapter: VerifiersAdapter) -> Any:
+    """A verifiers Client whose model is the generator: each request goes to ``adapter.ask``."""
+    import verifiers as vf
+    from verifiers.clients import Client
+    from verifiers.types import ResponseMessage, ToolCall
+
+    class TurnClient(Client):  # type: ignore[misc]
+        def setup_client(self, config: Any) -> Any:
+            return None
+
+        async def to_native_tool(self, tool: Any) -> Any:
+            return tool
+
+        async def to_native_prompt(self, messages: Any) -> tuple[Any, dict[str, Any]]:
+            return messages, {}
+
+        async def get_native_response(
+            self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **kwargs: Any
+        ) -> ParsedTurn:
+            return await adapter.ask(list(prompt), tools)
+
+        async def raise_from_native_response(self, response: Any) -> None:
+            return None
+
+        async def from_native_response(self, response: ParsedTurn) -> Any:
+            calls = []
+            for call in response.calls:
+                call_id = f"call_{uuid.uuid4().hex[:12]}"
+                adapter.tool_names[call_id] = call.name
+                calls.append(ToolCall(id=call_id, name=call.name, arguments=json.dumps(call.arguments)))
+            message = ResponseMessage(
+                content=response.content,
+                tool_calls=calls or None,
+                finish_reason="tool_calls" if calls else "stop",
+                is_truncated=False,
+            )
+            return vf.Response(id=uuid.uuid4().hex, created=int(time.time()), model="policy", message=message)
+
+        async def close(self) -> None:
+            return None
+
+    return TurnClient(object())
+
+
+def verifiers_factory(entry: Any, env_args: dict[str, Any]) -> Callable[[], VerifiersAdapter]:
+    """An adapter per episode around one environment, built now (a worker's start: it fails there)."""
+    env = load_verifiers(entry, env_args)
+    return lambda: VerifiersAdapter(env)

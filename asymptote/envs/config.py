@@ -38,17 +38,28 @@ class OpenEnvSettings(Frozen):
     (a single one as its text)."""
 
 
+class VerifiersSettings(Frozen):
+    """How a verifiers environment is made."""
+
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of its ``load_environment`` (or its class), as ``vf-eval``'s ``--env-args`` takes."""
+
+
 class EnvironmentSettings(Frozen):
     """Which environment a generator runs episodes against, and each episode's limits."""
 
     entry: str = Field(pattern=ENTRY_PATTERN)
-    """The environment's class as ``package.module:ClassName``, imported in each environment worker."""
-    kind: Literal["environment", "tools", "openenv"] = "environment"
+    """The environment's class as ``package.module:ClassName`` (kind verifiers: also its ``load_environment``
+    function), imported in each environment worker."""
+    kind: Literal["environment", "tools", "openenv", "verifiers"] = "environment"
     """environment: the class implements ``reset``/``step`` (asymptote.envs.base.Environment);
     tools: a plain class whose public methods are the model's tools (asymptote.envs.tools);
-    openenv: an OpenEnv client or environment class, as ``openenv`` says (asymptote.envs.adapters)."""
+    openenv: an OpenEnv client or environment class, as ``openenv`` says; verifiers: a verifiers environment's
+    ``load_environment`` function or class (both: asymptote.envs.adapters)."""
     openenv: OpenEnvSettings | None = None
     """With kind openenv: its action, observation and server."""
+    verifiers: VerifiersSettings | None = None
+    """With kind verifiers: how the environment is made (None: with no arguments)."""
     max_turns: int = Field(default=8, ge=1)
     """Model turns in one episode; the episode ends (``max_turns``) after the last."""
     max_episode_tokens: int = Field(default=4096, ge=1)
@@ -72,4 +83,6 @@ class EnvironmentSettings(Frozen):
     def _check_kind(self) -> EnvironmentSettings:
         if (self.kind == "openenv") != (self.openenv is not None):
             raise ValueError("kind openenv takes the openenv settings (action, action_field), and only it does")
+        if self.verifiers is not None and self.kind != "verifiers":
+            raise ValueError("the verifiers settings go with kind verifiers only")
         return self

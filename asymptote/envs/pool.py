@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
-from asymptote.envs.adapters import OpenEnvAdapter, load_openenv
+from asymptote.envs.adapters import OpenEnvAdapter, load_openenv, verifiers_factory
 from asymptote.envs.base import Environment, EnvTask, InvalidOutput, Message, StepResult, check_reset, check_step
 from asymptote.envs.config import EnvironmentSettings, import_entry
 from asymptote.envs.tools import ToolClassEnvironment, tool_schemas
@@ -81,6 +81,12 @@ def load_factory(settings: EnvironmentSettings) -> Callable[[], Environment]:
         obj: Any = import_entry(settings.entry)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"environment entry {settings.entry!r} cannot be imported: {exc}") from exc
+    if settings.kind == "verifiers":
+        env_args = settings.verifiers.env_args if settings.verifiers is not None else {}
+        try:
+            return verifiers_factory(obj, env_args)
+        except Exception as exc:  # the environment's own construction, whatever it raises
+            raise ConfigError(f"environment entry {settings.entry!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, type):
         raise ConfigError(f"environment entry {settings.entry!r} is a {type(obj).__name__}, not a class")
     if settings.openenv is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
-from asymptote.envs.config import OpenEnvSettings
+from asymptote.envs.config import OpenEnvSettings, VerifiersSettings
 from asymptote.envs.pool import worker_path
 from tests.envs.tool_classes import ENVS_PYTHON
 
@@ -74,12 +74,26 @@ def through_server(base_url: str) -> EnvironmentSettings:
     )
 
 
+VERIFIERS = "tests.envs.verifiers_envs"
+TOOL_ENV = EnvironmentSettings(
+    entry=f"{VERIFIERS}:load_tool_env",
+    kind="verifiers",
+    verifiers=VerifiersSettings(env_args={"max_turns": 3}),
+    python=str(ENVS_PYTHON),
+    tool_timeout_s=30.0,
+    num_workers=1,
+)
+COUNTDOWN = TOOL_ENV.model_copy(update={"entry": f"{VERIFIERS}:Countdown", "verifiers": None})
+
+
 @pytest.fixture(scope="module")
 async def pools(server: str) -> AsyncIterator[dict[str, EnvironmentPool]]:
-    """A started pool for each place the game runs (a worker imports openenv once: seconds)."""
+    """A started pool for each environment (a worker imports openenv or verifiers once: seconds)."""
     started = {
         "in the worker": EnvironmentPool(IN_WORKER),
         "behind its server": EnvironmentPool(through_server(server)),
+        "tools": EnvironmentPool(TOOL_ENV),
+        "countdown": EnvironmentPool(COUNTDOWN),
     }
     try:
         await asyncio.gather(*(pool.start() for pool in started.values()))
@@ -89,10 +103,12 @@ async def pools(server: str) -> AsyncIterator[dict[str, EnvironmentPool]]:
             pool.close()
 
 
-async def play(pool: EnvironmentPool, turns: list[str]) -> list[tuple[object, ...]]:
+async def play(
+    pool: EnvironmentPool, turns: list[str], prompt: str = "Find the secret number.", reference: str = "7"
+) -> list[tuple[object, ...]]:
     """The first messages, then (observation, reward, done) of each turn, in one episode."""
     async with pool.episode() as env:
-        messages, tools = await env.reset(EnvTask(task_id="t1", prompt="Find the secret number.", reference="7"))
+        messages, tools = await env.reset(EnvTask(task_id="t1", prompt=prompt, reference=reference))
         out: list[tuple[object, ...]] = [(messages, tools)]
         for turn in turns:
             result = await env.step(turn)
@@ -116,11 +132,62 @@ async def test_an_openenv_environment_plays_an_episode(where: str, pools: dict[s
     assert (await play(pool, ["1", "2", "3"]))[-1] == ([], 0.0, True)
 
 
+CALL_ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+async def test_a_verifiers_tool_env_plays_its_tools_and_its_rubric(pools: dict[str, EnvironmentPool]) -> None:
+    first, called, answered = await play(pools["tools"], [CALL_ADD, "The answer is 5."], "What is 2 + 3?", "5")
+    messages, tools = first
+    assert messages == [
+        {"role": "system", "content": "Use the add tool, then say the answer."},
+        {"role": "user", "content": "What is 2 + 3?"},
+    ]
+    assert tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {
+                    "properties": {
+                        "a": {"description": "The first addend.", "title": "A", "type": "integer"},
+                        "b": {"description": "The second addend.", "title": "B", "type": "integer"},
+                    },
+                    "required": ["a", "b"],
+                    "title": "add_args",
+                    "type": "object",
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    assert called == ([{"role": "tool", "name": "add", "content": "5"}], None, False)
+    assert answered == ([], 1.0, True)  # the rubric: the answer holds the reference
+    assert (await play(pools["tools"], [CALL_ADD, "The answer is 6."], "What is 2 + 3?", "5"))[-1] == ([], 0.0, True)
+    # Out of turns (max_turns 3 from env_args): the environment's own stop, its rubric's reward.
+    assert (await play(pools["tools"], [CALL_ADD] * 3, "What is 2 + 3?", "5"))[-1] == ([], 0.0, True)
+
+
+async def test_a_verifiers_multiturn_env_answers_each_turn_as_the_user(pools: dict[str, EnvironmentPool]) -> None:
+    assert await play(pools["countdown"], ["3", "2", "1"], "Say 3.", "") == [
+        ([{"role": "user", "content": "Say 3."}], []),
+        ([{"role": "user", "content": "2"}], None, False),
+        ([{"role": "user", "content": "1"}], None, False),
+        ([], 1.0, True),
+    ]
+    assert (await play(pools["countdown"], ["3", "two", "1"], "Say 3.", ""))[-1] == ([], 2 / 3, True)
+
+
 MISFITS = [
     ({"entry": f"{GUESS}:GuessClient"}, "is not an OpenEnv Environment subclass, as openenv without base_url"),
     ({"action_field": "answer"}, "openenv action_field 'answer' is not a field of GuessAction (its fields:"),
     ({"action": f"{GUESS}:GuessObservation"}, "is not a field of GuessObservation"),
     ({"action": f"{GUESS}:MAX_GUESSES"}, f"openenv action '{GUESS}:MAX_GUESSES' is not an OpenEnv Action class"),
+]
+VERIFIERS_MISFITS = [
+    (f"{VERIFIERS}:NotAnEnvironment", "made a NotAnEnvironment, not a verifiers Environment"),
+    (f"{VERIFIERS}:ANSWER_SHOWN", "is a str, not a load_environment function or an environment class"),
+    (f"{VERIFIERS}:absent", "cannot be imported"),
 ]
 LOAD_EACH = """
 import json, sys
@@ -138,7 +205,7 @@ print(json.dumps(said))
 """
 
 
-def test_openenv_settings_that_do_not_fit_the_entry_are_refused_with_the_reason() -> None:
+def test_settings_that_do_not_fit_the_entry_are_refused_with_the_reason() -> None:
     """What a worker's start reports (the pool turns it into a ConfigError at start: tests/envs/test_pool.py);
     all cases in one interpreter, since each import of openenv takes seconds."""
     openenv = IN_WORKER.openenv
@@ -148,6 +215,7 @@ def test_openenv_settings_that_do_not_fit_the_entry_are_refused_with_the_reason(
         fields = dict(update)
         entry = fields.pop("entry", IN_WORKER.entry)
         cases.append(IN_WORKER.model_copy(update={"entry": entry, "openenv": openenv.model_copy(update=fields)}))
+    cases += [COUNTDOWN.model_copy(update={"entry": entry}) for entry, _ in VERIFIERS_MISFITS]
     done = subprocess.run(
         [str(ENVS_PYTHON), "-c", LOAD_EACH],
         input=json.dumps([c.model_dump(mode="json") for c in [IN_WORKER, *cases]]),
@@ -160,7 +228,7 @@ def test_openenv_settings_that_do_not_fit_the_entry_are_refused_with_the_reason(
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
     assert said[0] is None  # the well-fitting settings load
-    for (_, message), got in zip(MISFITS, said[1:], strict=True):
+    for (_, message), got in zip([*MISFITS, *VERIFIERS_MISFITS], said[1:], strict=True):
         assert got is not None and message in got, (message, got)
 
 

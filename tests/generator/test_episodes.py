@@ -43,7 +43,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask, Message
+from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask, Message, parse_turn
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, Sample
 from services.generator.episode import Episode, EpisodeRunner
@@ -260,33 +260,41 @@ async def test_episodes_store_the_engines_tokens_and_only_the_templates_text_bet
 
 
 @pytest.mark.parametrize("served", ["qwen3"], indirect=True)
-async def test_an_openenv_environment_runs_episodes_on_the_engine(served: Any) -> None:
-    """An environment written against OpenEnv's public API (tests/envs/openenv_guess.py), in workers on the
-    environments' own interpreter: the model's turns are its guesses (random text: never a number), each
-    answered as the user, the third ends the episode with OpenEnv's reward 0; the stored tokens pass the
-    audit's token checks (the re-render needs the environment replayed here, and this process has no
-    openenv: tests/envs/test_adapters.py checks the messages)."""
+@pytest.mark.parametrize("library", ["openenv", "verifiers"])
+async def test_environments_of_other_libraries_run_episodes_on_the_engine(served: Any, library: str) -> None:
+    """Environments written against OpenEnv's and verifiers' public APIs (tests/envs/openenv_guess.py, the
+    guessing game; tests/envs/verifiers_envs.py, the countdown), in workers on the environments' own
+    interpreter, play episodes with the engine's turns: each ends as the game's rules say for the turns
+    the model took, with the library's reward, and the stored tokens pass the audit's token checks (the
+    re-render replays the environment, and this process has neither library: tests/envs/test_adapters.py
+    checks their messages)."""
     from asymptote.envs.config import OpenEnvSettings
 
     _, model_dir, engine = served
     tokenizer = load_tokenizer(model_dir)
     recorder = RecordingEngine(engine)
-    settings = SETTINGS.model_copy(
-        update={
-            "entry": "tests.envs.openenv_guess:GuessEnvironment",
-            "kind": "openenv",
-            "openenv": OpenEnvSettings(action="tests.envs.openenv_guess:GuessAction", action_field="guess"),
-            "python": str(ENVS_PYTHON),
-            "max_turns": 4,
-            "max_episode_tokens": 400,
-            "num_workers": 2,
-        }
-    )
+    common = {"python": str(ENVS_PYTHON), "max_turns": 4, "max_episode_tokens": 400, "num_workers": 2}
+    if library == "openenv":
+        settings = SETTINGS.model_copy(
+            update={
+                **common,
+                "entry": "tests.envs.openenv_guess:GuessEnvironment",
+                "kind": "openenv",
+                "openenv": OpenEnvSettings(action="tests.envs.openenv_guess:GuessAction", action_field="guess"),
+            }
+        )
+        tasks = [EnvTask(task_id=f"g{i}", prompt="Find the secret number.", reference=str(i)) for i in range(6)]
+        rules = guessing_game
+    else:
+        settings = SETTINGS.model_copy(
+            update={**common, "entry": "tests.envs.verifiers_envs:Countdown", "kind": "verifiers"}
+        )
+        tasks = [EnvTask(task_id=f"c{i}", prompt="Say 3.") for i in range(6)]
+        rules = countdown
     pool = EnvironmentPool(settings)
     await pool.start()
     try:
         runner = EpisodeRunner(cast(Engine, recorder), tokenizer, pool)
-        tasks = [EnvTask(task_id=f"g{i}", prompt="Find the secret number.", reference=str(i)) for i in range(6)]
         episodes = await run_episodes(runner, tasks)
     finally:
         pool.close()
@@ -296,8 +304,17 @@ async def test_an_openenv_environment_runs_episodes_on_the_engine(served: Any) -
     assert sum(wrong.values()) == 0, dict(wrong)
     for i, task in enumerate(tasks):
         ending = (episodes[i].end_reason, episodes[i].reward, episodes[i].num_turns)
-        assert ending == guessing_game(task, recorder.calls[i]), (i, ending)
+        assert ending == rules(task, recorder.calls[i]), (i, ending)
         assert episodes[i].num_env_tokens > 0
+
+
+def countdown(task: EnvTask, calls: list[Call]) -> tuple[str, float, int]:
+    """The countdown's end (tests/envs/verifiers_envs.py, slowly): three turns, told 3, 2 and 1; the reward
+    is the share of turns whose text (outside any tool call, as the response's content) said so."""
+    told = ["3", "2", "1"]
+    said = [parse_turn(c.turn.text).content.strip() for c in calls]
+    assert len(calls) == 3, f"the episode ended after {len(calls)} turns, not the countdown's three"
+    return "done", sum(s == t for s, t in zip(said, told, strict=True)) / 3, 3
 
 
 def guessing_game(task: EnvTask, calls: list[Call]) -> tuple[str, float, int]:
