@@ -15,9 +15,11 @@ tokens). Prompts go
 to the environment as the dataset's ``prompt_format`` makes them; the
 environment writes the first messages (a system message included), which
 the model's chat template renders, so the dataset's template must be
-``chat``, it has no system prompt of its own, and interruption length
-control is off (an episode has its own token limits: the broker's
-``sampling.max_tokens`` does not apply, nor does overlong shaping).
+``chat`` and it has no system prompt of its own. An episode has its own
+token limits (the broker's ``sampling.max_tokens`` does not apply, nor does
+overlong shaping); the dataset's interruption length control, when on,
+gives each episode one thinking budget spent across its turns, and caps
+each turn's answer at the answer budget.
 """
 
 from __future__ import annotations
@@ -58,11 +60,6 @@ class MultiTurnSettings(Frozen):
         if d.system_prompt is not None:
             raise ValueError(
                 "a multi-turn task's dataset takes no system_prompt: the environment writes the first messages"
-            )
-        if d.length_control.enabled:
-            raise ValueError(
-                "a multi-turn task runs without interruption length control: the environment's max_turn_tokens "
-                "and max_episode_tokens bound an episode"
             )
         return self
 

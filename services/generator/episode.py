@@ -10,6 +10,8 @@ for its answer is tokenised (``asymptote.envs.transcript``) and appended
 with loss mask 0, log-prob 0 and no version span. The model's tokens,
 log-probs and version spans are kept exactly as the engine produced them
 (token out), spliced as length control splices its phrase (length.py).
+Under length control the thinking budget is the episode's, drawn once by
+task id and spent across its turns (``LengthControl.sample_turn``).
 
 A training sample is the prompt's ids and the spliced completion. When
 the template cannot extend the history without re-rendering earlier text,
@@ -47,8 +49,9 @@ from asymptote.envs.config import EnvironmentSettings
 from asymptote.envs.pool import FAILURE_REASONS, EnvFailure, EnvironmentPool, EnvSession
 from asymptote.envs.tools import TOOL_ERROR, parse_turn
 from asymptote.envs.transcript import ChatTokenizer, Transcript, check_chat_tokenizer
+from asymptote.tasks.length import draw_thinking_budget
 from services.generator.engine import Engine, Sample
-from services.generator.length import splice
+from services.generator.length import LengthControl, splice
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +130,12 @@ class EpisodeRunner:
         tokenizer: ChatTokenizer,
         pool: EnvironmentPool,
         template_kwargs: dict[str, Any] | None = None,
+        length: LengthControl | None = None,
     ) -> None:
         check_chat_tokenizer(tokenizer)
         self.engine = engine
+        self.length = length
+        """Length control: one thinking budget per episode (drawn by task id), across its turns."""
         self.tokenizer = tokenizer
         self.pool = pool
         self.settings: EnvironmentSettings = pool.settings
@@ -181,6 +187,8 @@ class EpisodeRunner:
             stream = _Stream(transcript.prompt_ids())
         first_prompt = len(stream.prompt_ids)
         record.streams.append(stream)
+        length = self.length
+        budget_left = draw_thinking_budget(length.settings, task.task_id) if length is not None else 0
         for turn in range(s.max_turns):
             ids = stream.ids()
             room = s.max_episode_tokens - (len(ids) - first_prompt)
@@ -188,10 +196,17 @@ class EpisodeRunner:
                 record.end("max_tokens")
                 return
             # Each turn is its own request: distinct seeds keep a seeded episode's turns apart.
+            turn_seed = seed + turn if seed else 0
             async with place:
-                _, (sampled,) = await self.engine.sample(
-                    ids, 1, temperature, top_p, min(s.max_turn_tokens, room), seed + turn if seed else 0
-                )
+                if length is None:
+                    _, (sampled,) = await self.engine.sample(
+                        ids, 1, temperature, top_p, min(s.max_turn_tokens, room), turn_seed
+                    )
+                else:
+                    sampled, used = await length.sample_turn(
+                        self.engine, ids, budget_left, temperature, top_p, min(s.max_turn_tokens, room), turn_seed
+                    )
+                    budget_left -= used
             record.num_env_tokens += stream.add_turn(sampled)
             record.num_turns += 1
             record.final_turn = sampled.text

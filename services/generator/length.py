@@ -10,6 +10,10 @@ the text that closes thinking. Then each completion that
 - closed its thinking continues for at most the answer budget;
 - ended by itself (end of sequence) is done.
 
+In a multi-turn episode the budget is the episode's: each turn runs to
+what is left of it (``LengthControl.sample_turn``), so the thinking of all
+the model's turns together stays within one drawn budget.
+
 A continuation is a new engine request whose prompt is the prompt, the
 first part and the phrase, so the prefix cache serves what the first
 request computed. The spliced completion keeps every sampled token's
@@ -51,7 +55,7 @@ def splice(
         text=first.text + injected_text + second.text,
         stop_reason=second.stop_reason,
         loss_mask=mask if 0 in mask else [],
-        interrupted=first.interrupted or (interruption and bool(injected_ids)),
+        interrupted=first.interrupted or second.interrupted or (interruption and bool(injected_ids)),
         num_cached_tokens=second.num_cached_tokens,
     )
 
@@ -129,3 +133,52 @@ class LengthControl:
 
         samples = await asyncio.gather(*(finish(i, f) for i, f in enumerate(firsts)))
         return prompt_ids, list(samples)
+
+    async def sample_turn(
+        self,
+        engine: Engine,
+        prompt_ids: list[int],
+        budget_left: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int = 0,
+    ) -> tuple[Sample, int]:
+        """One turn of a multi-turn episode under what is left of the episode's thinking budget: (the turn,
+        the budget it used).
+
+        As a group's completion is sampled, with the budget left in place of
+        the whole budget: the turn runs to it (or its ``max_tokens``),
+        stopping where it closes its thinking; still thinking at the budget,
+        it gets the phrase and at most the answer budget more. Every token
+        before the turn's thinking closed counts against the budget. A turn
+        that begins with the budget spent begins with the phrase.
+        """
+        s = self.settings
+        if budget_left <= 0:
+            room = min(s.answer_budget_tokens, max_tokens - len(self.phrase_ids))
+            if room <= 0:  # no room for the phrase: the turn is what fits
+                _, (turn,) = await engine.sample(prompt_ids, 1, temperature, top_p, max_tokens, seed)
+                return turn, 0
+            _, (second,) = await engine.sample(prompt_ids + self.phrase_ids, 1, temperature, top_p, room, seed)
+            return splice(_NOTHING, self.phrase_ids, s.interruption_phrase, second), 0
+        _, (first,) = await engine.sample(
+            prompt_ids, 1, temperature, top_p, min(budget_left, max_tokens), seed, stop=[s.think_end]
+        )
+        follow = continuation(first, s, self.phrase_ids, max_tokens)
+        if follow is None:
+            return first, len(first.token_ids)
+        _, (second,) = await engine.sample(
+            prompt_ids + first.token_ids + follow.injected_ids,
+            1,
+            temperature,
+            top_p,
+            follow.max_tokens,
+            seed + 1 if seed else 0,
+        )
+        text = s.interruption_phrase if follow.injected_ids else ""
+        return splice(first, follow.injected_ids, text, second), len(first.token_ids)
+
+
+_NOTHING = Sample(token_ids=[], logprobs=[], version_spans=[], finish_reason="length", text="")
+"""An empty first part: what a turn that begins with the phrase has before it."""

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 from collections import Counter as Tally
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -53,7 +54,8 @@ from tests.envs.tool_classes import ENVS_PYTHON, Counter
 
 pytestmark = [pytest.mark.vllm]
 
-NUM_EPISODES = 40
+NUM_EPISODES = int(os.environ.get("ASY_AUDIT_EPISODES", "40"))
+"""Episodes audited per model: 40 in the suite; ``ASY_AUDIT_EPISODES=1000`` is the full audit (minutes)."""
 SETTINGS = EnvironmentSettings(
     entry="tests.envs.tool_classes:Counter", max_turns=3, max_turn_tokens=10, tool_timeout_s=30.0, num_workers=4
 )
@@ -71,20 +73,35 @@ episode_id: contextvars.ContextVar[int] = contextvars.ContextVar("episode_id")
 class Call:
     prompt_ids: list[int]
     turn: Sample
+    """What the engine sampled (a whole turn, or a part of one under length control)."""
+    max_tokens: int = 0
+    stop: tuple[str, ...] = ()
 
 
 class RecordingEngine:
-    """The engine, with every call recorded under the episode that made it."""
+    """The engine, with every call (its prompt, token limit and stop strings) recorded under the episode
+    that made it."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.calls: dict[int, list[Call]] = {}
 
-    async def sample(self, prompt: list[int], num_samples: int, *args: Any, **kwargs: Any) -> Any:
+    async def sample(
+        self,
+        prompt: list[int],
+        num_samples: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> Any:
         assert num_samples == 1
-        prompt_ids, samples = await self.engine.sample(prompt, num_samples, *args, **kwargs)
+        prompt_ids, samples = await self.engine.sample(
+            prompt, num_samples, temperature, top_p, max_tokens, seed, stop=stop
+        )
         assert prompt_ids == prompt  # token ids in are taken as they are
-        self.calls.setdefault(episode_id.get(), []).append(Call(list(prompt), samples[0]))
+        self.calls.setdefault(episode_id.get(), []).append(Call(list(prompt), samples[0], max_tokens, tuple(stop)))
         return prompt_ids, samples
 
 
@@ -330,6 +347,84 @@ def guessing_game(task: EnvTask, calls: list[Call]) -> tuple[str, float, int]:
         if k == 3:
             return "done", 0.0, 3
     raise AssertionError(f"the episode ended after {len(calls)} turns, before the game did")
+
+
+BUDGET = 6
+"""The episode's thinking budget: one or two of the chat model's turns (a few tokens each, some run to it)."""
+
+
+@pytest.mark.parametrize("served", ["qwen3"], indirect=True)
+async def test_the_thinking_budget_is_spent_across_the_episode_s_turns(served: Any) -> None:
+    """Length control in an episode, checked request by request against a slow replay of its rule: each
+    turn runs to what is left of one budget (stopping at the thinking's end), one still thinking at the
+    budget gets the phrase (out of the loss) and at most the answer budget, a turn that begins with the
+    budget spent begins with the phrase; the thinking of all turns together stays within the budget."""
+    from asymptote.tasks.length import LengthControlSettings
+    from services.generator.length import LengthControl
+
+    _, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    length = LengthControlSettings(
+        thinking_budget_tokens=(BUDGET, BUDGET), answer_budget_tokens=4, interruption_phrase="Time is up."
+    )
+    phrase = tokenizer.encode(length.interruption_phrase, add_special_tokens=False)
+    recorder = RecordingEngine(engine)
+    settings = SETTINGS.model_copy(update={"max_episode_tokens": 300, "max_turn_tokens": 20})
+    pool = EnvironmentPool(settings)
+    await pool.start()
+    try:
+        runner = EpisodeRunner(cast(Engine, recorder), tokenizer, pool, length=LengthControl(length, phrase))
+        tasks = [EnvTask(task_id=f"b{i}", prompt=f"Count {i}.", reference="3") for i in range(16)]
+        episodes = await run_episodes(runner, tasks)
+    finally:
+        pool.close()
+
+    paths: Tally[str] = Tally()
+    for i in range(len(tasks)):
+        (stored,) = episodes[i].samples
+        requests = recorder.calls[i]
+        left, k, num_turns, interrupted = BUDGET, 0, 0, False
+        sequence = list(stored.prompt_ids)  # the episode's tokens so far, replayed from the requests
+        mask: list[int] = []  # the completion's loss mask, replayed
+        while k < len(requests):  # one turn: one or two requests
+            first = requests[k]
+            began_spent = left <= 0
+            start = first.prompt_ids[: -len(phrase)] if began_spent else first.prompt_ids
+            assert start[: len(sequence)] == sequence  # token in: the turn continues the episode
+            mask += [0] * (len(start) - len(sequence))  # the environment's tokens before the turn
+            if began_spent:  # the turn begins with the phrase and has the answer budget
+                assert first.prompt_ids[-len(phrase) :] == phrase and first.stop == ()
+                assert first.max_tokens <= length.answer_budget_tokens
+                mask += [0] * len(phrase) + [1] * len(first.turn.token_ids)
+                last, interrupted = first, True
+                paths["began spent"] += 1
+                k += 1
+            else:
+                assert first.stop == (length.think_end,) and first.max_tokens <= left
+                left -= len(first.turn.token_ids)
+                follow = requests[k + 1] if k + 1 < len(requests) else None
+                if follow is not None and follow.prompt_ids == start + first.turn.token_ids + phrase:
+                    assert first.turn.finish_reason == "length"
+                    assert follow.max_tokens <= length.answer_budget_tokens
+                    mask += [1] * len(first.turn.token_ids) + [0] * len(phrase) + [1] * len(follow.turn.token_ids)
+                    last, interrupted = follow, True
+                    paths["interrupted"] += 1
+                    k += 2
+                else:
+                    mask += [1] * len(first.turn.token_ids)
+                    last = first
+                    paths["within budget"] += 1
+                    k += 1
+            sequence = last.prompt_ids + last.turn.token_ids
+            num_turns += 1
+        assert left >= 0  # every token sampled before the thinking closed counted: within the budget
+        # Token out: the stored sample is the replayed sequence, the phrase and the environment out of the loss.
+        assert stored.prompt_ids + stored.sample.token_ids == sequence
+        assert (stored.sample.loss_mask or [1] * len(stored.sample.token_ids)) == mask
+        assert stored.sample.interrupted == interrupted
+        assert num_turns == episodes[i].num_turns
+    print(f"thinking budget {BUDGET} over {len(tasks)} episodes: turns {dict(paths)}")
+    assert set(paths) == {"within budget", "interrupted", "began spent"}, paths
 
 
 MODES = ("raise", "garbage", "role", "oversize", "crash", "hang", "reset-hang")

@@ -77,12 +77,16 @@ def test_the_digest_covers_the_environment_but_not_where_episodes_run(data: Path
     [
         ({"template": "plain"}, "needs template 'chat'"),
         ({"system_prompt": "Be brief."}, "takes no system_prompt"),
-        ({"length_control": {"thinking_budget_tokens": [4, 8]}}, "without interruption length control"),
     ],
 )
 def test_settings_an_episode_cannot_honour_are_refused(data: Path, dataset: dict[str, Any], error: str) -> None:
     with pytest.raises(ValidationError, match=error):
         settings(data, dataset)
+
+
+def test_length_control_is_taken_for_the_episode_s_thinking(data: Path) -> None:
+    s = settings(data, {"length_control": {"thinking_budget_tokens": [4, 8]}})
+    assert s.dataset.length_control.thinking_budget_tokens == (4, 8)
 
 
 def test_the_broker_issues_train_and_eval_tasks_with_the_digest(data: Path) -> None:
