@@ -1,17 +1,18 @@
-"""``asymptote up`` and ``asymptote bench`` stopped by SIGTERM mid-run leave no process behind, and
-``asymptote up --resume`` continues the stopped run.
+"""``asymptote up`` stopped by Ctrl-C and ``asymptote bench`` by SIGTERM, mid-run, leave no process behind,
+and ``asymptote up --resume`` continues the stopped run.
 
 Python's default for SIGTERM ends a process without running its ``finally``
 blocks, so a command that started services in sessions of their own would
 leave them all running (nats-server, broker, fitter, learner ranks,
 generators and their vLLM engines). Each command here runs with a marker in
-its environment, which every process it starts inherits; after SIGTERM the
-command must exit with 130 and no process on the machine may still carry
-the marker. ``bench`` is stopped once every service of its stack runs (its
+its environment, which every process it starts inherits; after the signal
+the command must exit with 130 and no process on the machine may still
+carry the marker. ``bench`` is stopped once every service of its stack runs (its
 generator before vLLM's engine is up: the same teardown as ``up``'s, which
 is stopped with its engine's processes running and checked for them too).
-``up`` is stopped after its first eval round, as Ctrl-C stops it, and
-resumed from what it says: the run then ends with one continuous
+``up`` is stopped after its first eval round as Ctrl-C in a terminal stops
+it (SIGINT to its whole process group, whatever shares it), and resumed
+from what it says; the stop acked every batch the final checkpoint holds: the run then ends with one continuous
 curve (eval rounds at increasing versions, before and after the stop, one
 fit over all of them), every step trained once, and the ledger at 0 lost,
 0 trained twice.
@@ -95,7 +96,7 @@ def alive(procs: set[psutil.Process]) -> set[psutil.Process]:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("command", ["up", "bench"])
-def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
+def test_a_stop_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
     argv = {
         "up": ["up", "--run-dir", str(tmp_path / "run"), "--config", str(small_run(tmp_path))],
         "bench": ["bench", "--output", str(tmp_path / "bench"), "--quick", "--only", "stack"],
@@ -128,7 +129,10 @@ def test_sigterm_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None
                 lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, f"step {STOP_AFTER}"
             )
         engine |= engine_processes(token)  # the engine's worker too, started since
-        main.send_signal(signal.SIGTERM)
+        if command == "up":  # Ctrl-C: the terminal signals the foreground process group
+            os.killpg(main.pid, signal.SIGINT)
+        else:
+            main.send_signal(signal.SIGTERM)
         assert main.wait(timeout=120) == 130, (tmp_path / "out.log").read_text()[-3000:]
         wait_until(lambda: not marked(token) and not alive(engine), 60, "every process the command started to end")
     finally:
