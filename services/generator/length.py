@@ -115,24 +115,35 @@ class LengthControl:
             prompt, num_samples, temperature, top_p, min(budget, max_tokens), seed, stop=[s.think_end]
         )
 
-        async def finish(index: int, first: Sample) -> Sample:
-            follow = continuation(first, s, self.phrase_ids, max_tokens)
-            if follow is None:
-                return first
-            # Each continuation is its own request: distinct seeds keep seeded groups diverse.
-            _, (second,) = await engine.sample(
-                prompt_ids + first.token_ids + follow.injected_ids,
-                1,
-                temperature,
-                top_p,
-                follow.max_tokens,
-                seed + 1 + index if seed else 0,
+        # Each continuation is its own request: distinct seeds keep seeded groups diverse.
+        samples = await asyncio.gather(
+            *(
+                self._finish(engine, prompt_ids, first, temperature, top_p, max_tokens, seed + 1 + i if seed else 0)
+                for i, first in enumerate(firsts)
             )
-            text = s.interruption_phrase if follow.injected_ids else ""
-            return splice(first, follow.injected_ids, text, second)
-
-        samples = await asyncio.gather(*(finish(i, f) for i, f in enumerate(firsts)))
+        )
         return prompt_ids, list(samples)
+
+    async def _finish(
+        self,
+        engine: Engine,
+        prompt_ids: list[int],
+        first: Sample,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+    ) -> Sample:
+        """``first`` (a first part, run to the budget) as it goes on (``continuation``): itself when it is
+        done, else spliced with a continuation request sampled with ``seed``."""
+        follow = continuation(first, self.settings, self.phrase_ids, max_tokens)
+        if follow is None:
+            return first
+        _, (second,) = await engine.sample(
+            prompt_ids + first.token_ids + follow.injected_ids, 1, temperature, top_p, follow.max_tokens, seed
+        )
+        text = self.settings.interruption_phrase if follow.injected_ids else ""
+        return splice(first, follow.injected_ids, text, second)
 
     async def sample_turn(
         self,
@@ -165,19 +176,8 @@ class LengthControl:
         _, (first,) = await engine.sample(
             prompt_ids, 1, temperature, top_p, min(budget_left, max_tokens), seed, stop=[s.think_end]
         )
-        follow = continuation(first, s, self.phrase_ids, max_tokens)
-        if follow is None:
-            return first, len(first.token_ids)
-        _, (second,) = await engine.sample(
-            prompt_ids + first.token_ids + follow.injected_ids,
-            1,
-            temperature,
-            top_p,
-            follow.max_tokens,
-            seed + 1 if seed else 0,
-        )
-        text = s.interruption_phrase if follow.injected_ids else ""
-        return splice(first, follow.injected_ids, text, second), len(first.token_ids)
+        turn = await self._finish(engine, prompt_ids, first, temperature, top_p, max_tokens, seed + 1 if seed else 0)
+        return turn, len(first.token_ids)
 
 
 _NOTHING = Sample(token_ids=[], logprobs=[], version_spans=[], finish_reason="length", text="")
