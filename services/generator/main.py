@@ -25,7 +25,6 @@ from services.generator.config import GeneratorConfig
 from services.generator.engine import Engine, check_platform
 from services.generator.episode import EpisodeRunner
 from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_server, weight_source
-from services.generator.length import LengthControl
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import make_scorer
 from services.generator.rollout import RolloutLoop
@@ -63,14 +62,12 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             if multiturn is not None and envs is not None:
                 assert isinstance(scorer, TaskScorer)  # a multi-turn task is its own scorer, never a mixture's
                 try:
-                    length = multiturn.dataset.length_control
-                    phrase_ids = scorer.tokenizer().encode(length.interruption_phrase, add_special_tokens=False)
                     episodes = EpisodeRunner(
                         engine,
                         scorer.tokenizer(),
                         envs,
                         multiturn.chat_template_kwargs,
-                        LengthControl(length, phrase_ids) if length.enabled else None,
+                        scorer.length_control(multiturn.name),
                     )
                 except ValueError as exc:
                     raise ConfigError(f"task multiturn with the model in {config.engine.model_dir}: {exc}") from exc

@@ -343,12 +343,12 @@ class RolloutLoop:
             started = time.time()
             s = task.sampling
             prompt = self.scorer.prompt(task.task_name, task.prompt)
-            length = self.scorer.length_control(task.task_name)
             episodes: list[Episode] = []
             if self.episodes is not None:
                 # Each turn takes the engine's place; waits on the environment leave it to other tasks.
                 episodes = await self._play(task, prompt)
             else:
+                length = self.scorer.length_control(task.task_name)
                 async with self._slots:
                     if length is None:
                         prompt_ids, samples = await self.engine.sample(

@@ -98,9 +98,10 @@ class TaskScorer:
         return self._tokenizer
 
     def length_control(self, task_name: str) -> LengthControl | None:
-        """The configured dataset task's length control, if it is on; None for any other task."""
-        s = self.settings
-        if not isinstance(s, DatasetSettings) or task_name != s.name or not s.length_control.enabled:
+        """The configured dataset task's length control (a multi-turn task's: its dataset's, an episode's
+        budget), if it is on; None for any other task."""
+        s = self._dataset(task_name)
+        if s is None or not s.length_control.enabled:
             return None
         if self._length is None:
             phrase = s.length_control.interruption_phrase

@@ -76,3 +76,27 @@ def test_a_task_of_another_digest_is_refused_naming_both(tmp_path: Path) -> None
         scorer.check(rollout_pb2.GenerationTask(task_id="t", task_name="dataset"))
     # What only says how scoring runs leaves the digest alone.
     assert task_digest(_settings(tmp_path, verifier=ExactSettings(), num_score_workers=7, score_timeout_s=1.0)) == ours
+
+
+def test_a_multiturn_task_s_length_control_is_its_dataset_s(tmp_path: Path) -> None:
+    """The episodes' thinking budget comes from the multi-turn task's dataset, as a dataset task's does."""
+    from asymptote.envs import EnvironmentSettings
+    from asymptote.tasks.length import LengthControlSettings
+    from asymptote.tasks.multiturn import MultiTurnSettings
+    from services.learner.build import train_bpe_tokenizer, word_problem_corpus
+
+    train_bpe_tokenizer(word_problem_corpus(200), 512).save_pretrained(tmp_path / "model")
+    length = LengthControlSettings(thinking_budget_tokens=(8, 16), interruption_phrase="Time is up.")
+
+    def scorer(**dataset: object) -> TaskScorer:
+        task = MultiTurnSettings(
+            dataset=_settings(tmp_path, verifier=ExactSettings(), **dataset),
+            environment=EnvironmentSettings(entry="asymptote.envs.calculator:Calculator", kind="tools"),
+        )
+        return TaskScorer(task, tmp_path / "model", GeneratorMetrics())
+
+    control = scorer(length_control=length).length_control("multiturn")
+    assert control is not None and control.settings == length
+    assert control.phrase_ids == scorer().tokenizer().encode("Time is up.", add_special_tokens=False)
+    assert scorer().length_control("multiturn") is None  # off in the dataset: none
+    assert scorer(length_control=length).length_control("dataset") is None  # another task's name
