@@ -617,8 +617,12 @@ class LocalStack:
             self._wait_all(procs, STOP_GRACE_S)
 
     def stop(self) -> None:
-        """The services (``stop_services``), then nats-server; SIGKILL what is left."""
+        """Every process: the services (``stop_services``), then the rest (``stop_rest``)."""
         self.stop_services()
+        self.stop_rest()
+
+    def stop_rest(self) -> None:
+        """After ``stop_services``: SIGTERM to nats-server, then SIGKILL what is left of every process group."""
         for p in self.procs:
             if p.name == "nats-server":
                 self._signal(p, signal.SIGTERM)
@@ -749,7 +753,7 @@ class LocalStack:
             self.stop_services()
             if self.config.nats_url is not None or any(p.name == "nats-server" for p in self.procs):
                 self.audit_ledger()
-            self.stop()
+            self.stop_rest()
         if self.mirror is not None:
             self.mirror.close()
         if self.run_dir.exists():
