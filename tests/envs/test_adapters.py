@@ -16,15 +16,16 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
 from asymptote.envs.config import OpenEnvSettings, VerifiersSettings
 from asymptote.envs.pool import worker_path
+from asymptote.nats_local import free_port
 from tests.envs.tool_classes import ENVS_PYTHON
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,20 +44,19 @@ SERVER_START_S = 60.0
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """OpenEnv's FastAPI app for the game under uvicorn, on the environments' interpreter; its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no outgoing socket takes it before the server binds
     process = subprocess.Popen([str(ENVS_PYTHON), "-m", GUESS, str(port)], cwd=REPO)
+
+    def listening() -> bool:
+        assert process.poll() is None, f"the OpenEnv server exited with {process.returncode}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert process.poll() is None, f"the OpenEnv server exited with {process.returncode}"
-                assert time.monotonic() < deadline, f"the OpenEnv server did not listen within {SERVER_START_S}s"
-                time.sleep(0.1)  # pacing: between connection attempts, under the deadline above
+        wait_until(listening, SERVER_START_S, "the OpenEnv server to listen")
         yield f"http://127.0.0.1:{port}"
     finally:
         process.kill()
