@@ -192,10 +192,11 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument(
         "--workload",
-        choices=["words", "arithmetic", "words-code", "words+code"],
+        choices=["words", "arithmetic", "words-code", "words+code", "words-tools"],
         help="the embedded task: words (default: word problems, thinking, math-verify, length control), "
         "arithmetic (four-token answers, for the quickest smoke runs), words-code (the word problems answered "
-        "by a Python program run in the sandbox) or words+code (both in one run, a curve and fit each)",
+        "by a Python program run in the sandbox), words+code (both in one run, a curve and fit each) or "
+        "words-tools (multi-turn: a calculator tool called in one turn, its answer boxed in the next)",
     )
     parser.add_argument("--max-tokens", type=int, help="completion length cap (with --model: the size preset's)")
     parser.add_argument("--lr", type=float, help="learner peak learning rate (with --model: the size preset's)")

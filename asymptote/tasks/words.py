@@ -119,3 +119,43 @@ def write(out_dir: Path = DATA_DIR, seed: int = SEED) -> dict[str, Path]:
         paths[split] = out_dir / FILES[split]
         paths[split].write_text(render(rows))
     return paths
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def solution_expression(solution: str) -> str:
+    """One arithmetic expression for a row's worked steps, e.g. ``"4 * 3 - 4 + 6"`` for ``"4 * 3 = 12.
+    12 - 4 = 8. 8 + 6 = 14."``: each earlier result an operand stands for is replaced by the expression that
+    gave it, with the parentheses precedence needs. Its value is the last step's result whatever the
+    replacements (each replaces a number by an expression of equal value). Every result but the last is
+    used once; an operand equal to an earlier result is taken for it from the last step back, so that a
+    problem's own number keeps its place in an earlier step. ValueError for text that is not
+    ``a op b = c.`` steps.
+    """
+    steps: list[tuple[str, str, str, str]] = []
+    for part in solution.strip().removesuffix(".").split(". "):
+        lhs, _, result = part.partition(" = ")
+        operands = lhs.split(" ")
+        if len(operands) != 3 or operands[1] not in _PRECEDENCE or not result:
+            raise ValueError(f"not a worked step 'a op b = c': {part!r}")
+        steps.append((operands[0], operands[1], operands[2], result))
+    source: dict[tuple[int, int], int] = {}  # (step, operand 0 or 2) -> the earlier step whose result it is
+    used: set[int] = set()
+    for j in range(len(steps) - 1, -1, -1):
+        for k in (0, 2):
+            earlier = [i for i in range(j) if i not in used and steps[i][3] == steps[j][k]]
+            if earlier:
+                source[(j, k)] = earlier[-1]
+                used.add(earlier[-1])
+    built: list[tuple[str, int]] = []  # each step's expression and its operator's precedence
+    for j, (a, op, b, _) in enumerate(steps):
+        prec = _PRECEDENCE[op]
+        left, left_prec = built[source[(j, 0)]] if (j, 0) in source else (a, 3)
+        right, right_prec = built[source[(j, 2)]] if (j, 2) in source else (b, 3)
+        if left_prec < prec:
+            left = f"({left})"
+        if right_prec < prec or (right_prec == prec and op in "-/"):
+            right = f"({right})"
+        built.append((f"{left} {op} {right}", prec))
+    return built[-1][0]

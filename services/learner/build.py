@@ -150,25 +150,67 @@ CHAT_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 THINK_TOKENS = ("<think>", "</think>")
 
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(last_query=-1) %}"
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- if message.role == 'user' and not (message.content.startswith('<tool_response>')"
+    " and message.content.endswith('</tool_response>')) %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set content = message.content %}"
+    "{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- endif %}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \''
+    " + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- endif %}"
 )
-"""ChatML, as Qwen's models render it: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then
-``<|im_start|>assistant\\n`` with ``add_generation_prompt``; ``enable_thinking=False`` adds an empty think
-block, as Qwen3's template does."""
+"""Qwen3's chat format, as its models ship it: ``<|im_start|>role\ncontent<|im_end|>\n`` per message (ChatML),
+then ``<|im_start|>assistant\n`` with ``add_generation_prompt`` (``enable_thinking=False`` adds an empty think
+block); with ``tools``, their JSON schemas in the system message, calls as ``<tool_call>`` JSON and tool
+results as ``<tool_response>`` blocks in a user turn (the Hermes format vLLM's ``hermes`` parser reads);
+``<think>`` blocks of assistant turns kept only after the last user query. Message contents render verbatim."""
 
 
 def train_bpe_tokenizer(
     texts: Iterable[str], vocab_size: int, min_frequency: int = 2, vocab_multiple: int = 64
 ) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on ``texts``, with ChatML specials and chat template.
+    """A byte-level BPE tokenizer trained on ``texts``, with ChatML specials and Qwen3's chat template.
 
     ``len(tokenizer) == vocab_size``, a multiple of ``vocab_multiple``. Ids 0-2
     are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos); then

@@ -46,6 +46,8 @@ from asymptote.tasks import (
     DatasetSettings,
     MixtureSettings,
     MixtureTask,
+    MultiTurnSettings,
+    MultiTurnTask,
     Problem,
     Task,
     TaskSettingsValue,
@@ -54,6 +56,7 @@ from asymptote.tasks import (
 from asymptote.tasks.code import CODE_LAYOUTS, fenced, gold_program
 from asymptote.tasks.dataset import prompt_id_of
 from asymptote.tasks.mixture import mixture_prompt_id
+from asymptote.tasks.multiturn import OPERATIONAL_ENVIRONMENT_FIELDS
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.readers import DatasetError, read_rows
 from asymptote.tasks.words import SOLUTION_FIELD
@@ -66,6 +69,7 @@ from services.learner.build import (
     train_bpe_tokenizer,
 )
 from services.learner.model import completion_logprobs, count_parameters, pack, sample
+from services.learner.warmstart_turns import MULTITURN_FORMAT_VERSION, demonstrations, episode_pass_rate
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,8 @@ DATASET_MODEL: dict[str, object] = {
 }
 """The tiny model built for a dataset task (ModelSpec fields): Qwen3-shaped, as the GPU examples' models
 are, with room for a chat-rendered prompt, its thinking and the answer."""
+MULTITURN_MODEL: dict[str, object] = {**DATASET_MODEL, "max_position_embeddings": 512}
+"""A multi-turn task's: room for the tools' schemas in the prompt and an episode's turns after it."""
 DATASET_WARMSTART: dict[str, object] = {
     "max_steps": 800,
     "target_pass_rate": 0.28,
@@ -146,14 +152,18 @@ def tiny_model_settings(
 ) -> tuple[ModelSpec, WarmstartSettings]:
     """The tiny model's shape and warm start for ``task``: the task kind's defaults under ``model`` and
     ``warmstart`` (overrides, as a stack config gives them)."""
-    dataset = isinstance(task, (DatasetSettings, MixtureSettings))
-    spec = ModelSpec.model_validate({**(DATASET_MODEL if dataset else {}), **(model or {})})
+    dataset = isinstance(task, (DatasetSettings, MixtureSettings, MultiTurnSettings))
+    shape = MULTITURN_MODEL if isinstance(task, MultiTurnSettings) else DATASET_MODEL if dataset else {}
+    spec = ModelSpec.model_validate({**shape, **(model or {})})
     settings = WarmstartSettings.model_validate({**(DATASET_WARMSTART if dataset else {}), **(warmstart or {})})
     return spec, settings
 
 
 BPE_VOCAB_SIZE = TEST_VOCAB_SIZE
 """Vocabulary of the BPE tokenizer trained for a dataset task's tiny model."""
+MULTITURN_BPE_VOCAB_SIZE = 768
+"""A multi-turn task's: its episodes carry the tools' schemas and the chat template's tool instructions,
+which take about 230 tokens of a calculator episode's prompt at this size (about 275 at 512)."""
 
 
 @dataclass(frozen=True)
@@ -386,17 +396,46 @@ def evaluate_pass_rate(
     temperature: float = 1.0,
     seed: int = 0,
 ) -> EvalResult:
-    """Held-out pass rate: mean reward over k samples of every held-out prompt."""
+    """Held-out pass rate: mean reward over k samples of every held-out prompt (a multi-turn task's: k
+    episodes)."""
+    return probe(model, tokenizer, task, task.problems("heldout"), num_samples_per_prompt, temperature, seed)
+
+
+def probe(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: Sequence[Problem],
+    num_samples_per_prompt: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> EvalResult:
+    """The sampled pass rate on ``problems`` in the task's own form: completions, or whole episodes."""
+    if isinstance(task, MultiTurnTask):
+        rates = episode_pass_rate(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed)
+        return EvalResult(rates.pass_rate, rates.num_prompts, rates.num_samples, rates.truncation_rate)
     return sampled_pass_rate(
         model,
         tokenizer,
         task,
-        task.problems("heldout"),
+        problems,
         num_samples_per_prompt,
         temperature=temperature,
         seed=seed,
         fmt=format_for(task, tokenizer),
     )
+
+
+def training_pairs(
+    task: Task, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The supervised pass's prompts and targets (EOS included): one per problem in the task's format, or one
+    per model turn of each problem's demonstrated episode (a multi-turn task)."""
+    if isinstance(task, MultiTurnTask):
+        demos = demonstrations(task, tokenizer, problems, worked_solutions(task.settings.dataset))
+        return [p for d in demos for p in d.prompts], [t for d in demos for t in d.turns]
+    fmt = format_for(task, tokenizer)
+    return encode_prompts(tokenizer, list(problems), fmt), encode_targets(tokenizer, list(problems), fmt)
 
 
 @dataclass(frozen=True)
@@ -420,15 +459,14 @@ def supervised_pass(
 ) -> WarmstartReport:
     """Train ``model`` in place on the train split until the probe reaches the target.
 
-    Loss: mean negative log-likelihood of completion tokens (the format's target + EOS).
+    Loss: mean negative log-likelihood of completion tokens (the format's target + EOS; on a multi-turn
+    task, each demonstrated turn is a sample of its own).
     """
-    fmt = format_for(task, tokenizer)
     problems = list(task.problems("train"))
-    prompts = encode_prompts(tokenizer, problems, fmt)
-    targets = encode_targets(tokenizer, problems, fmt)
-    probe = problems[: settings.num_probe_problems]
+    prompts, targets = training_pairs(task, tokenizer, problems)
+    probed = problems[: settings.num_probe_problems]
     if isinstance(task, MixtureTask):  # every sub-task in the probe: its problems come sub-task after sub-task
-        probe = problems[:: max(1, len(problems) // settings.num_probe_problems)][: settings.num_probe_problems]
+        probed = problems[:: max(1, len(problems) // settings.num_probe_problems)][: settings.num_probe_problems]
     rng = random.Random(settings.seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
@@ -438,8 +476,8 @@ def supervised_pass(
     started = time.perf_counter()
     for step in range(settings.max_steps):
         if len(order) < settings.batch_size:
-            # Epoch-style shuffling: every problem once before any twice.
-            fresh = list(range(len(problems)))
+            # Epoch-style shuffling: every sample once before any twice.
+            fresh = list(range(len(prompts)))
             rng.shuffle(fresh)
             order.extend(fresh)
         idx, order = order[: settings.batch_size], order[settings.batch_size :]
@@ -454,9 +492,7 @@ def supervised_pass(
         optimizer.step()
         losses.append(loss.item())
         if (step + 1) % settings.check_every_steps == 0:
-            probe_rate = sampled_pass_rate(
-                model, tokenizer, task, probe, 2, seed=settings.seed + step, fmt=fmt
-            ).pass_rate
+            probe_rate = probe(model, tokenizer, task, probed, 2, seed=settings.seed + step).pass_rate
             reached = probe_rate >= settings.target_pass_rate
         if log_every and ((step + 1) % log_every == 0 or reached):
             log.info(
@@ -528,6 +564,18 @@ def cache_key(spec: ModelSpec, task_settings: TaskSettingsValue, settings: Warms
         fields["bpe_vocab_size"] = BPE_VOCAB_SIZE
         fields["dataset_format"] = DATASET_FORMAT_VERSION
         fields["code_format"] = CODE_FORMAT_VERSION
+    if isinstance(task_settings, MultiTurnSettings):
+        dataset = task_settings.dataset
+        fields["task"] = task_settings.model_dump(
+            mode="json",
+            exclude={
+                "dataset": {"path", "eval_path", "check_gold"},
+                "environment": set(OPERATIONAL_ENVIRONMENT_FIELDS),
+            },
+        )
+        fields["data"] = [_file_digest(p) for p in (dataset.path, dataset.eval_path) if p is not None]
+        fields["bpe_vocab_size"] = MULTITURN_BPE_VOCAB_SIZE
+        fields["multiturn_format"] = MULTITURN_FORMAT_VERSION
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -535,7 +583,8 @@ def tokenizer_for(task: Task, spec: ModelSpec) -> PreTrainedTokenizerFast:
     """The character tokenizer of a task with an alphabet; otherwise BPE trained on the warm start's train texts."""
     if task.alphabet:
         return build_tokenizer(task.alphabet, spec.vocab_multiple)
-    return train_bpe_tokenizer(tokenizer_texts(task), BPE_VOCAB_SIZE)
+    size = MULTITURN_BPE_VOCAB_SIZE if isinstance(task, MultiTurnTask) else BPE_VOCAB_SIZE
+    return train_bpe_tokenizer(tokenizer_texts(task), size)
 
 
 def tokenizer_texts(task: Task) -> list[str]:
@@ -543,6 +592,13 @@ def tokenizer_texts(task: Task) -> list[str]:
     (as its prompt format words it) and taught completion, and the interruption phrase."""
     if isinstance(task, MixtureTask):
         return [text for sub in task.sub_tasks.values() for text in tokenizer_texts(sub)]
+    if isinstance(task, MultiTurnTask):
+        # Whole demonstrated episodes as the chat template renders them (the tools' schemas included),
+        # rendered with a tokenizer that carries the same template.
+        renderer = train_bpe_tokenizer(["a b"], BPE_VOCAB_SIZE)
+        problems = task.problems("train")
+        solutions = worked_solutions(task.settings.dataset)
+        return [d.text for d in demonstrations(task, renderer, problems, solutions)]
     settings = getattr(task, "settings", None)
     if not isinstance(settings, DatasetSettings):
         if task.alphabet:

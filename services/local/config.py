@@ -12,7 +12,9 @@ swaps in the quick arithmetic task (four-token answers) for the shortest
 smoke runs; ``workload: words-code`` the same word problems answered by a
 Python program run in the sandbox (data/words-code/, the code verifier);
 ``workload: words+code`` both in one run, mixed half and half (a
-``mixture`` task: one held-out curve and fit each).
+``mixture`` task: one held-out curve and fit each); ``workload:
+words-tools`` the word problems as multi-turn tool use (a calculator
+called in one turn, its answer boxed in the next).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from asymptote.config import Frozen, merge
+from asymptote.envs.config import EnvironmentSettings
 from asymptote.faults import parse as parse_failpoints
 from asymptote.tasks import (
     DatasetSettings,
     LengthControlSettings,
     MixtureEntry,
     MixtureSettings,
+    MultiTurnSettings,
     TaskSettings,
     words,
     words_code,
@@ -36,7 +40,7 @@ from asymptote.tasks import (
 from asymptote.tasks.verifiers import CodeSettings
 from services.broker.config import ZeroVariance
 
-Workload = Literal["words", "arithmetic", "words-code", "words+code"]
+Workload = Literal["words", "arithmetic", "words-code", "words+code", "words-tools"]
 
 ARITHMETIC_WORKLOAD: dict[str, Any] = {
     "task": {"name": "arithmetic"},
@@ -88,13 +92,40 @@ def words_mixture_task() -> MixtureSettings:
     )
 
 
+def words_tools_task() -> MultiTurnSettings:
+    """The word problems as tool use: the model calls a calculator (asymptote/envs/calculator.py) with an
+    expression in one turn and answers with its result, ``\\boxed{}``, in the next; math-verify scores that
+    turn. Played as multi-turn episodes (asymptote/tasks/multiturn.py) in environment workers beside each
+    generator."""
+    return MultiTurnSettings(
+        dataset=DatasetSettings(
+            path=words.DATA_DIR / words.FILES["train"],
+            eval_path=words.DATA_DIR / words.FILES["heldout"],
+            template="chat",
+        ),
+        environment=EnvironmentSettings(
+            entry="asymptote.envs.calculator:Calculator",
+            kind="tools",
+            max_turns=3,
+            max_turn_tokens=48,
+            max_episode_tokens=160,
+            tool_timeout_s=10.0,
+            num_workers=32,
+        ),
+    )
+
+
 WORDS_CODE_WORKLOAD: dict[str, Any] = {"task": words_code_task()}
 """The fields ``workload: words-code`` sets where the config does not (the warm start's targets, thinking
 and a fenced program, are at most about 70 tokens: the default max_tokens holds them)."""
 WORDS_MIXTURE_WORKLOAD: dict[str, Any] = {"task": words_mixture_task()}
 """The fields ``workload: words+code`` sets where the config does not."""
+WORDS_TOOLS_WORKLOAD: dict[str, Any] = {"task": words_tools_task()}
+"""The fields ``workload: words-tools`` sets where the config does not (an episode's limits are the task's:
+the broker's max_tokens does not apply to it)."""
 WORKLOADS: dict[str, dict[str, Any]] = {
     "arithmetic": ARITHMETIC_WORKLOAD,
+    "words-tools": WORDS_TOOLS_WORKLOAD,
     "words-code": WORDS_CODE_WORKLOAD,
     "words+code": WORDS_MIXTURE_WORKLOAD,
 }
@@ -168,7 +199,8 @@ class StackConfig(Frozen):
     in ``<think>`` and answers in ``\\boxed{}``; arithmetic: the quick arithmetic task's task, max_tokens,
     batch_prompts and eval settings, for smoke runs; words-code: the word problems answered by a Python
     program that prints the answer, run in the sandbox; words+code: both in one run, half and half, with a
-    held-out curve and fit each (fields the config gives still win)."""
+    held-out curve and fit each; words-tools: the word problems as multi-turn episodes, a calculator tool
+    called in one turn and its answer boxed in the next (fields the config gives still win)."""
     run_dir: Path | None = None
     """Run directory; None makes runs/<timestamp>."""
     cache_dir: Path = Path(".cache/asymptote")

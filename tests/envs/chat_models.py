@@ -1,12 +1,14 @@
 """Tokenizers and tiny models with tool-using chat templates, built here (nothing comes from a hub).
 
-Two templates written for these tests in the formats real models use:
-Qwen3's (tools in the system message, ``<tool_call>`` calls, tool results
-as ``<tool_response>`` blocks in a user turn, ``<think>`` blocks kept only
-after the last user query, an empty think block on a last assistant turn)
-and Llama 3's (a BOS, header tokens, ``<|eot_id|>`` ends a turn, tool
-results under the ``ipython`` role). Both render message contents
-verbatim, as the real ones do for text without think blocks.
+Two templates in the formats real models use: Qwen3's, which every
+tokenizer the project trains carries (``CHAT_TEMPLATE`` in
+services/learner/build.py: tools in the system message, ``<tool_call>``
+calls, tool results as ``<tool_response>`` blocks in a user turn,
+``<think>`` blocks kept only after the last user query, an empty think
+block on a last assistant turn), and Llama 3's, written here (a BOS,
+header tokens, ``<|eot_id|>`` ends a turn, tool results under the
+``ipython`` role). Both render message contents verbatim, as the real
+ones do for text without think blocks.
 """
 
 from __future__ import annotations
@@ -24,59 +26,6 @@ from services.learner.build import (
     train_bpe_tokenizer,
     word_problem_corpus,
 )
-
-QWEN3_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
-    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
-    "{%- elif messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- set ns = namespace(last_query=-1) %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' and not (message.content.startswith('<tool_response>')"
-    " and message.content.endswith('</tool_response>')) %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
-    "{%- endfor %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'assistant' %}"
-    "{%- set content = message.content %}"
-    "{%- set reasoning = '' %}"
-    "{%- if '</think>' in content %}"
-    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
-    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
-    "{%- endif %}"
-    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
-    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
-    " + content.lstrip('\\n') }}"
-    "{%- else %}"
-    "{{- '<|im_start|>assistant\\n' + content }}"
-    "{%- endif %}"
-    "{%- for call in message.tool_calls or [] %}"
-    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
-    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \''
-    " + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
-"""Qwen3's chat format (see the module docstring)."""
 
 LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
@@ -107,8 +56,7 @@ def chat_tokenizer(flavour: Flavour) -> PreTrainedTokenizerFast:
     """The test BPE tokenizer with ``flavour``'s chat template (and, for llama, its special tokens)."""
     tok = train_bpe_tokenizer(word_problem_corpus(), 512)
     if flavour == "qwen3":
-        tok.chat_template = QWEN3_TEMPLATE
-        return tok
+        return tok  # the project's tokenizers carry Qwen3's template already
     tok.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIALS)})
     tok.bos_token = "<|begin_of_text|>"
     tok.eos_token = "<|eot_id|>"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asymptote.tasks import DatasetSettings, DatasetTask, words, words_code
 from asymptote.tasks.verifiers import MathSettings, make_verifier
 
@@ -65,3 +67,42 @@ def test_the_dataset_task_reads_them_and_math_verify_scores_the_thinking_format(
     assert task.score(right, first.reference) == 1.0
     assert task.score(wrong, first.reference) == 0.0  # the answer counts, not the thinking
     assert verifier.verdict(f"{first.reference}", first.reference).reason != "correct"  # unboxed is not an answer
+
+
+def test_every_rows_expression_is_worth_its_answer_by_the_calculator() -> None:
+    from asymptote.envs.calculator import evaluate, shown
+
+    rows = [json.loads(line) for name in words.FILES.values() for line in (words.DATA_DIR / name).open()]
+    for row in rows:
+        expression = words.solution_expression(row["solution"])
+        assert shown(evaluate(expression)) == str(row["answer"]), (row, expression)
+        # Each problem number appears in it once per step that uses it: no result is left as a number.
+        steps = row["solution"].removesuffix(".").split(". ")
+        assert len(re.findall(r"\d+", expression)) == 2 * len(steps) - (len(steps) - 1), (row, expression)
+
+
+@pytest.mark.parametrize(
+    ("solution", "expression"),
+    [
+        ("4 * 3 = 12. 12 - 4 = 8. 8 + 6 = 14.", "4 * 3 - 4 + 6"),
+        ("6 + 6 = 12. 12 / 4 = 3.", "(6 + 6) / 4"),
+        ("2 + 3 = 5. 9 - 5 = 4.", "9 - (2 + 3)"),
+        ("8 - 2 = 6. 12 / 6 = 2.", "12 / (8 - 2)"),
+        ("6 / 2 = 3. 9 / 3 = 3.", "9 / (6 / 2)"),
+        ("2 * 3 = 6. 6 * 4 = 24.", "2 * 3 * 4"),
+        # 4 is both step 1's result and a number of the problem: the last step takes the result, step 2 the number.
+        ("5 - 1 = 4. 4 * 3 = 12. 4 + 12 = 16.", "5 - 1 + 4 * 3"),
+        ("7 + 1 = 8.", "7 + 1"),
+    ],
+)
+def test_the_expression_keeps_precedence_and_the_problems_numbers(solution: str, expression: str) -> None:
+    from asymptote.envs.calculator import evaluate
+
+    assert words.solution_expression(solution) == expression
+    assert evaluate(expression) == float(solution.removesuffix(".").rsplit(" = ", 1)[1])
+
+
+@pytest.mark.parametrize("solution", ["", "12.", "4 x 3 = 12.", "4 * 3 is 12.", "4 * = 12."])
+def test_text_that_is_not_worked_steps_is_refused(solution: str) -> None:
+    with pytest.raises(ValueError, match="not a worked step"):
+        words.solution_expression(solution)
