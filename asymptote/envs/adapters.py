@@ -70,8 +70,9 @@ class OpenEnvAdapter:
     """One episode of an OpenEnv environment (see the module docstring).
 
     ``reset`` passes the task as keyword arguments (``prompt``, ``reference``,
-    ``task_id``), as far as the environment's ``reset`` takes them (the
-    OpenEnv server filters them the same way); the first message is the
+    ``task_id``), as far as the environment's ``reset`` takes them (its
+    ``reset_async`` where it has its own; the OpenEnv server filters them the
+    same way); the first message is the
     task's prompt as the user's, followed by the reset observation when it
     has anything to say.
     """
@@ -90,7 +91,7 @@ class OpenEnvAdapter:
             first = (await self.target.reset(**given)).observation
         else:
             self.target = self.entry_cls()
-            first = await self.target.reset_async(**_accepted(self.target.reset, given))
+            first = await self.target.reset_async(**_accepted(_reset_taking(self.target), given))
         shown = self._shown(first)
         return [{"role": "user", "content": f"{task.prompt}\n\n{shown}" if shown else task.prompt}], []
 
@@ -125,6 +126,13 @@ class OpenEnvAdapter:
             (value,) = fields.values()
             return value if isinstance(value, str) else json.dumps(value)
         return json.dumps(fields)
+
+
+def _reset_taking(target: Any) -> Any:
+    """The method whose parameters say which keywords an in-process reset takes: the environment's own
+    ``reset_async`` where it overrides OpenEnv's (which hands its keywords to ``reset``), else ``reset``."""
+    defining = next(c for c in type(target).__mro__ if "reset_async" in vars(c))
+    return target.reset if defining.__module__.startswith("openenv.") else target.reset_async
 
 
 def _accepted(function: Any, given: dict[str, Any]) -> dict[str, Any]:

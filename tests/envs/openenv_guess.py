@@ -65,6 +65,18 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
         return self._state
 
 
+class AsyncGuessEnvironment(GuessEnvironment):
+    """The game with a reset of its own that is async and takes the reference; its sync ``reset`` does not."""
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GuessObservation:
+        raise AssertionError("the async reset is the one to call")
+
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, reference: str = "0"
+    ) -> GuessObservation:
+        return super().reset(seed, episode_id, reference)
+
+
 class GuessClient(EnvClient[GuessAction, GuessObservation, State]):
     def _step_payload(self, action: GuessAction) -> dict[str, Any]:
         return {"guess": action.guess}

@@ -91,6 +91,7 @@ async def pools(server: str) -> AsyncIterator[dict[str, EnvironmentPool]]:
     """A started pool for each environment (a worker imports openenv or verifiers once: seconds)."""
     started = {
         "in the worker": EnvironmentPool(IN_WORKER),
+        "async reset": EnvironmentPool(IN_WORKER.model_copy(update={"entry": f"{GUESS}:AsyncGuessEnvironment"})),
         "behind its server": EnvironmentPool(through_server(server)),
         "tools": EnvironmentPool(TOOL_ENV),
         "countdown": EnvironmentPool(COUNTDOWN),
@@ -119,7 +120,7 @@ async def play(
 FIRST = [{"role": "user", "content": "Find the secret number.\n\nGuess the number. You have 3 guesses."}]
 
 
-@pytest.mark.parametrize("where", ["in the worker", "behind its server"])
+@pytest.mark.parametrize("where", ["in the worker", "behind its server", "async reset"])
 async def test_an_openenv_environment_plays_an_episode(where: str, pools: dict[str, EnvironmentPool]) -> None:
     pool = pools[where]
     assert await play(pool, ["<think>start low</think> 3", "<think>up</think>9", "7"]) == [
