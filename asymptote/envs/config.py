@@ -66,7 +66,13 @@ class EnvironmentSettings(Frozen):
     """Tokens after the first prompt (the model's and the environment's); the episode ends (``max_tokens``)
     when a turn would have no room. Prompt plus this must fit the model's context."""
     max_turn_tokens: int = Field(default=1024, ge=1)
-    """Tokens the model may sample in one turn (a turn cut here is closed as the template closes a turn)."""
+    """Tokens the model may sample in one turn."""
+    cut_turn: Literal["end", "continue"] = "end"
+    """A turn cut at its token limit before the model ended it: end the episode there (reason ``truncated``,
+    or ``max_tokens`` when the episode's limit cut it; the verifier judges that turn, as a truncated
+    completion is judged), or continue (the turn is closed as the template closes a turn, and the environment
+    answers what it holds). Ending gives RL a reason to end turns: when a cut turn goes on, a policy can learn
+    to run every turn to its limit after a tool call at no cost."""
     tool_timeout_s: float = Field(default=10.0, gt=0)
     """Time one ``reset`` or ``step`` (all of a turn's tool calls) may take; past it the worker is killed."""
     max_observation_bytes: int = Field(default=65536, ge=1)

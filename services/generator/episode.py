@@ -20,10 +20,11 @@ the sample so far is closed and a new one starts from the full rendering
 
 Every episode ends with one counted reason: ``done`` (the environment
 said so), ``max_turns``, ``max_tokens`` (no room left for a turn under
-``max_episode_tokens``), or ``env_<reason>`` for an environment that
-failed (timed out, raised, returned what the interface does not allow or
-what the chat template refuses, sent an oversize observation, or crashed
-its worker): such an episode keeps the samples it had and no reward, and
+``max_episode_tokens``, or a turn cut by it), ``truncated`` (a turn cut at
+``max_turn_tokens``, with ``cut_turn: end``, the default), or
+``env_<reason>`` for an environment that failed (timed out, raised,
+returned what the interface does not allow or what the chat template
+refuses, sent an oversize observation, or crashed its worker): such an episode keeps the samples it had and no reward, and
 the generator goes on. Each episode also counts the tool calls its turns
 made (Hermes ``<tool_call>`` blocks that parse), the tool errors (calls
 that do not parse, and tool messages that report a failed call in the
@@ -55,7 +56,7 @@ from services.generator.length import LengthControl, splice
 
 log = logging.getLogger(__name__)
 
-END_REASONS = ("done", "max_turns", "max_tokens", *(f"env_{r}" for r in FAILURE_REASONS))
+END_REASONS = ("done", "max_turns", "max_tokens", "truncated", *(f"env_{r}" for r in FAILURE_REASONS))
 """Why an episode ended (``env_*``: the environment failed)."""
 
 
@@ -213,6 +214,9 @@ class EpisodeRunner:
             parsed = parse_turn(sampled.text)
             record.num_tool_calls += len(parsed.calls)
             record.num_tool_errors += len(parsed.errors)
+            if sampled.truncated and s.cut_turn == "end":
+                record.end("truncated" if s.max_turn_tokens <= room else "max_tokens")
+                return
             began = time.perf_counter()
             try:
                 result = await env.step(sampled.text)

@@ -161,7 +161,7 @@ def episode_pass_rate(
     sampler: Sampler | None = None,
 ) -> EpisodeRates:
     """Mean reward of ``num_samples_per_prompt`` episodes of every problem, played under the task's limits
-    (turns, tokens per turn and per episode) against its environment in this process, the model's turns
+    (turns, tokens per turn and per episode, what a cut turn does) against its environment in this process, the model's turns
     sampled in one batch per turn (by ``sampler`` when given, instead of the model)."""
     limits = task.settings.environment
     factory = load_factory(limits)
@@ -194,6 +194,9 @@ def episode_pass_rate(
                 num_turns += 1
                 truncated += cut
                 e.final_turn = str(tokenizer.decode(ids, skip_special_tokens=True))
+                if cut and limits.cut_turn == "end":
+                    e.done = True
+                    continue
                 result = check_step(_run(loop, e.env.step(e.final_turn)))
                 if result.done or turn == limits.max_turns - 1:
                     e.done, e.reward = True, result.reward

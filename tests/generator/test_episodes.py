@@ -57,7 +57,12 @@ pytestmark = [pytest.mark.vllm]
 NUM_EPISODES = int(os.environ.get("ASY_AUDIT_EPISODES", "40"))
 """Episodes audited per model: 40 in the suite; ``ASY_AUDIT_EPISODES=1000`` is the full audit (minutes)."""
 SETTINGS = EnvironmentSettings(
-    entry="tests.envs.tool_classes:Counter", max_turns=3, max_turn_tokens=10, tool_timeout_s=30.0, num_workers=4
+    entry="tests.envs.tool_classes:Counter",
+    max_turns=3,
+    max_turn_tokens=10,
+    cut_turn="continue",  # a cut turn goes on: the path whose tokens are the hardest to keep exact
+    tool_timeout_s=30.0,
+    num_workers=4,
 )
 BUDGET_TOKENS = {"qwen3": 84, "llama": 63}
 """max_episode_tokens: two answers (a tool result, then the user: 50 + 24 tokens in Qwen3's format,
@@ -438,6 +443,40 @@ REASONS = {
     "hang": "env_timeout",
     "reset-hang": "env_timeout",
 }
+
+
+@pytest.mark.parametrize("served", ["qwen3"], indirect=True)
+async def test_a_turn_cut_at_its_limit_ends_the_episode_by_default(served: Any) -> None:
+    """With ``cut_turn: end`` (the default) an episode ends at its first turn cut at ``max_turn_tokens``:
+    reason ``truncated``, no reward from the environment, nothing sampled after it, and that turn is the
+    final one the verifier judges; episodes whose turns all ended go on as with ``continue``."""
+    _, model_dir, engine = served
+    tokenizer = load_tokenizer(model_dir)
+    recorder = RecordingEngine(engine)
+    settings = SETTINGS.model_copy(update={"cut_turn": "end", "max_turn_tokens": 20, "max_episode_tokens": 300})
+    assert EnvironmentSettings(entry=settings.entry).cut_turn == "end"
+    pool = EnvironmentPool(settings)
+    await pool.start()
+    try:
+        runner = EpisodeRunner(cast(Engine, recorder), tokenizer, pool)
+        tasks = [EnvTask(task_id=f"c{i}", prompt=f"Count to {i}.", reference=str(1 + i % 2)) for i in range(16)]
+        episodes = await run_episodes(runner, tasks)
+    finally:
+        pool.close()
+
+    for i, episode in episodes.items():
+        calls = recorder.calls[i]
+        assert episode.num_turns == len(calls) and episode.final_turn == calls[-1].turn.text
+        cut = [k for k, c in enumerate(calls) if c.turn.finish_reason == "length"]
+        if cut:
+            assert cut == [len(calls) - 1], "a turn was sampled after a cut one"
+            assert calls[-1].max_tokens == settings.max_turn_tokens
+            assert (episode.end_reason, episode.reward) == ("truncated", None)
+        else:
+            # Counter ends the episode after ``reference`` turns, with the number of turns as its reward.
+            turns = int(tasks[i].reference)
+            assert (episode.end_reason, episode.reward, len(calls)) == ("done", float(turns), turns)
+    assert set(runner.ends) == {"truncated", "done"}
 
 
 async def test_failing_environments_end_their_own_episodes_only(served: Any) -> None:

@@ -116,6 +116,7 @@ def multiturn_task(
                 "entry": entry,
                 "max_turns": 3,
                 "max_turn_tokens": 10,
+                "cut_turn": "continue",
                 "max_episode_tokens": 84,
                 "tool_timeout_s": tool_timeout_s,
                 "num_workers": 4,

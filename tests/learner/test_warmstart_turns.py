@@ -150,8 +150,9 @@ def own_tokenizer(task: MultiTurnTask) -> PreTrainedTokenizerFast:
     return tokenizer_for(task, tiny_model_settings(task.settings)[0])
 
 
-def test_the_probe_plays_whole_episodes_and_scores_their_final_turns(tmp_path: Path) -> None:
-    task = words_tools(tmp_path)
+@pytest.mark.parametrize("cut_turn", ["end", "continue"])
+def test_the_probe_plays_whole_episodes_and_scores_their_final_turns(tmp_path: Path, cut_turn: str) -> None:
+    task = words_tools(tmp_path, cut_turn=cut_turn)
     tokenizer = own_tokenizer(task)
     problems: list[Problem] = list(task.problems("heldout"))
     assert len(problems) == 6
@@ -165,14 +166,15 @@ def test_the_probe_plays_whole_episodes_and_scores_their_final_turns(tmp_path: P
             [f"\\boxed{{{right}}}"],  # answers at once, right: 1 turn
             ["<tool_call>{oops</tool_call>", call(expression), f"\\boxed{{{right}}}"],  # repairs a bad call: 3 turns
             [call(expression), call(expression), call(expression)],  # never answers: 3 turns, scored 0
-            ["cut:<tool_call>\n{", f"\\boxed{{{right}}}"],  # cut mid-call, then right: 2 turns
+            ["cut:<tool_call>\n{", f"\\boxed{{{right}}}"],  # cut mid-call: ends there, or goes on to answer right
         ][i]
     model = build_model(ModelSpec(max_position_embeddings=512), tokenizer)  # unused: the plans sample
     rates = episode_pass_rate(model, tokenizer, task, problems, 2, sampler=scripted(tokenizer, task, plans))
     assert rates.num_prompts == 6 and rates.num_samples == 12
-    assert rates.pass_rate == pytest.approx(4 / 6)
-    assert rates.mean_turns == pytest.approx((2 + 2 + 1 + 3 + 3 + 2) / 6)
-    assert rates.truncation_rate == pytest.approx(2 / (2 * 13))
+    last = 2 if cut_turn == "continue" else 1
+    assert rates.pass_rate == pytest.approx((1 + 0 + 1 + 1 + 0 + (last == 2)) / 6)
+    assert rates.mean_turns == pytest.approx((2 + 2 + 1 + 3 + 3 + last) / 6)
+    assert rates.truncation_rate == pytest.approx(2 / (2 * (11 + last)))
 
 
 def test_the_episode_token_limit_ends_an_episode(tmp_path: Path) -> None:
