@@ -9,7 +9,12 @@ Owns the adapters from the environment libraries users bring to the
   ``Environment`` class run in the worker itself. The model's turn (after
   its reasoning) fills one text field of the environment's ``Action``;
   each observation is shown to the model as a user message; the reward
-  that comes with ``done`` is the episode's.
+  that comes with ``done`` is the episode's. An MCP environment
+  (``mcp: true``: OpenEnv's ``MCPEnvironment``, or its ``MCPToolClient``)
+  offers its tools instead: they are listed at reset (``ListToolsAction``)
+  and given to the chat template, each of the model's Hermes tool calls is
+  a ``CallToolAction`` whose result (or error) is a tool message, and a
+  turn without calls is the answer.
 
 - **verifiers** (``kind: verifiers``): a ``verifiers`` environment
   (``MultiTurnEnv``, ``ToolEnv`` and their kin; the version pinned in
@@ -39,15 +44,16 @@ from pydantic import BaseModel
 
 from asymptote.envs.base import EnvTask, Message
 from asymptote.envs.config import OpenEnvSettings, import_entry
-from asymptote.envs.tools import ParsedTurn, parse_turn
+from asymptote.envs.tools import TOOL_ERROR, ParsedTurn, parse_turn
 
 OBSERVATION_BOOKKEEPING = frozenset({"done", "reward", "metadata"})
 """An OpenEnv observation's fields that are not for the model."""
 THINK_CLOSE = "</think>"
 
 
-def load_openenv(entry_cls: type, settings: OpenEnvSettings) -> type[BaseModel]:
-    """The Action class; ValueError naming what does not fit (the entry's kind, the action field)."""
+def load_openenv(entry_cls: type, settings: OpenEnvSettings) -> type[BaseModel] | None:
+    """The Action class (None for an MCP environment, whose actions are OpenEnv's own); ValueError naming
+    what does not fit (the entry's kind, the action field)."""
     from openenv.core import EnvClient
     from openenv.core.env_server import Environment as OpenEnvEnvironment
 
@@ -55,6 +61,9 @@ def load_openenv(entry_cls: type, settings: OpenEnvSettings) -> type[BaseModel]:
     if not issubclass(entry_cls, expected):
         with_url = "with" if settings.base_url is not None else "without"
         raise ValueError(f"is not an OpenEnv {expected.__name__} subclass, as openenv {with_url} base_url takes")
+    if settings.mcp:
+        return None
+    assert settings.action is not None, "checked by OpenEnvSettings"
     action_cls = import_entry(settings.action)
     if not (isinstance(action_cls, type) and issubclass(action_cls, BaseModel)):
         raise ValueError(f"openenv action {settings.action!r} is not an OpenEnv Action class")
@@ -77,7 +86,7 @@ class OpenEnvAdapter:
     has anything to say.
     """
 
-    def __init__(self, entry_cls: type, action_cls: type[BaseModel], settings: OpenEnvSettings) -> None:
+    def __init__(self, entry_cls: type, action_cls: type[BaseModel] | None, settings: OpenEnvSettings) -> None:
         self.entry_cls = entry_cls
         self.action_cls = action_cls
         self.settings = settings
@@ -93,20 +102,58 @@ class OpenEnvAdapter:
             self.target = self.entry_cls()
             first = await self.target.reset_async(**_accepted(_reset_taking(self.target), given))
         shown = self._shown(first)
-        return [{"role": "user", "content": f"{task.prompt}\n\n{shown}" if shown else task.prompt}], []
+        messages: list[Message] = [{"role": "user", "content": f"{task.prompt}\n\n{shown}" if shown else task.prompt}]
+        return messages, await self._tools() if self.settings.mcp else []
 
     async def step(self, assistant_turn: str) -> tuple[list[Message], float | None, bool]:
+        if self.settings.mcp:
+            return await self._call_tools(parse_turn(assistant_turn))
+        assert self.action_cls is not None and self.settings.action_field is not None, "checked by OpenEnvSettings"
         answer = assistant_turn.rsplit(THINK_CLOSE, 1)[-1].strip()
-        action = self.action_cls(**{self.settings.action_field: answer})
-        if self.settings.base_url is not None:
-            result = await self.target.step(action)
-            observation, reward, done = result.observation, result.reward, bool(result.done)
-        else:
-            observation = await self.target.step_async(action)
-            reward, done = observation.reward, bool(observation.done)
+        observation, reward, done = await self._act(self.action_cls(**{self.settings.action_field: answer}))
         if done:
             return [], None if reward is None else float(reward), True
         return [{"role": "user", "content": self._shown(observation)}], None, False
+
+    async def _act(self, action: BaseModel) -> tuple[Any, float | None, bool]:
+        """(observation, reward, done) of one action, through the client or the environment itself."""
+        if self.settings.base_url is not None:
+            result = await self.target.step(action)
+            return result.observation, result.reward, bool(result.done)
+        observation = await self.target.step_async(action)
+        return observation, observation.reward, bool(observation.done)
+
+    async def _tools(self) -> list[dict[str, Any]]:
+        """An MCP environment's tools as chat templates take them; RuntimeError when it cannot list them."""
+        from openenv.core.env_server.mcp_types import ListToolsAction
+
+        listed, _, _ = await self._act(ListToolsAction())
+        error = (listed.metadata or {}).get("error")
+        if error:
+            raise RuntimeError(f"the MCP environment did not list its tools: {error}")
+        return [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in listed.tools
+        ]
+
+    async def _call_tools(self, turn: ParsedTurn) -> tuple[list[Message], float | None, bool]:
+        """Each of the turn's calls as a CallToolAction, in order; a turn without calls is the answer."""
+        from openenv.core.env_server.mcp_types import CallToolAction
+
+        if not turn.calls and not turn.errors:
+            return [], None, True
+        observation: list[Message] = []
+        for call in turn.calls:
+            result, reward, done = await self._act(CallToolAction(tool_name=call.name, arguments=call.arguments))
+            if done:  # the environment ended the episode with this call
+                return [], None if reward is None else float(reward), True
+            observation.append({"role": "tool", "name": call.name, "content": _tool_result(result)})
+        for error in turn.errors:
+            observation.append({"role": "tool", "name": "error", "content": f"{TOOL_ERROR}{error}"})
+        return observation, None, False
 
     async def close(self) -> None:
         target, self.target = self.target, None
@@ -122,10 +169,30 @@ class OpenEnvAdapter:
             value = getattr(observation, self.settings.observation_field)
             return value if isinstance(value, str) else json.dumps(value, default=str)
         fields = observation.model_dump(mode="json", exclude=set(OBSERVATION_BOOKKEEPING))
+        if not fields:
+            return ""
         if len(fields) == 1:
             (value,) = fields.values()
             return value if isinstance(value, str) else json.dumps(value)
         return json.dumps(fields)
+
+
+def _tool_result(observation: Any) -> str:
+    """A CallToolObservation as the model reads it: the error's message, else the result's text content
+    (an MCP result's ``content`` items), else the result as JSON."""
+    if observation.error is not None:
+        error = observation.error
+        message = error.message if hasattr(error, "message") else error.get("message", error)
+        return f"{TOOL_ERROR}{message}"
+    result = observation.result
+    content = getattr(result, "content", None)
+    if content is None and isinstance(result, dict):
+        content = result.get("content")
+    if isinstance(content, list):
+        texts = [getattr(c, "text", None) or (c.get("text") if isinstance(c, dict) else None) for c in content]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "\n".join(t for t in texts if t is not None)
+    return result if isinstance(result, str) else json.dumps(result, default=str)
 
 
 def _reset_taking(target: Any) -> Any:

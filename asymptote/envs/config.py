@@ -25,10 +25,14 @@ def import_entry(entry: str) -> Any:
 class OpenEnvSettings(Frozen):
     """How an OpenEnv environment's actions and observations become the model's turns and messages."""
 
-    action: str = Field(pattern=ENTRY_PATTERN)
-    """The environment's ``Action`` class as ``package.module:ClassName``."""
-    action_field: str
+    action: str | None = Field(default=None, pattern=ENTRY_PATTERN)
+    """The environment's ``Action`` class as ``package.module:ClassName`` (not with ``mcp``)."""
+    action_field: str | None = None
     """The ``Action`` field that takes the model's turn (its text after any reasoning), e.g. ``message``."""
+    mcp: bool = False
+    """An MCP environment (OpenEnv's ``MCPEnvironment``, or its ``MCPToolClient`` with ``base_url``): its
+    tools, listed at reset, are offered to the model, each of the model's tool calls is a ``CallToolAction``
+    answered by a tool message, and a turn without tool calls is the answer."""
     base_url: str | None = None
     """The environment's server (``http://`` or ``ws://``): the entry is then its client, an
     ``openenv.core.EnvClient`` subclass. None: the entry is the server-side ``Environment`` class, run in the
@@ -36,6 +40,14 @@ class OpenEnvSettings(Frozen):
     observation_field: str | None = None
     """The observation field shown to the model; None: every field but done, reward and metadata, as JSON
     (a single one as its text)."""
+
+    @model_validator(mode="after")
+    def _check_action(self) -> OpenEnvSettings:
+        if self.mcp and (self.action is not None or self.action_field is not None):
+            raise ValueError("openenv mcp takes no action or action_field: the model's tool calls are the actions")
+        if not self.mcp and (self.action is None or self.action_field is None):
+            raise ValueError("openenv takes action and action_field (the Action class and its text field), or mcp")
+        return self
 
 
 class VerifiersSettings(Frozen):
@@ -88,7 +100,9 @@ class EnvironmentSettings(Frozen):
     @model_validator(mode="after")
     def _check_kind(self) -> EnvironmentSettings:
         if (self.kind == "openenv") != (self.openenv is not None):
-            raise ValueError("kind openenv takes the openenv settings (action, action_field), and only it does")
+            raise ValueError(
+                "kind openenv takes the openenv settings (action and action_field, or mcp), and only it does"
+            )
         if self.verifiers is not None and self.kind != "verifiers":
             raise ValueError("the verifiers settings go with kind verifiers only")
         return self

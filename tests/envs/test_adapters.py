@@ -38,6 +38,9 @@ IN_WORKER = EnvironmentSettings(
     tool_timeout_s=30.0,
     num_workers=1,
 )
+MCP_ENV = IN_WORKER.model_copy(
+    update={"entry": "tests.envs.openenv_mcp:Arithmetic", "openenv": OpenEnvSettings(mcp=True)}
+)
 SERVER_START_S = 60.0
 
 
@@ -92,6 +95,7 @@ async def pools(server: str) -> AsyncIterator[dict[str, EnvironmentPool]]:
     started = {
         "in the worker": EnvironmentPool(IN_WORKER),
         "async reset": EnvironmentPool(IN_WORKER.model_copy(update={"entry": f"{GUESS}:AsyncGuessEnvironment"})),
+        "mcp": EnvironmentPool(MCP_ENV),
         "behind its server": EnvironmentPool(through_server(server)),
         "tools": EnvironmentPool(TOOL_ENV),
         "countdown": EnvironmentPool(COUNTDOWN),
@@ -134,6 +138,37 @@ async def test_an_openenv_environment_plays_an_episode(where: str, pools: dict[s
 
 
 CALL_ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+async def test_an_openenv_mcp_environment_offers_its_tools_and_answers_each_call(
+    pools: dict[str, EnvironmentPool],
+) -> None:
+    pool = pools["mcp"]
+    bad_calls = (
+        '<tool_call>{"name": "divide", "arguments": {"a": 1, "b": 0}}</tool_call>\n'
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>\n<tool_call>{bad</tool_call>'
+    )
+    first, added, failed, answered = await play(pool, [CALL_ADD, bad_calls, "The sum is 5."], prompt="Add 2, 3.")
+    messages, tools = first
+    # No observation to show at reset: the prompt alone; the tools as ListToolsAction gives them.
+    assert messages == [{"role": "user", "content": "Add 2, 3."}]
+    by_name = {t["function"]["name"]: t for t in tools}  # type: ignore[attr-defined]
+    assert set(by_name) == {"add", "divide", "submit"} and all(t["type"] == "function" for t in tools)  # type: ignore[attr-defined]
+    add = by_name["add"]["function"]
+    assert add["description"] == "Add two integers."
+    assert add["parameters"]["properties"] == {"a": {"type": "integer"}, "b": {"type": "integer"}}
+    assert added == ([{"role": "tool", "name": "add", "content": "5"}], None, False)
+    # Each failed call is a tool message that says why, in order; the episode goes on.
+    observation, reward, done = failed
+    assert (reward, done) == (None, False)
+    assert [m["name"] for m in observation] == ["divide", "nope", "error"]  # type: ignore[attr-defined]
+    assert all(m["content"].startswith("Error: ") for m in observation)  # type: ignore[attr-defined]
+    assert "zero" in observation[0]["content"] and "nope" in observation[1]["content"]  # type: ignore[index]
+    assert answered == ([], None, True)  # a turn without calls is the answer: the verifier judges it
+    # A call the environment ends the episode with carries its reward.
+    submit = '<tool_call>{"name": "submit", "arguments": {"answer": "%s"}}</tool_call>'
+    assert (await play(pool, [submit % "7"]))[-1] == ([], 1.0, True)
+    assert (await play(pool, [submit % "6"]))[-1] == ([], 0.0, True)
 
 
 async def test_a_verifiers_tool_env_plays_its_tools_and_its_rubric(pools: dict[str, EnvironmentPool]) -> None:
@@ -238,3 +273,9 @@ def test_kind_openenv_and_its_settings_go_together() -> None:
         EnvironmentSettings(entry=IN_WORKER.entry, kind="openenv")
     with pytest.raises(ValueError, match="kind openenv takes the openenv settings"):
         EnvironmentSettings(entry=IN_WORKER.entry, openenv=IN_WORKER.openenv)
+    # An MCP environment's actions are OpenEnv's own: no Action class or field with mcp, one without.
+    with pytest.raises(ValueError, match="openenv mcp takes no action or action_field"):
+        OpenEnvSettings(action=f"{GUESS}:GuessAction", action_field="guess", mcp=True)
+    with pytest.raises(ValueError, match="openenv takes action and action_field"):
+        OpenEnvSettings(action=f"{GUESS}:GuessAction")
+    assert OpenEnvSettings(mcp=True).action is None
