@@ -193,6 +193,7 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument(
         "--workload",
         choices=["words", "arithmetic", "words-code", "words+code", "words-tools"],
+        metavar="WORKLOAD",
         help="the embedded task: words (default: word problems, thinking, math-verify, length control), "
         "arithmetic (four-token answers, for the quickest smoke runs), words-code (the word problems answered "
         "by a Python program run in the sandbox), words+code (both in one run, a curve and fit each) or "
