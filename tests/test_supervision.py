@@ -77,3 +77,23 @@ def test_a_process_that_ran_well_starts_its_backoff_over(tmp_path: Path) -> None
     assert len(rows) == 3 and [r["delay_s"] for r in rows] == [0.05, 0.05, 0.05]
     proc.popen.kill()
     proc.popen.wait()
+
+
+def test_nothing_is_restarted_once_the_stop_began(tmp_path: Path) -> None:
+    """A thread that supervises while the stack stops (``follow`` beside a teardown) restarts nothing: the
+    services the stop ends stay ended, and ``follow`` returns."""
+    stack = stack_for(tmp_path)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    crasher = stack._spawn("crasher", [sys.executable, "-c", "raise SystemExit(3)"])
+    # Before the stop, an exit is restarted (the control).
+    supervise_until(stack, lambda: crasher.restarts >= 1, 30.0, "a restart before the stop")
+    broker = stack._spawn("broker", sleeper)
+    stack.stop_services()
+    assert broker.popen.poll() is not None  # the stop ended it
+    pids = {p.name: p.popen.pid for p in stack.procs}
+    for _ in range(5):
+        assert stack.supervise() == ([], [])
+    wait_until(lambda: crasher.popen.poll() is not None, 30.0, "the crasher's last run to exit")
+    assert stack.supervise() == ([], [])
+    assert {p.name: p.popen.pid for p in stack.procs} == pids and crasher.restart_at is None
+    assert stack.follow() == 130 and stack.progress.outcome == "stopped"

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -141,6 +142,11 @@ class LocalStack:
         self.sandbox_pool_path: Path | None = None
         self.killed_at_stop: list[str] = []
         """Processes that had not ended by themselves when the stack stopped, so were killed (summary.json)."""
+        self._stopping = threading.Event()
+        """Set once the stop begins: from then on nothing is restarted, and ``follow`` returns."""
+        self._supervision = threading.Lock()
+        """Held by a round of supervision and by the start of the stop: a restart under way when the stop
+        begins finishes first (and its process is stopped with the rest); none begins after."""
         """The sandbox pool's config, written for a code task only (``write_sandbox_pool_config``)."""
 
     def __enter__(self) -> Self:
@@ -249,6 +255,10 @@ class LocalStack:
         Returns (events to show, processes out of restarts). Every restart is
         appended to restarts.jsonl in the run directory.
         """
+        with self._supervision:
+            return ([], []) if self._stopping.is_set() else self._supervise()
+
+    def _supervise(self) -> tuple[list[str], list[Proc]]:
         events: list[str] = []
         failed: list[Proc] = []
         now = time.monotonic()
@@ -609,7 +619,10 @@ class LocalStack:
                 log.warning("could not save %s's metrics: %s", p.name, exc)
 
     def stop_services(self) -> None:
-        """SIGTERM to the services in STOP_PHASES, each phase waited for; nats-server stays up."""
+        """SIGTERM to the services in STOP_PHASES, each phase waited for; nats-server stays up. Nothing is
+        restarted from here on, whichever thread supervises."""
+        with self._supervision:
+            self._stopping.set()
         for phase in STOP_PHASES:
             procs = [p for p in self.procs if p.name.split("-")[0] in phase and p.popen.poll() is None]
             for p in reversed(procs):
@@ -676,7 +689,8 @@ class LocalStack:
         print(f"run directory: {self.run_dir}\nlogs: {self.run_dir / 'logs'}", flush=True)
 
     def follow(self, until: Callable[[dict[str, Any]], bool] | None = None) -> int:
-        """Supervise and show the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0).
+        """Supervise and show the run until it completes (0) or fails (1); ``until(snapshot)`` True also ends it (0),
+        and a stop begun from another thread (130).
 
         It fails when a process is out of restarts, when the services are not
         all ready within ``startup_timeout_s`` of the learner's first step
@@ -695,6 +709,9 @@ class LocalStack:
             while True:
                 self.poll_ready()
                 events, failed = self.supervise()
+                if self._stopping.is_set():  # stopped from another thread (a signal, a test's teardown)
+                    progress.outcome = "stopped"
+                    return INTERRUPTED
                 for event in events:
                     console.print(f"[yellow]{event}[/yellow]")
                 if failed:
