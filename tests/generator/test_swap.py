@@ -525,17 +525,23 @@ async def test_rollout_loop_hands_back_cut_and_unservable_tasks(
         groups = await asyncio.wait_for(_fetch_groups(rollouts, 1), 120)
         assert metrics.task_errors.labels("GenerationCut")._value.get() == 1
 
-        # Draining with a group generating and a task waiting for a later version.
+        # Draining with a group generating and a task waiting for a later version: the waiting task is taken
+        # first, then the group, and the drain begins as soon as the group is under way (it has far more
+        # tokens to go than the turn of the loop the stop takes; a drain begun after it ended would prove
+        # nothing, and waiting for both at once let it end first).
         later = _task("eval-later", rollout_pb2.TASK_KIND_EVAL, require_version=engine.version + 1000)
         await js.publish(names.eval_tasks, later.SerializeToString(), headers={"Nats-Msg-Id": later.task_id})
-        drained = _task("train-drained", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
-        await js.publish(names.train_tasks, drained.SerializeToString(), headers={"Nats-Msg-Id": drained.task_id})
 
-        async def both_in() -> None:
-            while len(loop._inflight) < 2 or engine.num_running == 0:
+        async def waiting_task_in() -> None:
+            while not loop._inflight:
                 await asyncio.sleep(0.002)  # pacing: between polls of a wait bounded by wait_for below
 
-        await asyncio.wait_for(both_in(), 60)
+        await asyncio.wait_for(waiting_task_in(), 60)
+        under_way.clear()
+        drained = _task("train-drained", rollout_pb2.TASK_KIND_TRAIN, num_samples=16)
+        await js.publish(names.train_tasks, drained.SerializeToString(), headers={"Nats-Msg-Id": drained.task_id})
+        await asyncio.wait_for(under_way.wait(), 60)
+        assert len(loop._inflight) == 2 and engine.num_running > 0
         stop.set()
         await asyncio.wait_for(running, 60)
         groups += await asyncio.wait_for(_fetch_groups(rollouts, 1), 10)
