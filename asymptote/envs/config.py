@@ -90,7 +90,11 @@ class EnvironmentSettings(Frozen):
     max_observation_bytes: int = Field(default=65536, ge=1)
     """Largest observation (or first messages and tools), as JSON; a larger one ends the episode."""
     num_workers: int = Field(default=4, ge=1)
-    """Worker processes, one per episode in flight: more episodes wait for a worker."""
+    """Worker processes at most; more episodes than they host wait for one."""
+    episodes_per_worker: int = Field(default=1, ge=1)
+    """Episodes one worker hosts at once, each with its own environment on the worker's event loop: more
+    than one saves a process (and its imports) per episode for environments that await rather than block,
+    but a call past ``tool_timeout_s`` kills its worker and ends every episode on it (``env_crashed``)."""
     python: str | None = None
     """The interpreter the workers run, e.g. ``.venv-envs/bin/python``: a virtual environment holding the
     environment's own packages (``verifiers``, ``openenv``, ...), which need not fit the generator's. It needs

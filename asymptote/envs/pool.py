@@ -1,15 +1,18 @@
-"""Environments in worker processes: one episode per worker at a time, every call with a time limit.
+"""Environments in worker processes: episodes leased on workers, every call with a time limit.
 
 Owns the ``EnvironmentPool``: spawned processes that import the configured
-environment once and then host one episode each at a time (a worker is
-leased for a whole episode, since an environment keeps state between its
-turns, and reused by later episodes). Each ``reset``/``step`` runs in the
-worker under ``tool_timeout_s``; what it returns is validated there
-(``asymptote.envs.base``) and its size checked against
-``max_observation_bytes`` before it is sent. Any failure ends the episode
-with an :class:`EnvFailure` whose reason is counted by the caller:
+environment once and then host episodes, each with an environment of its
+own (an episode is leased on a worker for its whole life, since an
+environment keeps state between its turns; workers are reused by later
+episodes). A worker hosts ``episodes_per_worker`` episodes at once (one by
+default) on its event loop, requests and replies matched by id. Each
+``reset``/``step`` runs in the worker under ``tool_timeout_s``; what it
+returns is validated there (``asymptote.envs.base``) and its size checked
+against ``max_observation_bytes`` before it is sent. Any failure ends the
+episode with an :class:`EnvFailure` whose reason is counted by the caller:
 
-- ``timeout``: the call ran past its limit (the worker is killed);
+- ``timeout``: the call ran past its limit (the worker is killed, and the
+  other episodes it hosts end ``crashed``);
 - ``raised``: the environment raised;
 - ``invalid``: it returned something the interface does not allow;
 - ``oversize``: its observation is larger than the limit;
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -114,49 +118,83 @@ def load_factory(settings: EnvironmentSettings) -> Callable[[], Environment]:
 
 
 class _Host:
-    """The worker's episode: one environment at a time, on one event loop kept for the worker's life."""
+    """The worker's episodes, each with its own environment, on one event loop kept for the worker's life.
 
-    def __init__(self, settings: EnvironmentSettings, factory: Callable[[], Environment]) -> None:
+    Requests carry their episode's id and are answered as they finish, so
+    the episodes a worker hosts (``episodes_per_worker``) wait on each other
+    only where an environment blocks the loop with code that does not await.
+    """
+
+    def __init__(self, settings: EnvironmentSettings, factory: Callable[[], Environment], conn: Connection) -> None:
         self.settings = settings
         self.factory = factory
-        self.loop = asyncio.new_event_loop()
-        self.env: Environment | None = None
+        self.conn = conn
+        self.envs: dict[int, Environment] = {}
 
-    def handle(self, request: dict[str, Any]) -> bytes:
+    async def serve(self) -> None:
+        """Answer requests until the socket closes."""
+        loop = asyncio.get_running_loop()
+        closed: asyncio.Future[None] = loop.create_future()
+        answering: set[asyncio.Task[None]] = set()
+        fd = self.conn.fileno()
+
+        def readable() -> None:
+            try:
+                request = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                loop.remove_reader(fd)
+                if not closed.done():
+                    closed.set_result(None)
+                return
+            task = loop.create_task(self.answer(request))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+
+        loop.add_reader(fd, readable)
+        await closed
+
+    async def answer(self, request: dict[str, Any]) -> None:
         try:
-            body = self._run(request)
-            encoded = json.dumps({"ok": True, **body}).encode()
+            self.conn.send_bytes(await self.handle(request))
+        except OSError:  # the generator is gone: the parent watch ends this worker
+            pass
+
+    async def handle(self, request: dict[str, Any]) -> bytes:
+        """The reply to ``request``, under the request's id; its episode's environment by the episode's id."""
+        rid = request.get("id")
+        try:
+            body = await self._run(int(request.get("episode", 0)), request)
+            encoded = json.dumps({"ok": True, "id": rid, **body}).encode()
         except _Oversize as exc:
-            return _error("oversize", str(exc))
+            return _error("oversize", str(exc), rid)
         except InvalidOutput as exc:
-            return _error("invalid", str(exc))
+            return _error("invalid", str(exc), rid)
         except (Exception, SystemExit) as exc:  # the environment's own failure: reported, the worker goes on
-            return _error("raised", f"{type(exc).__name__}: {exc}")
+            return _error("raised", f"{type(exc).__name__}: {exc}", rid)
         if len(encoded) > self.settings.max_observation_bytes + REPLY_OVERHEAD_BYTES:
-            return _error("oversize", f"{len(encoded)} bytes, over max_observation_bytes")
+            return _error("oversize", f"{len(encoded)} bytes, over max_observation_bytes", rid)
         return encoded
 
-    def _run(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _run(self, episode: int, request: dict[str, Any]) -> dict[str, Any]:
         op = request["op"]
         if op == "reset":
-            self.env = self.factory()
+            env = self.envs[episode] = self.factory()
             task = EnvTask.model_validate(request["task"])
-            messages, tools = check_reset(self.loop.run_until_complete(self.env.reset(task)))
+            messages, tools = check_reset(await env.reset(task))
             self._check_size({"messages": messages, "tools": tools})
             return {"messages": messages, "tools": tools}
         if op == "step":
-            if self.env is None:
+            if episode not in self.envs:
                 raise RuntimeError("step before reset")
-            result = check_step(self.loop.run_until_complete(self.env.step(request["turn"])))
+            result = check_step(await self.envs[episode].step(request["turn"]))
             self._check_size(result.observation)
             return {"observation": result.observation, "reward": result.reward, "done": result.done}
         if op == "close":
-            env, self.env = self.env, None
-            close = getattr(env, "close", None)
+            close = getattr(self.envs.pop(episode, None), "close", None)
             if callable(close):
                 value = close()
                 if asyncio.iscoroutine(value):
-                    self.loop.run_until_complete(value)
+                    await value
             return {}
         raise ValueError(f"unknown request {op!r}")
 
@@ -173,8 +211,8 @@ class _Oversize(Exception):
     pass
 
 
-def _error(kind: FailureReason, detail: str) -> bytes:
-    return json.dumps({"ok": False, "kind": kind, "error": detail[:MAX_ERROR_CHARS]}).encode()
+def _error(kind: FailureReason, detail: str, rid: object = None) -> bytes:
+    return json.dumps({"ok": False, "id": rid, "kind": kind, "error": detail[:MAX_ERROR_CHARS]}).encode()
 
 
 PARENT_POLL_S = 1.0
@@ -204,13 +242,7 @@ def serve(conn: Connection, settings_json: str) -> None:
         conn.send_bytes(_error("raised", str(exc)))
         return
     conn.send_bytes(json.dumps({"ok": True}).encode())
-    host = _Host(settings, factory)
-    while True:
-        try:
-            request = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        conn.send_bytes(host.handle(request))
+    asyncio.run(_Host(settings, factory, conn).serve())
 
 
 # ---- the generator's side -------------------------------------------------
@@ -235,6 +267,9 @@ def worker_path() -> str:
 
 
 class _Worker:
+    """One worker process and the calls in flight to it (one per episode it hosts), each matched to its reply
+    by a request id: the late reply of a call given up on is dropped, never taken for another's."""
+
     def __init__(self, settings: EnvironmentSettings) -> None:
         python = settings.python or sys.executable
         ours, theirs = socket.socketpair()
@@ -254,60 +289,68 @@ class _Worker:
             os.close(child_fd)
         self.max_reply_bytes = settings.max_observation_bytes + REPLY_OVERHEAD_BYTES
         self.broken = False
+        self.hosted = 0
+        """Episodes leased on this worker."""
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._request_ids = itertools.count(1)
+        self._loop.add_reader(self.conn.fileno(), self._readable)
 
     async def started(self) -> None:
-        reply = await self._receive(START_TIMEOUT_S)
+        """Wait for the worker's ready message; ConfigError with its error when the environment cannot load."""
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
+        except TimeoutError:
+            self.kill("it did not start")
+            raise ConfigError(f"an environment worker did not start within {START_TIMEOUT_S:g}s") from None
+        except EnvFailure as exc:
+            raise ConfigError(f"an environment worker did not start: {exc.detail}") from None
         if not reply["ok"]:
             raise ConfigError(str(reply["error"]))
 
-    async def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """The worker's reply to ``request``; EnvFailure (and the worker marked broken) when it fails."""
-        try:
-            self.conn.send_bytes(json.dumps(request).encode())
-        except OSError as exc:
-            self.broken = True
-            raise EnvFailure("crashed", f"the worker is gone ({exc})") from None
-        try:
-            reply = await self._receive(timeout_s)
-        except asyncio.CancelledError:
-            self.kill()  # its reply would be taken for the next request's
-            raise
-        if not reply["ok"]:
-            raise EnvFailure(reply["kind"], str(reply["error"]))
-        return reply
-
-    async def _receive(self, timeout_s: float) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        received: asyncio.Future[bytes] = loop.create_future()
-        fd = self.conn.fileno()
-
-        def readable() -> None:
-            loop.remove_reader(fd)
-            if received.done():
-                return
-            try:
-                # Bounded: a worker cannot make this process read an unbounded message.
-                received.set_result(self.conn.recv_bytes(self.max_reply_bytes))
-            except (EOFError, OSError) as exc:
-                received.set_exception(exc)
-
-        loop.add_reader(fd, readable)
+    async def call(self, episode: int, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The worker's reply to ``episode``'s ``request``; EnvFailure when it fails. A call past its time limit
+        kills the worker, and with it the calls of the other episodes it hosts (``crashed``)."""
+        if self.broken:
+            raise EnvFailure("crashed", "the worker is gone")
+        rid = next(self._request_ids)
+        reply: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._calls[rid] = reply
         try:
             try:
-                data = await asyncio.wait_for(received, timeout_s)
-            finally:
-                loop.remove_reader(fd)
+                self.conn.send_bytes(json.dumps({**request, "episode": episode, "id": rid}).encode())
+            except OSError as exc:
+                self.kill(f"the worker is gone ({exc})")
+            got = await asyncio.wait_for(reply, timeout_s)
         except TimeoutError:
-            self.kill()
+            self.kill(f"another episode's call ran past {timeout_s:g}s")
             raise EnvFailure("timeout", f"no answer within {timeout_s:g}s; the worker was killed") from None
+        finally:
+            self._calls.pop(rid, None)
+        if not got["ok"]:
+            raise EnvFailure(got["kind"], str(got["error"]))
+        return got
+
+    def _readable(self) -> None:
+        """A reply arrived (or the socket closed): hand it to its call."""
+        try:
+            # Bounded: a worker cannot make this process read an unbounded message.
+            data = self.conn.recv_bytes(self.max_reply_bytes)
         except EOFError:
-            self.kill()
-            raise EnvFailure("crashed", f"the worker died (exit code {self._exitcode()})") from None
+            self.kill(f"the worker died (exit code {self._exitcode()})")
+            return
         except OSError as exc:  # longer than the bound: the reply is not read, the pipe is unusable
-            self.kill()
-            raise EnvFailure("oversize", f"the worker's reply exceeds {self.max_reply_bytes} bytes ({exc})") from None
+            self.kill(f"the worker's reply exceeds {self.max_reply_bytes} bytes ({exc})", reason="oversize")
+            return
         reply: dict[str, Any] = json.loads(data)
-        return reply
+        if not self._ready.done():
+            self._ready.set_result(reply)
+            return
+        waiting = self._calls.get(reply.get("id"))  # type: ignore[arg-type]
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reply)
+        # else: the reply of a call given up on (cancelled): nothing waits for it
 
     def _exitcode(self) -> int | None:
         try:
@@ -315,88 +358,119 @@ class _Worker:
         except subprocess.TimeoutExpired:
             return None
 
-    def kill(self) -> None:
-        self.broken = True
+    def kill(self, why: str = "the pool closed", reason: FailureReason = "crashed") -> None:
+        """Stop the worker; every call still waiting on it fails with ``reason`` and ``why``."""
+        if not self.broken:
+            self.broken = True
+            with contextlib.suppress(ValueError, OSError, RuntimeError):  # RuntimeError: the loop is closed
+                self._loop.remove_reader(self.conn.fileno())
         if self.process.poll() is None:
             self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5.0)
         self.conn.close()
+        if self._loop.is_closed():
+            return
+        failure = EnvFailure(reason, why)
+        for waiting in [self._ready, *self._calls.values()]:
+            if not waiting.done():
+                waiting.set_exception(failure)
+        if self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # retrieved: a worker killed before anyone waited is no error to log
 
 
 class EnvSession:
     """One episode's environment, in the worker leased for it."""
 
-    def __init__(self, worker: _Worker, settings: EnvironmentSettings) -> None:
+    def __init__(self, worker: _Worker, episode: int, settings: EnvironmentSettings) -> None:
         self._worker = worker
+        self._episode = episode
         self.settings = settings
 
     async def reset(self, task: EnvTask) -> tuple[list[Message], list[dict[str, Any]]]:
-        reply = await self._worker.call({"op": "reset", "task": task.model_dump()}, self.settings.tool_timeout_s)
+        request = {"op": "reset", "task": task.model_dump()}
+        reply = await self._worker.call(self._episode, request, self.settings.tool_timeout_s)
         return reply["messages"], reply["tools"]
 
     async def step(self, assistant_turn: str) -> StepResult:
-        reply = await self._worker.call({"op": "step", "turn": assistant_turn}, self.settings.tool_timeout_s)
+        request = {"op": "step", "turn": assistant_turn}
+        reply = await self._worker.call(self._episode, request, self.settings.tool_timeout_s)
         return StepResult(observation=reply["observation"], reward=reply["reward"], done=reply["done"])
 
 
 class EnvironmentPool:
-    """Leases a worker per episode (see the module docstring); at most ``num_workers`` episodes at once."""
+    """Leases a worker for each episode (see the module docstring): at most ``num_workers`` workers, each
+    hosting at most ``episodes_per_worker`` episodes at once; more episodes wait."""
 
     def __init__(self, settings: EnvironmentSettings) -> None:
         self.settings = settings
-        self._idle: list[_Worker] = []
-        self._leased: set[_Worker] = set()
-        self._slots = asyncio.Semaphore(settings.num_workers)
+        self._workers: list[_Worker] = []
+        self._slots = asyncio.Semaphore(settings.num_workers * settings.episodes_per_worker)
+        self._next_episode = 0
         self.num_started = 0
         """Workers started so far (replacements of killed ones included)."""
 
     async def start(self) -> None:
         """Start one worker, so that an environment that cannot load fails here (ConfigError), once."""
-        self._idle.append(await self._spawn())
-
-    async def _spawn(self) -> _Worker:
-        worker = _Worker(self.settings)
-        self.num_started += 1
+        worker = self._spawn()
         try:
             await worker.started()
         except BaseException:
-            worker.kill()
+            self._drop(worker)
             raise
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self.settings)
+        self.num_started += 1
+        self._workers.append(worker)
+        return worker
+
+    def _drop(self, worker: _Worker) -> None:
+        worker.kill()
+        if worker in self._workers:
+            self._workers.remove(worker)
+
+    def _lease(self) -> _Worker:
+        """The live worker with the most episodes that still has room (filling workers before starting more),
+        or a new one."""
+        room = [w for w in self._workers if not w.broken and w.hosted < self.settings.episodes_per_worker]
+        worker = max(room, key=lambda w: w.hosted) if room else self._spawn()
+        worker.hosted += 1
         return worker
 
     @contextlib.asynccontextmanager
     async def episode(self) -> AsyncIterator[EnvSession]:
-        """A worker for one episode, given back (its environment closed) or replaced after it."""
+        """A worker for one episode, given back (its environment closed) after it; a worker that failed is
+        replaced by a new one for a later episode."""
         async with self._slots:
-            worker = self._idle.pop() if self._idle else None
-            if worker is None:
-                try:
-                    worker = await self._spawn()
-                except ConfigError as exc:  # it loaded in the first worker: this one is broken
-                    raise EnvFailure("crashed", f"a new worker did not start: {exc}") from exc
-            self._leased.add(worker)
+            for dead in [w for w in self._workers if w.broken and w.hosted == 0]:
+                self._drop(dead)
+            worker = self._lease()
+            self._next_episode += 1
+            episode = self._next_episode
             try:
-                yield EnvSession(worker, self.settings)
+                try:
+                    await worker.started()
+                except ConfigError as exc:  # it loaded in the first worker: this one is broken
+                    worker.kill(str(exc))
+                    raise EnvFailure("crashed", f"a new worker did not start: {exc}") from exc
+                yield EnvSession(worker, episode, self.settings)
             finally:
-                self._leased.discard(worker)
-                await self._give_back(worker)
+                worker.hosted -= 1
+                await self._give_back(worker, episode)
 
-    async def _give_back(self, worker: _Worker) -> None:
+    async def _give_back(self, worker: _Worker, episode: int) -> None:
         if not worker.broken:
             try:
-                await worker.call({"op": "close"}, self.settings.tool_timeout_s)
+                await worker.call(episode, {"op": "close"}, self.settings.tool_timeout_s)
             except EnvFailure as exc:
                 log.warning("closing an environment failed, its worker is replaced: %s", exc)
-                worker.kill()
-        if worker.broken:
-            worker.kill()
-        else:
-            self._idle.append(worker)
+                worker.kill(f"closing another episode's environment failed: {exc}")
+        if worker.broken and worker.hosted == 0:
+            self._drop(worker)
 
     def close(self) -> None:
         """Stop every worker (a stuck one is killed)."""
-        for worker in self._idle + list(self._leased):
+        for worker in self._workers:
             worker.kill()
-        self._idle.clear()
-        self._leased.clear()
+        self._workers.clear()

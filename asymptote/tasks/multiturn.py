@@ -34,7 +34,7 @@ from asymptote.envs.config import EnvironmentSettings
 from asymptote.tasks.base import Problem, Split
 from asymptote.tasks.dataset import DatasetSettings, DatasetTask
 
-OPERATIONAL_ENVIRONMENT_FIELDS = frozenset({"num_workers", "python"})
+OPERATIONAL_ENVIRONMENT_FIELDS = frozenset({"num_workers", "episodes_per_worker", "python"})
 """Environment settings that say how a generator hosts episodes, not what an episode is: left out of the digest."""
 
 

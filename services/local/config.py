@@ -110,7 +110,9 @@ def words_tools_task() -> MultiTurnSettings:
             max_turn_tokens=48,
             max_episode_tokens=160,
             tool_timeout_s=10.0,
-            num_workers=32,
+            # The calculator answers at once and never blocks: four workers of eight episodes each.
+            num_workers=4,
+            episodes_per_worker=8,
         ),
     )
 

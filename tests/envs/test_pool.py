@@ -96,7 +96,47 @@ async def test_a_failing_environment_ends_only_its_episode(
 
 async def test_episodes_beyond_the_workers_wait_for_one(pool: EnvironmentPool) -> None:
     await asyncio.gather(*(well_behaved(pool) for _ in range(6)))
-    assert len(pool._idle) <= SETTINGS.num_workers
+    assert len(pool._workers) <= SETTINGS.num_workers
+
+
+async def test_a_worker_hosts_several_episodes_each_with_its_own_environment() -> None:
+    """Six episodes at once on two workers of three each: every one plays as on a worker of its own."""
+    pool = EnvironmentPool(SETTINGS.model_copy(update={"episodes_per_worker": 3}))
+    await pool.start()
+    try:
+        await asyncio.gather(*(well_behaved(pool) for _ in range(6)))
+        assert pool.num_started == 2
+        await asyncio.gather(*(well_behaved(pool) for _ in range(3)))  # the workers are reused
+        assert pool.num_started == 2
+    finally:
+        pool.close()
+
+
+async def test_a_call_past_its_limit_ends_the_episodes_that_share_its_worker() -> None:
+    """The cost of sharing: a step that hangs blocks its worker's loop, so the worker is killed at the limit
+    and the episode beside it ends too (``crashed``, saying why); the next episode gets a new worker."""
+    pool = EnvironmentPool(SETTINGS.model_copy(update={"episodes_per_worker": 2, "num_workers": 1}))
+    await pool.start()
+    try:
+        async with pool.episode() as beside, pool.episode() as hung:
+            await beside.reset(EnvTask(prompt="Count.", reference="well"))
+            await hung.reset(EnvTask(prompt="Count.", reference="hang"))
+            hanging = asyncio.ensure_future(hung.step("abc"))
+            # The hanging call's deadline comes well before the call beside it: both run out within one turn
+            # of the loop otherwise, and the call beside would time out on its own.
+            await asyncio.sleep(TIMEOUT_S / 3)
+            with pytest.raises(EnvFailure) as caught:
+                await beside.step("abc")
+            assert (caught.value.reason, caught.value.detail) == (
+                "crashed",
+                f"another episode's call ran past {TIMEOUT_S:g}s",
+            )
+            with pytest.raises(EnvFailure, match="timeout"):
+                await hanging
+        await well_behaved(pool)
+        assert pool.num_started == 2
+    finally:
+        pool.close()
 
 
 @pytest.mark.parametrize(
