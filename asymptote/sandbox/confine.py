@@ -5,10 +5,13 @@ never imported by the caller: it changes its own process for good. CONFIG
 is JSON with ``work_dir`` (read-write), ``read_only`` (folders the
 interpreter needs), ``seccomp_fd`` (the compiled BPF filter), ``uid`` (the
 uid to become when started as root) and ``argv`` (what to exec). In order:
-leave root for ``uid``, set no_new_privs, restrict the file system to the
-two lists (nothing else of the host is readable: no /proc, /etc, home or
-checkout), refuse TCP bind and connect (ABI 4), scope signals and abstract
-unix sockets to this sandbox (ABI 6), load the seccomp filter, exec. Any
+leave root for ``uid``; ask for SIGKILL when the runner dies (after the
+change of uid, which clears it: the program's first process dies with its
+runner, where bubblewrap's ``--die-with-parent`` takes the whole sandbox);
+set no_new_privs; restrict the file system to the two lists (nothing else
+of the host is readable: no /proc, /etc, home or checkout); refuse TCP
+bind and connect (ABI 4); scope signals and abstract unix sockets to this
+sandbox (ABI 6); load the seccomp filter; exec. Any
 step that fails exits 121 with the reason on stderr: the program never
 runs unconfined. Standard library only.
 """
@@ -22,7 +25,8 @@ import sys
 from typing import NoReturn
 
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and arm64
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+SIGKILL = 9
 CONFINE_FAILED = 121
 
 FS_READ = 1 | 4 | 8  # execute, read file, read dir
@@ -107,6 +111,7 @@ def seccomp(fd: int) -> None:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    runner = os.getppid()
     if os.getuid() == 0:
         uid = config["uid"]
         try:
@@ -116,6 +121,10 @@ def main() -> None:
         except OSError as exc:
             sys.stderr.write(f"sandbox: leaving root: {exc}\n")
             os._exit(CONFINE_FAILED)
+    if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+        fail("parent-death signal")
+    if os.getppid() != runner:  # the runner died before the signal was asked for: nothing would send it
+        os._exit(CONFINE_FAILED)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         fail("no_new_privs")
     landlock(config["work_dir"], config["read_only"], config["devices"])

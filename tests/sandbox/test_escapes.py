@@ -355,6 +355,59 @@ def test_daemon_does_not_outlive_the_run(backend: str) -> None:
     assert strays() == [], f"processes left after {runs} runs"
 
 
+RUNNER = """
+import sys
+from asymptote.sandbox import Limits, SandboxSettings, select_sandbox
+sandbox = select_sandbox(SandboxSettings.model_validate({"backend": sys.argv[1]})).sandbox
+sandbox.run("import time\\ntime.sleep(120)\\n", b"", Limits(timeout_s=120.0))
+"""
+"""A runner whose program sleeps far past the test: only the runner's death can end it in time."""
+
+
+def sleeping_programs_under(pid: int) -> list[psutil.Process]:
+    """The sandboxed programs among ``pid``'s descendants that have reached their sleep (the kernel's wait
+    channel says so): past the interpreter's start, where a kill of the runner could end them otherwise."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                if any(part.endswith(PROGRAM_NAME) for part in child.cmdline()):
+                    if "nanosleep" in Path(f"/proc/{child.pid}/wchan").read_text():
+                        found.append(child)
+    return found
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_program_dies_with_its_runner(backend: str) -> None:
+    """A runner killed mid-run (SIGKILL: no handler, no deadline of its own left) takes its program with it:
+    bubblewrap by ``--die-with-parent``, landlock by the parent-death signal its launcher asks for. Before
+    the launcher asked, a landlock program slept on under init."""
+    repo = Path(__file__).resolve().parents[2]
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, backend], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}
+    )
+    found: list[psutil.Process] = []
+    try:
+
+        def started() -> bool:
+            assert runner.poll() is None, f"the runner exited with {runner.returncode}"
+            found[:] = sleeping_programs_under(runner.pid)
+            return bool(found)
+
+        wait_until(started, 60.0, "the sandboxed program to start and sleep")
+    finally:
+        runner.kill()
+        runner.wait()
+    wait_until(lambda: all(gone(p) for p in found), 10.0, "the program to die with its runner")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_deadline_within_100_ms(backend: str) -> None:
     limits = Limits(timeout_s=0.3)
