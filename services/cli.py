@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
@@ -176,7 +176,7 @@ def up_config(argv: list[str]) -> StackConfig:
     from asymptote.config import load_config
     from asymptote.tasks import DatasetSettings
     from asymptote.tasks.words import SOLUTION_FIELD
-    from services.local.config import StackConfig
+    from services.local.config import StackConfig, Workload
 
     parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
@@ -192,7 +192,7 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--max-steps", type=int, help="learner steps")
     parser.add_argument(
         "--workload",
-        choices=["words", "arithmetic", "words-code", "words+code", "words-tools"],
+        choices=get_args(Workload),
         metavar="WORKLOAD",
         help="the embedded task: words (default: word problems, thinking, math-verify, length control), "
         "arithmetic (four-token answers, for the quickest smoke runs), words-code (the word problems answered "

@@ -55,10 +55,6 @@ class Demonstration:
     """The whole episode as the chat template renders it (what a tokenizer is trained on)."""
 
 
-def _run(loop: asyncio.AbstractEventLoop, coro: object) -> object:
-    return loop.run_until_complete(coro)  # type: ignore[arg-type]
-
-
 def _env_task(task: MultiTurnTask, problem: Problem) -> EnvTask:
     return EnvTask(
         task_id=problem.prompt_id, prompt=episode_prompt(task.settings, problem.prompt), reference=problem.reference
@@ -79,7 +75,7 @@ def demonstrate(
     than the row's answer, or the template cannot extend the episode token
     for token.
     """
-    messages, tools = check_reset(_run(loop, env.reset(_env_task(task, problem))))
+    messages, tools = check_reset(loop.run_until_complete(env.reset(_env_task(task, problem))))
     if not any(t.get("function", {}).get("name") == CALCULATOR_TOOL for t in tools):
         raise DatasetError(
             f"the tiny model's warm start on a multi-turn task demonstrates the {CALCULATOR_TOOL!r} tool "
@@ -91,7 +87,7 @@ def demonstrate(
     first = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
     prompt = transcript.prompt_ids()
     first_ids = [*transcript.encode(first), transcript.end_id]
-    result = check_step(_run(loop, env.step(first)))
+    result = check_step(loop.run_until_complete(env.step(first)))
     answers = [m["content"] for m in result.observation if m["role"] == "tool"]
     if result.done or answers != [problem.reference]:
         raise DatasetError(
@@ -180,7 +176,7 @@ def episode_pass_rate(
         for problem in problems:
             for _ in range(num_samples_per_prompt):
                 env = factory()
-                messages, tools = check_reset(_run(loop, env.reset(_env_task(task, problem))))
+                messages, tools = check_reset(loop.run_until_complete(env.reset(_env_task(task, problem))))
                 transcript = Transcript(tokenizer, messages, tools, task.settings.chat_template_kwargs)
                 episodes.append(_Episode(problem, env, transcript, transcript.prompt_ids()))
         num_turns = truncated = 0
@@ -197,7 +193,7 @@ def episode_pass_rate(
                 if cut and limits.cut_turn == "end":
                     e.done = True
                     continue
-                result = check_step(_run(loop, e.env.step(e.final_turn)))
+                result = check_step(loop.run_until_complete(e.env.step(e.final_turn)))
                 if result.done or turn == limits.max_turns - 1:
                     e.done, e.reward = True, result.reward
                     continue

@@ -140,6 +140,7 @@ class LocalStack:
         self.placement: Placement | None = None
         """Which GPUs each process sees; None: the CPU (``resolve_placement`` at start)."""
         self.sandbox_pool_path: Path | None = None
+        """The sandbox pool's config, written for a code task only (``write_sandbox_pool_config``)."""
         self.killed_at_stop: list[str] = []
         """Processes that had not ended by themselves when the stack stopped, so were killed (summary.json)."""
         self._stopping = threading.Event()
@@ -147,7 +148,6 @@ class LocalStack:
         self._supervision = threading.Lock()
         """Held by a round of supervision and by the start of the stop: a restart under way when the stop
         begins finishes first (and its process is stopped with the rest); none begins after."""
-        """The sandbox pool's config, written for a code task only (``write_sandbox_pool_config``)."""
 
     def __enter__(self) -> Self:
         return self
