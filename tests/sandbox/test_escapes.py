@@ -318,29 +318,28 @@ def test_attack_fails(attack: Attack, backend: str, host: Host, monkeypatch: pyt
 
 def strays() -> list[int]:
     """Processes still running a sandboxed program (found by its file name on their command line), but
-    for those another test worker is running now: a program under a process that carries another
-    worker's ``PYTEST_XDIST_WORKER`` (the stacks and pools it started inherit it) is that test's. An
-    escaped program has no such ancestor: it was re-parented to init."""
+    for those another test worker is running now: a program with another live xdist worker among its
+    ancestors is that test's. An escaped program has no such ancestor: it was re-parented to init."""
+    others = _other_workers()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info["cmdline"] or []
         if any(part.endswith(PROGRAM_NAME) for part in cmdline) and proc.info["pid"] != os.getpid():
-            if not _another_workers(proc):
-                found.append(int(proc.info["pid"]))
+            with contextlib.suppress(psutil.Error):
+                if not others.intersection(p.pid for p in proc.parents()):
+                    found.append(int(proc.info["pid"]))
     return found
 
 
-def _another_workers(proc: psutil.Process) -> bool:
-    mine = os.environ.get(XDIST_WORKER)
-    try:
-        for parent in proc.parents():
-            with contextlib.suppress(psutil.Error):
-                worker = parent.environ().get(XDIST_WORKER)
-                if worker is not None and worker != mine:
-                    return True
-    except psutil.Error:
-        return False
-    return False
+def _other_workers() -> set[int]:
+    """Pids of the other xdist workers of this run: this worker's siblings under the controller. (The
+    workers' own environments cannot tell them: xdist sets its variable after they start, and a sandboxed
+    program's environment is cleared.)"""
+    if os.environ.get(XDIST_WORKER) is None:
+        return set()
+    with contextlib.suppress(psutil.Error):
+        return {child.pid for child in psutil.Process(os.getppid()).children()} - {os.getpid()}
+    return set()
 
 
 XDIST_WORKER = "PYTEST_XDIST_WORKER"
