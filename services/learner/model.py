@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -424,32 +425,40 @@ class Samples:
     """Completions sampled from a batch of prompts."""
 
     completions: list[list[int]]
-    """Token ids of each completion, ending with EOS unless truncated."""
+    """Token ids of each completion, ending with EOS (or a stop token) unless truncated."""
     logprobs: list[list[float]]
     """Sampling log-prob of each completion token (at the sampling temperature)."""
     truncated: list[bool]
-    """True where max_new_tokens ran out before EOS."""
+    """True where the row's max_new_tokens ran out before EOS (or a stop token)."""
 
 
 @torch.no_grad()
 def sample(
     model: PreTrainedModel,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     eos_id: int,
     pad_id: int,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    stop_ids: Collection[int] = (),
 ) -> Samples:
     """Sample one completion per prompt row (repeat rows for a group), KV-cached.
 
     Full-vocabulary sampling (no top-k/top-p), as the RL recipe assumes.
+    ``max_new_tokens``: one limit for every row, or one per row. A row ends
+    at EOS, at a token of ``stop_ids`` (kept, as vLLM keeps a stop string
+    with ``include_stop_str_in_output``) or at its limit (truncated).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    n = len(prompts)
+    limits = torch.tensor([max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens))
+    if limits.numel() != n or bool((limits < 1).any()):
+        raise ValueError(f"max_new_tokens must be >= 1, one for all rows or one per row ({n}), got {max_new_tokens}")
+    ends = torch.tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)
     ids, mask = _left_pad(prompts, pad_id)
     positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
-    n = len(prompts)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     cache = out.past_key_values
     logits = out.logits[:, -1].float()
@@ -457,14 +466,16 @@ def sample(
     tokens: list[torch.Tensor] = []
     logps: list[torch.Tensor] = []
     alive = torch.ones(n, dtype=torch.bool)
+    ended = torch.zeros(n, dtype=torch.bool)
     lengths = torch.zeros(n, dtype=torch.long)
-    for _ in range(max_new_tokens):
+    for _ in range(int(limits.max())):
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
         tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
         tokens.append(tok)
         logps.append(logp_all.gather(1, tok[:, None]).squeeze(1))
         lengths += alive.long()
-        alive &= tok != eos_id
+        ended |= alive & torch.isin(tok, ends)
+        alive = ~ended & (lengths < limits)
         if not alive.any():
             break
         mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype)], dim=1)
@@ -480,5 +491,5 @@ def sample(
     return Samples(
         completions=[row[:k] for row, k in zip(tok_mat, lens)],
         logprobs=[row[:k] for row, k in zip(logp_mat, lens)],
-        truncated=[bool(a) for a in alive.tolist()],
+        truncated=[not e for e in ended.tolist()],
     )

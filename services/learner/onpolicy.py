@@ -35,7 +35,8 @@ from asymptote.config import Frozen
 from asymptote.logs import setup_logging
 from asymptote.tasks import ArithmeticSettings, Task, TaskSettings, get_task
 from services.learner.losses import cispo_loss, group_advantages
-from services.learner.model import Samples, completion_logprobs, load_model, load_tokenizer, pack, sample
+from services.learner.model import Samples, completion_logprobs, load_model, load_tokenizer, pack
+from services.learner.sampling import length_control_of, sample_groups
 from services.learner.warmstart import (
     encode_prompts,
     evaluate_pass_rate,
@@ -66,6 +67,10 @@ class OnPolicySettings(Frozen):
     """Sampling temperature (the loss uses the same distribution)."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """Completion budget; default: longest reference + EOS + 2."""
+    length_control: bool = True
+    """Sample under the task's interruption length control when it has one (a dataset task's
+    ``length_control``), as the generators do: a thinking budget drawn per group, the phrase out of the
+    loss (services/learner/sampling.py)."""
     lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate after warm-up (3e-4 learns faster on-policy but collapses at 8 steps of lag)."""
     warmup_steps: int = Field(default=10, ge=0)
@@ -100,14 +105,23 @@ class Rollouts:
     """Prompt token ids of every row."""
     samples: Samples
     """Completions, their sampling log-probs and truncation flags."""
+    loss_masks: list[list[int]]
+    """Per completion token: 0 where length control injected it (out of the loss)."""
     rewards: torch.Tensor
     """[B, G] verifier scores."""
 
 
-def _evaluate(model: Any, tokenizer: Any, task: Task, s: OnPolicySettings, step: int) -> dict[str, float]:
+def _evaluate(model: Any, tokenizer: Any, task: Task, s: OnPolicySettings, step: int, max_new: int) -> dict[str, float]:
     started = time.perf_counter()
     result = evaluate_pass_rate(
-        model, tokenizer, task, s.eval_samples_per_prompt, temperature=s.temperature, seed=s.seed + 7919 * (step + 1)
+        model,
+        tokenizer,
+        task,
+        s.eval_samples_per_prompt,
+        temperature=s.temperature,
+        seed=s.seed + 7919 * (step + 1),
+        max_new_tokens=max_new,
+        length=length_control_of(task) if s.length_control else None,
     )
     return {
         "eval/pass_rate": result.pass_rate,
@@ -131,12 +145,14 @@ def _update(
         param_group["lr"] = lr
     batch = pack([rollouts.rows[r] for r in kept_rows], [rollouts.samples.completions[r] for r in kept_rows], pad_id)
     logp_gen = torch.zeros(batch.completion_mask.shape)
+    sampled = torch.zeros(batch.completion_mask.shape)
     for n, r in enumerate(kept_rows):
         logp_gen[n, : len(rollouts.samples.logprobs[r])] = torch.tensor(rollouts.samples.logprobs[r])
+        sampled[n, : len(rollouts.loss_masks[r])] = torch.tensor(rollouts.loss_masks[r], dtype=torch.float32)
     # Kept prompts renumbered 0..P'-1 for prompt-level aggregation.
     prompt_index = torch.arange(len(kept_rows)) // group
     logp = completion_logprobs(model, batch, temperature=s.temperature)
-    mask = batch.completion_mask.float()
+    mask = batch.completion_mask.float() * sampled
     loss, stats = cispo_loss(
         logp=logp,
         logp_gen=logp_gen,
@@ -179,11 +195,12 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
     task = get_task(s.task.name, s.task)
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
     problems = list(task.problems("train"))
     fmt = format_for(task, tokenizer)
     prompt_ids = encode_prompts(tokenizer, problems, fmt)
     max_new = s.max_new_tokens or max_new_tokens_for(tokenizer, problems, fmt=fmt)
+    length = length_control_of(task) if s.length_control else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, eps=s.adam_eps, weight_decay=s.weight_decay)
     rng = random.Random(s.seed)
     gen = torch.Generator().manual_seed(s.seed)
@@ -192,10 +209,10 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
     num_updates = 0
 
     started = time.perf_counter()
-    records: list[dict[str, Any]] = [{"step": 0, "wall_s": 0.0, **_evaluate(model, tokenizer, task, s, 0)}]
+    records: list[dict[str, Any]] = [{"step": 0, **_evaluate(model, tokenizer, task, s, 0, max_new)}]
     r0 = records[0]["eval/pass_rate"]
     eval_s = time.perf_counter() - started
-    records[0]["time/eval_total_s"] = eval_s
+    records[0].update({"wall_s": eval_s, "time/eval_total_s": eval_s})
     log.info("step 0: held-out pass rate %.3f", records[0]["eval/pass_rate"])
     for step in range(1, s.num_steps + 1):
         if len(order) < s.num_prompts_per_step:
@@ -207,11 +224,13 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
         t0 = time.perf_counter()
         model.eval()
         rows = [prompt_ids[i] for i in idx for _ in range(s.group_size)]
-        samples = sample(model, rows, max_new, eos_id=eos, pad_id=pad, temperature=s.temperature, generator=gen)
+        keys = [f"train:{s.seed}:{step}:{i}" for i in idx for _ in range(s.group_size)]
+        drawn = sample_groups(model, tokenizer, rows, keys, max_new, length, s.temperature, gen)
+        samples = drawn.samples
         texts = tokenizer.batch_decode(samples.completions, skip_special_tokens=True)
         refs = [problems[i].reference for i in idx for _ in range(s.group_size)]
         rewards = torch.tensor([task.score(t, r) for t, r in zip(texts, refs)]).view(len(idx), s.group_size)
-        in_flight.append(Rollouts(rows=rows, samples=samples, rewards=rewards))
+        in_flight.append(Rollouts(rows=rows, samples=samples, loss_masks=drawn.loss_masks, rewards=rewards))
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -219,6 +238,7 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
             "step": step,
             "batch/pass_rate": float(rewards.mean()),
             "batch/truncation_rate": sum(samples.truncated) / len(rows),
+            "batch/interruption_rate": sum(drawn.interrupted) / len(rows),
         }
         if len(in_flight) > s.lag_steps:
             num_updates += 1
@@ -230,7 +250,7 @@ def run_onpolicy(model_dir: Path, settings: OnPolicySettings | None = None) -> l
         if step % s.eval_every_steps == 0 or done:
             t2 = time.perf_counter()
             model.eval()
-            record.update(_evaluate(model, tokenizer, task, s, step))
+            record.update(_evaluate(model, tokenizer, task, s, step, max_new))
             eval_s += time.perf_counter() - t2
             if s.target_gain is not None and record["eval/pass_rate"] - r0 >= s.target_gain:
                 done = True
@@ -258,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--cache-dir", type=Path, help="warm-start the default model into this cache and use it")
     parser.add_argument("--settings", default="{}", help="JSON overrides of OnPolicySettings")
     parser.add_argument("--metrics", type=Path, default=None, help="write one JSON record per step here")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     setup_logging("onpolicy", "text", args.log_level)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     settings = OnPolicySettings.model_validate(json.loads(args.settings))
     log.info("on-policy settings: %s", settings.model_dump_json())
     model_dir = args.model_dir

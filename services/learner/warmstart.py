@@ -44,6 +44,7 @@ from asymptote.logs import setup_logging
 from asymptote.tasks import (
     ArithmeticSettings,
     DatasetSettings,
+    LengthControlSettings,
     MixtureSettings,
     MixtureTask,
     MultiTurnSettings,
@@ -68,7 +69,8 @@ from services.learner.build import (
     save_model_dir,
     train_bpe_tokenizer,
 )
-from services.learner.model import completion_logprobs, count_parameters, pack, sample
+from services.learner.model import completion_logprobs, count_parameters, pack
+from services.learner.sampling import sample_groups
 from services.learner.warmstart_turns import MULTITURN_FORMAT_VERSION, demonstrations, episode_pass_rate
 
 log = logging.getLogger(__name__)
@@ -356,28 +358,27 @@ def sampled_pass_rate(
     seed: int = 0,
     batch_rows: int = 1024,
     fmt: Format = ARITHMETIC_FORMAT,
+    length: LengthControlSettings | None = None,
 ) -> EvalResult:
-    """Mean reward over ``num_samples_per_prompt`` samples of every problem."""
+    """Mean reward over ``num_samples_per_prompt`` samples of every problem; with ``length`` (a task's
+    length control) the samples of a problem are one group under a thinking budget drawn per problem and
+    ``seed``, as a generator samples an eval task."""
     problems = list(problems)
     max_new = max_new_tokens or max_new_tokens_for(tokenizer, problems, fmt=fmt)
     rows = [p for p in problems for _ in range(num_samples_per_prompt)]
     prompt_ids = encode_prompts(tokenizer, rows, fmt)
+    keys = [f"eval:{seed}:{p.prompt_id}" for p in rows]
     gen = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
     total, truncated = 0.0, 0
     for start in range(0, len(rows), batch_rows):
-        out = sample(
-            model,
-            prompt_ids[start : start + batch_rows],
-            max_new_tokens=max_new,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            temperature=temperature,
-            generator=gen,
-        )
+        end = start + batch_rows
+        out = sample_groups(
+            model, tokenizer, prompt_ids[start:end], keys[start:end], max_new, length, temperature, gen
+        ).samples
         texts = tokenizer.batch_decode(out.completions, skip_special_tokens=True)
-        total += sum(score_problem(task, t, p) for t, p in zip(texts, rows[start : start + batch_rows]))
+        total += sum(score_problem(task, t, p) for t, p in zip(texts, rows[start:end]))
         truncated += sum(out.truncated)
     model.train(was_training)
     return EvalResult(
@@ -395,10 +396,26 @@ def evaluate_pass_rate(
     num_samples_per_prompt: int,
     temperature: float = 1.0,
     seed: int = 0,
+    max_new_tokens: int | None = None,
+    length: LengthControlSettings | None = None,
 ) -> EvalResult:
     """Held-out pass rate: mean reward over k samples of every held-out prompt (a multi-turn task's: k
-    episodes)."""
-    return probe(model, tokenizer, task, task.problems("heldout"), num_samples_per_prompt, temperature, seed)
+    episodes); ``max_new_tokens`` and ``length`` as in :func:`sampled_pass_rate` (single-turn tasks)."""
+    problems = task.problems("heldout")
+    if isinstance(task, MultiTurnTask):
+        return probe(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed)
+    return sampled_pass_rate(
+        model,
+        tokenizer,
+        task,
+        problems,
+        num_samples_per_prompt,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        fmt=format_for(task, tokenizer),
+        length=length,
+    )
 
 
 def probe(
