@@ -14,13 +14,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from asymptote.codec import safetensors_files
 from asymptote.errors import ConfigError
 from asymptote.faults import failpoint
+from asymptote.sample import Sample
 from services.generator.config import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -35,29 +36,6 @@ UNFINISHED = frozenset({"abort", "error"})
 
 class GenerationCut(RuntimeError):
     """The engine ended a request before the model did: its completions are not rollouts."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One completion as the engine produced it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    version_spans: list[tuple[int, int, int]]  # (version, start, end)
-    finish_reason: str
-    text: str
-    stop_reason: str | None = None
-    """The stop string that ended it, if one did."""
-    loss_mask: list[int] = field(default_factory=list)
-    """0 on tokens the generator injected (out of the loss); empty: every token is in the loss."""
-    interrupted: bool = False
-    """The interruption phrase was appended (its thinking budget ran out)."""
-    num_cached_tokens: int = 0
-    """Prompt tokens of its (last) request served from the prefix cache."""
-
-    @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "length"
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,10 @@ from asymptote.envs.config import EnvironmentSettings
 from asymptote.envs.pool import FAILURE_REASONS, EnvFailure, EnvironmentPool, EnvSession
 from asymptote.envs.tools import TOOL_ERROR, parse_turn
 from asymptote.envs.transcript import ChatTokenizer, Transcript, check_chat_tokenizer
+from asymptote.sample import Sample, splice
 from asymptote.tasks.length import draw_thinking_budget
-from services.generator.engine import Engine, Sample
-from services.generator.length import LengthControl, splice
+from services.generator.engine import Engine
+from services.generator.length import LengthControl
 
 log = logging.getLogger(__name__)
 

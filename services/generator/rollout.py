@@ -48,8 +48,9 @@ from asymptote.jetstream.names import Names
 from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.messages import decode_task
+from asymptote.sample import Sample
 from asymptote.tasks import ArithmeticSettings
-from services.generator.engine import Engine, Sample
+from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import MixtureScorer, Scorer

@@ -1,7 +1,7 @@
 """Prompt groups sampled with the transformers model under a task's length control.
 
 The single-process loop's counterpart of what a generator does with vLLM
-(services/generator/length.py), carried out by the same rules: each group's
+(services/generator/length.py), carried out by the same rules (asymptote/sample.py): each group's
 thinking budget drawn from its key (``draw_thinking_budget``), a first part
 run to that budget and stopped where the thinking closes, then
 ``continuation`` (the interruption phrase, out of the loss, for a
@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asymptote.sample import Sample, continuation, splice
 from asymptote.tasks import DatasetSettings, Task
 from asymptote.tasks.length import LengthControlSettings, draw_thinking_budget
-from services.generator.engine import Sample
-from services.generator.length import continuation, splice
 from services.learner.model import Samples, sample
 
 

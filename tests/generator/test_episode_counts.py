@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
-from services.generator.engine import Sample
+from asymptote.sample import Sample
 from services.generator.episode import EpisodeRunner
 from tests.envs.chat_models import chat_tokenizer
 

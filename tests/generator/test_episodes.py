@@ -45,8 +45,9 @@ import pytest
 import torch
 
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask, Message, parse_turn
+from asymptote.sample import Sample
 from services.generator.config import EngineSettings
-from services.generator.engine import Engine, Sample
+from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
 from services.learner.model import completion_logprobs, load_model, load_tokenizer, pack
 from tests.envs.chat_models import Flavour, chat_model_dir

@@ -14,10 +14,9 @@ from pydantic import ValidationError
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
 from asymptote.messages import validate_group
+from asymptote.sample import Continuation, Sample, continuation, splice
 from asymptote.tasks import LengthControlSettings
 from asymptote.tasks.length import SCALERL_PHRASE, draw_thinking_budget
-from services.generator.engine import Sample
-from services.generator.length import Continuation, continuation, splice
 from services.generator.rollout import completion
 
 ON = LengthControlSettings(thinking_budget_tokens=(5, 8), answer_budget_tokens=6)

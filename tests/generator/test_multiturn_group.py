@@ -16,9 +16,10 @@ from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
 from asymptote.messages import decode_group
+from asymptote.sample import Sample
 from services.broker.batcher import Batcher
 from services.generator.config import EngineSettings
-from services.generator.engine import Engine, Sample
+from services.generator.engine import Engine
 from services.generator.episode import Episode, TrainingSample
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import NoSequence, RolloutLoop, episode_completions

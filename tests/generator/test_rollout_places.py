@@ -21,7 +21,7 @@ from waiting import wait_until_async
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
-from services.generator.engine import Sample
+from asymptote.sample import Sample
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.swapper import EvalHold

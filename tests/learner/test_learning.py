@@ -36,8 +36,8 @@ import pytest
 import torch
 
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.sample import Sample
 from asymptote.tasks import ArithmeticSettings, get_task
-from services.generator.engine import Sample
 from services.generator.rollout import completion
 from services.learner import trainer as trainer_module
 from services.learner.config import LossSettings, OptimizerSettings
