@@ -106,6 +106,5 @@ def write_and_print(figures: list[Figure], path: Path) -> None:
     path.write_text(json.dumps([f.as_json() for f in figures], indent=2) + "\n")
     console = Console()
     for f in figures:
-        console.print(
-            f"{f.name}: {quantity(f.value, f.unit)}, {f.ratio:.2f}x {f.baseline} (target {f.target}: {f.verdict})"
-        )
+        ratio = "no ratio" if f.ratio is None else f"{f.ratio:.2f}x"
+        console.print(f"{f.name}: {quantity(f.value, f.unit)}, {ratio} {f.baseline} (target {f.target}: {f.verdict})")

@@ -17,8 +17,9 @@ on the same machine:
                       (with and without activation checkpointing; peak
                       RSS beside it), FSDP2 vs DDP step time on the CPU    >= 1
   fitter              1,000-point fit with bootstrap intervals             < 2 s
-  learning speed      wall time to +0.1 held-out pass rate (word problems) >= 1.3
-                      on-policy single process vs the local stack
+  learning speed      training time to +0.1 held-out pass rate (word       >= 1.3
+                      problems), on-policy single process vs the local     (interval's
+                      stack, read from fitted curves of 3 runs a side      lower end)
 
 plus a sweep of generator and broker throughput over 1, 2 and 4 generator
 processes and over group sizes. ``--quick`` (CI smoke run, under 3 minutes)
@@ -57,6 +58,7 @@ from rich.markup import escape
 from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
 from asymptote.lifecycle import die_with_parent, interrupt_on_sigterm
+from benchmarks import learning_speed
 from benchmarks.figure import Figure, Target, not_run, quantity
 from benchmarks.pipeline import (
     PIPELINE_TARGETS,
@@ -71,11 +73,6 @@ from services.local.progress import read_jsonl
 from services.local.stack import INTERRUPTED, LocalStack
 
 GENERATOR_TARGETS = (Target(of="ratio", direction="at least", bound=0.9),)
-LEARNING_SPEED_TARGETS = (Target(of="ratio", direction="at least", bound=1.3, rule="on-policy time / stack time"),)
-LEARNING_GAIN = 0.1
-"""Held-out pass-rate gain the learning-speed figure times, on the embedded word problems (a gain both the
-stack and the single-process loop reach within their budgets from the warm start)."""
-LEARNING_SPEED_NAME = f"learning_speed_plus_{LEARNING_GAIN}_onpolicy_vs_stack"
 SCALING_GENERATORS = (1, 2, 4)
 SCALING_GROUP_SIZES = (4, 8, 16)
 RATE_SAMPLES = 5
@@ -351,101 +348,6 @@ def generator_figure(run: StackRun, standalone: dict[str, Any]) -> Figure:
     )
 
 
-def gain_reached(gain: float) -> Until:
-    def until(snap: dict[str, Any], _: Scraper) -> bool:
-        evals = snap["evals"]
-        r0 = next((e["pass_rate"] for e in evals if e["policy_version"] == 0), None)
-        return r0 is not None and any(e["pass_rate"] - r0 >= gain for e in evals)
-
-    return until
-
-
-def stack_time_to_gain(run: StackRun, gain: float) -> tuple[float | None, dict[str, Any]]:
-    """Seconds from the first trained step to the step whose weights first score R0 + gain."""
-    evals = read_jsonl(run.run_dir / "eval.jsonl")
-    r0 = next(e["pass_rate"] for e in evals if e["policy_version"] == 0)
-    hit = next((e for e in evals if e["pass_rate"] - r0 >= gain), None)
-    info = {"r0": r0, "evals": [(e["policy_version"], round(e["pass_rate"], 4)) for e in evals]}
-    if hit is None:
-        return None, info
-    at = {s["policy_version"]: s["unix_s"] for s in run.steps}
-    info.update(version=hit["policy_version"], pass_rate=hit["pass_rate"])
-    return at[hit["policy_version"]] - run.steps[0]["unix_s"], info
-
-
-def onpolicy_time_to_gain(
-    run: StackRun, out: Path, gain: float, eval_every: int
-) -> tuple[float | None, dict[str, Any]]:
-    """Seconds of training (evaluations excluded) for the single-process loop to reach R0 + gain."""
-    metrics = out / "onpolicy.jsonl"
-    c = run.config
-    settings = {
-        "task": c.task.model_dump(mode="json"),
-        "num_steps": 3000,
-        "target_gain": gain,
-        "eval_every_steps": eval_every,
-        "num_prompts_per_step": c.batch_prompts,
-        "group_size": c.group_size,
-        "max_new_tokens": c.max_tokens,
-        "lr": c.lr,
-        "warmup_steps": c.warmup_steps,
-        "eval_samples_per_prompt": c.eval_num_samples,
-        "max_wall_s": 1200,
-    }
-    run_module(
-        "services.learner.onpolicy",
-        [
-            "--model-dir",
-            str(run.model_dir),
-            "--settings",
-            json.dumps(settings),
-            "--metrics",
-            str(metrics),
-        ],
-        role="learner",
-        timeout_s=1500,
-    )
-    records = read_jsonl(metrics)
-    r0 = records[0]["eval/pass_rate"]
-    hit = next((r for r in records[1:] if "eval/pass_rate" in r and r["eval/pass_rate"] - r0 >= gain), None)
-    info = {"r0": r0, "evals": [(r["step"], round(r["eval/pass_rate"], 4)) for r in records if "eval/pass_rate" in r]}
-    if hit is None:
-        return None, info
-    info.update(step=hit["step"], pass_rate=hit["eval/pass_rate"])
-    return hit["wall_s"] - hit["time/eval_total_s"], info
-
-
-def learning_speed_figure(out: Path, gain: float = LEARNING_GAIN, eval_every: int = 20) -> Figure:
-    run = run_stack(out, "learning", until=gain_reached(gain), workload="words", eval_every_versions=eval_every)
-    stack_s, stack_info = stack_time_to_gain(run, gain)
-    base_s, base_info = onpolicy_time_to_gain(run, out, gain, eval_every)
-    details = {"stack": stack_info, "onpolicy": base_info}
-    if stack_s is None or base_s is None:
-        # It ran and one side never gained: a miss, not a figure that was not run.
-        missing = "the local stack" if stack_s is None else "the on-policy loop"
-        return Figure(
-            name=LEARNING_SPEED_NAME,
-            value=stack_s,
-            unit="s",
-            baseline=f"on-policy {base_s} s",
-            measured=f"stack {stack_s} s; {missing} never gained {gain}",
-            targets=LEARNING_SPEED_TARGETS,
-            details=details,
-        )
-    return Figure(
-        name=LEARNING_SPEED_NAME,
-        value=stack_s,
-        unit="s",
-        ratio=base_s / stack_s,
-        baseline=f"single-process on-policy {base_s:.1f} s (step {base_info['step']}, "
-        f"{base_info['r0']:.3f} -> {base_info['pass_rate']:.3f})",
-        measured=f"local stack {stack_s:.1f} s (version {stack_info['version']}, "
-        f"{stack_info['r0']:.3f} -> {stack_info['pass_rate']:.3f})",
-        targets=LEARNING_SPEED_TARGETS,
-        details=details,
-    )
-
-
 def scaling_row(run: StackRun, generators: int, group_size: int) -> dict[str, Any]:
     tokens = run.rate("asymptote_generator_tokens")
     groups = run.rate("asymptote_broker_groups_received")
@@ -593,12 +495,12 @@ def run_all(out: Path, quick: bool, only: str | None = None) -> tuple[dict[str, 
 
     section("stack", "pipeline, generator efficiency and weight swaps (local stack)", stack_figures)
     if quick:
-        figures.append(not_run(LEARNING_SPEED_NAME, "s", LEARNING_SPEED_TARGETS, "full mode only"))
+        figures.append(not_run(learning_speed.NAME, "s", (learning_speed.TARGET,), "full mode only"))
     else:
         section(
             "learning",
             "learning speed (local stack vs single-process on-policy)",
-            lambda: [learning_speed_figure(out)],
+            lambda: [learning_speed.measure(out / "learning")],
         )
 
         def sweep() -> list[Figure]:

@@ -30,11 +30,11 @@ FIGURES = {
     "pipeline_samples_per_s_inflight_vs_sync",
     "generator_tokens_per_s_in_loop_vs_standalone",
     "swap_pause_median_vs_memory_copy",
-    "learning_speed_plus_0.1_onpolicy_vs_stack",
+    "learning_speed_onpolicy_vs_stack",
 }
 FULL_ONLY = {
     "pipeline_samples_per_s_inflight_vs_sync",
-    "learning_speed_plus_0.1_onpolicy_vs_stack",
+    "learning_speed_onpolicy_vs_stack",
     "learner_memory_fsdp2_2_ranks_vs_1_activation_checkpointing",
 }
 
