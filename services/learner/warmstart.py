@@ -400,10 +400,27 @@ def evaluate_pass_rate(
     length: LengthControlSettings | None = None,
 ) -> EvalResult:
     """Held-out pass rate: mean reward over k samples of every held-out prompt (a multi-turn task's: k
-    episodes); ``max_new_tokens`` and ``length`` as in :func:`sampled_pass_rate` (single-turn tasks)."""
+    episodes)."""
     problems = task.problems("heldout")
+    return probe(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed, max_new_tokens, length)
+
+
+def probe(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: Sequence[Problem],
+    num_samples_per_prompt: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    length: LengthControlSettings | None = None,
+) -> EvalResult:
+    """The sampled pass rate on ``problems`` in the task's own form: completions, or whole episodes;
+    ``max_new_tokens`` and ``length`` as in :func:`sampled_pass_rate` (single-turn tasks)."""
     if isinstance(task, MultiTurnTask):
-        return probe(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed)
+        rates = episode_pass_rate(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed)
+        return EvalResult(rates.pass_rate, rates.num_prompts, rates.num_samples, rates.truncation_rate)
     return sampled_pass_rate(
         model,
         tokenizer,
@@ -415,31 +432,6 @@ def evaluate_pass_rate(
         seed=seed,
         fmt=format_for(task, tokenizer),
         length=length,
-    )
-
-
-def probe(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    problems: Sequence[Problem],
-    num_samples_per_prompt: int,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> EvalResult:
-    """The sampled pass rate on ``problems`` in the task's own form: completions, or whole episodes."""
-    if isinstance(task, MultiTurnTask):
-        rates = episode_pass_rate(model, tokenizer, task, problems, num_samples_per_prompt, temperature, seed)
-        return EvalResult(rates.pass_rate, rates.num_prompts, rates.num_samples, rates.truncation_rate)
-    return sampled_pass_rate(
-        model,
-        tokenizer,
-        task,
-        problems,
-        num_samples_per_prompt,
-        temperature=temperature,
-        seed=seed,
-        fmt=format_for(task, tokenizer),
     )
 
 
