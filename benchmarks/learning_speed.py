@@ -367,7 +367,10 @@ def plot(curves: list[Curve], details: dict[str, Any], path: Path) -> None:
         title = f"on-policy / stack time to +{gain}: {details['ratio']:.2f}x [{low:.2f}, {high:.2f}]"
         missing = details.get("runs_without_gain", {})
         if any(missing.values()):
-            title += f"\nfrom the runs that gained only ({missing['stack']} stack, {missing['onpolicy']} on-policy never did)"
+            title += (
+                f"\nfrom the runs that gained only ({missing['stack']} stack, "
+                f"{missing['onpolicy']} on-policy never did)"
+            )
     ax.set_title(title)
     ax.legend(loc="lower right")
     fig.tight_layout()

@@ -3,8 +3,9 @@
 Owns one loop, kept deliberately plain: sample G completions for each of B
 train prompts with the transformers model itself (temperature 1, KV cache;
 under the task's interruption length control when it has one, by the rules
-the generators follow: services/learner/sampling.py), score them with the task's verifier, compute group-centred advantages with
-batch-level normalisation, take one AdamW step on the CISPO loss with
+the generators follow: services/learner/sampling.py), score them with the
+task's verifier, compute group-centred advantages with batch-level
+normalisation, take one AdamW step on the CISPO loss with
 prompt-level aggregation, repeat; every N steps measure the held-out pass
 rate (mean over k samples per prompt at temperature 1). No broker, no
 vLLM: this is what "generate with transformers, then one step of the same

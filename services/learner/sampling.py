@@ -84,7 +84,9 @@ def sample_groups(
         _part(tokenizer, ids, logps, cut, length.think_end if ids and ids[-1] == stop else None)
         for ids, logps, cut in zip(first.completions, first.logprobs, first.truncated)
     ]
-    todo = [(i, f) for i, f in enumerate(continuation(p, length, phrase_ids, max_tokens) for p in parts) if f]
+    todo = [
+        (i, f) for i, f in enumerate(continuation(p, length, phrase_ids, max_tokens) for p in parts) if f is not None
+    ]
     if todo:
         rows = [prompts[i] + parts[i].token_ids + f.injected_ids for i, f in todo]
         second = sample(model, rows, [f.max_tokens for _, f in todo], eos, pad, temperature, generator)
