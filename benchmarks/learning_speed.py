@@ -35,7 +35,6 @@ Target: the interval's lower end at least 1.3x. Writes
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -44,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,7 @@ from scipy.optimize import isotonic_regression
 from benchmarks.figure import Figure, Target, write_and_print
 from benchmarks.pipeline import model_dir_of
 from services.fitter.curve import CurveFit, CurveFitSettings, FitError, fit_curve
+from services.local.progress import read_jsonl
 
 console = Console()
 
@@ -91,10 +91,6 @@ class Curve:
             "seed": self.seed,
             "points": [[v, round(t, 2), round(r, 4)] for v, t, r in zip(self.versions, self.seconds, self.pass_rates)],
         }
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def words_task_json() -> dict[str, Any]:
@@ -137,7 +133,7 @@ def run_stack(out: Path, seed: int, steps: int, every: int) -> Path:
 
 def stack_clock(run_dir: Path) -> dict[int, float]:
     """Training seconds at each policy version of a stack run (see the module docstring for the start)."""
-    steps = read_rows(run_dir / "metrics.jsonl")
+    steps = read_jsonl(run_dir / "metrics.jsonl")
     if any(int(s["step"]) != int(s["policy_version"]) for s in steps):
         raise RuntimeError(f"{run_dir}: its learner restarted (versions ran ahead of steps): not a clean run")
     ends = [float(s["unix_s"]) for s in steps]
@@ -148,8 +144,6 @@ def stack_clock(run_dir: Path) -> dict[int, float]:
 
 def evaluate_stack(run_dir: Path, model_dir: Path, seed: int, every: int) -> Curve:
     """Every kept checkpoint of a stack run (and its start model) through the loop's evaluator."""
-    import torch
-
     from asymptote.tasks import DatasetSettings, get_task
     from services.learner.export import export
     from services.learner.model import load_model, load_tokenizer
@@ -166,7 +160,6 @@ def evaluate_stack(run_dir: Path, model_dir: Path, seed: int, every: int) -> Cur
             source = run_dir / "exports" / f"v{version}"
             if not source.exists():
                 export(run_dir, source, step=version)
-        torch.manual_seed(0)
         model, tokenizer = load_model(source), load_tokenizer(source)
         rate = evaluate_pass_rate(
             model,
@@ -204,7 +197,7 @@ def run_onpolicy(out: Path, model_dir: Path, seed: int, steps: int, every: int, 
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         raise RuntimeError(f"on-policy run {seed} failed (exit {code}); see {out}/onpolicy-{seed}.log")
-    evals = [r for r in read_rows(metrics) if "eval/pass_rate" in r]
+    evals = [r for r in read_jsonl(metrics) if "eval/pass_rate" in r]
     seconds = [float(r["wall_s"]) - float(r["time/eval_total_s"]) for r in evals]
     rates = [float(r["eval/pass_rate"]) for r in evals]
     for r, t in zip(evals, seconds):
@@ -392,7 +385,7 @@ def measure(
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     curves_file = out / "curves.jsonl"
-    done = {(c["side"], c["seed"]) for c in read_rows(curves_file)} if curves_file.exists() else set()
+    done = {(c["side"], c["seed"]) for c in read_jsonl(curves_file)}
     started = time.monotonic()
     model_dir: Path | None = None
     for seed in range(1, seeds + 1):
@@ -408,8 +401,8 @@ def measure(
                 model_dir = model_dir or model_dir_of(out / "stack-1")
                 curve = run_onpolicy(out, model_dir, seed, onpolicy_steps, every, threads)
             with curves_file.open("a") as f:
-                f.write(json.dumps(dataclasses.asdict(curve)) + "\n")
-    curves = [Curve(**c) for c in read_rows(curves_file) if c["seed"] <= seeds]
+                f.write(json.dumps(asdict(curve)) + "\n")
+    curves = [Curve(**c) for c in read_jsonl(curves_file) if c["seed"] <= seeds]
     fig, _ = figure(curves, gain)
     plot(curves, fig.details, out / "learning_speed.png")
     return fig
