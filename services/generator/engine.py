@@ -54,6 +54,10 @@ class SwapReport:
     engine's calls around it."""
     placement: str = ""
     """Where the version waited for the pause (EngineSettings.swap_staging, resolved)."""
+    prepacked: bool = False
+    """Whether the version was loaded and packed while staging (EngineSettings.swap_prepack)."""
+    prepare_s: float = 0.0
+    """Of the staging, loading and packing the version beside the live model (the slowest worker)."""
 
 
 def check_platform(s: EngineSettings) -> None:
@@ -134,6 +138,8 @@ class Engine:
         self.version = 0
         self._llm: Any = None
         self._swap_lock = asyncio.Lock()
+        self._staged_path: str | None = None
+        """The folder the workers hold staged (``stage``), until a swap loads it."""
         self._version_changed = asyncio.Condition()
         self.num_running = 0
 
@@ -274,6 +280,27 @@ class Engine:
             scored.append(float(entry[token].logprob))
         return scored
 
+    async def stage(self, weights_path: Path) -> None:
+        """Stage ``weights_path`` in the engine's workers while generation goes on: the first part of a swap,
+        so a ``swap`` of the same folder next only pauses to load it. The engine serves its version meanwhile."""
+        async with self._swap_lock:
+            await self._stage(str(weights_path))
+
+    async def _stage(self, path: str) -> None:
+        await self._llm.collective_rpc(
+            "stage_weights",
+            kwargs={
+                "weights_path": path,
+                "placement": self.settings.swap_staging,
+                "prepack": self.settings.swap_prepack,
+            },
+        )
+        self._staged_path = path
+        # The worker reads on a thread of its own while the engine steps;
+        # asking whether it is done is a short call between two steps.
+        while not all(await self._llm.collective_rpc("staged", kwargs={"weights_path": path})):
+            await asyncio.sleep(STAGE_POLL_S)
+
     async def swap(self, weights_path: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
         """Load ``weights_path`` as ``version`` into the running engine.
 
@@ -286,17 +313,15 @@ class Engine:
         drain: running requests finish first (conventional on-policy RL).
         The load goes through vLLM's in-place layerwise reload, which repacks
         CPU kernels' weights; copying tensors into parameters corrupts them on CPU.
+        With ``swap_prepack`` a CPU engine runs that reload while staging, into a
+        twin of the model, and the pause only hands the result over.
         """
         async with self._swap_lock:
             path = str(weights_path)
             started = time.monotonic()
-            await self._llm.collective_rpc(
-                "stage_weights", kwargs={"weights_path": path, "placement": self.settings.swap_staging}
-            )
-            # The worker reads on a thread of its own while the engine steps;
-            # asking whether it is done is a short call between two steps.
-            while not all(await self._llm.collective_rpc("staged", kwargs={"weights_path": path})):
-                await asyncio.sleep(STAGE_POLL_S)
+            if self._staged_path != path:
+                await self._stage(path)
+            self._staged_path = None
             staged = time.monotonic()
             # The engine core takes the pause between two steps; the step under
             # way when it is asked still completes, so the stall starts on return.
@@ -340,6 +365,8 @@ class Engine:
             pause_wait_s=paused - staged,
             load_s=max(load["load_s"] for load in loads),
             placement=loads[0]["placement"],
+            prepacked=all(load["prepacked"] for load in loads),
+            prepare_s=max(load["prepare_s"] for load in loads),
         )
 
     async def wait_for_version(self, version: int) -> None:

@@ -185,7 +185,7 @@ class Swapper:
         m.policy_version.set(version)
         log.info(
             "loaded version %d: %.1f MB (%s), pull %.1f ms, staged %.1f ms, waited %.1f ms for the step, "
-            "paused %.1f ms (loading %.1f ms from %s memory), %d sequences carried across",
+            "paused %.1f ms (loading %.1f ms from %s memory%s), %d sequences carried across",
             version,
             weights.num_bytes / 1e6,
             f"delta of {weights.delta.num_bytes / 1e6:.2f} MB" if weights.delta is not None else "whole",
@@ -195,6 +195,7 @@ class Swapper:
             report.paused_s * 1e3,
             report.load_s * 1e3,
             report.placement,
+            f", packed while generating in {report.prepare_s * 1e3:.1f} ms" if report.prepacked else "",
             report.num_running,
         )
         return True

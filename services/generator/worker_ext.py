@@ -6,8 +6,11 @@ part that must be atomic, and keeping tied LM heads tied across reloads:
 reads it from, on a thread while generation continues, and
 ``apply_staged_weights`` (called with the scheduler paused) loads those
 tensors through vLLM's in-place layerwise reload, which repacks CPU
-kernels' weights the way loading from disk does. Safetensors only: no
-pickle ever reaches the worker.
+kernels' weights the way loading from disk does. On the CPU that repacking
+is most of the load, so a CPU engine (``EngineSettings.swap_prepack``)
+runs the reload while staging, into a twin of the model
+(``services.generator.prepack``), and the pause only hands it over.
+Safetensors only: no pickle ever reaches the worker.
 
 Where a version waits (``EngineSettings.swap_staging``):
 
@@ -29,8 +32,11 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from services.generator.prepack import Prepared, prepare, tied_head
 
 PLACEMENTS = ("mapped", "pinned", "device")
 """Where a staged version can wait; see the module docstring."""
@@ -148,6 +154,17 @@ def _returning_freed_memory(num_bytes: int) -> Iterator[None]:
         done.set()
 
 
+@dataclass
+class _Staged:
+    """A version staged in the worker: where it waits, its tensors, and the twin they were loaded into."""
+
+    placement: str
+    tensors: dict[str, Any]
+    prepared: Prepared | None = None
+    prepare_s: float = 0.0
+    """Building ``prepared`` (on the staging thread, while the engine generated)."""
+
+
 class StagedWeightsExtension:
     """Mixed into vLLM's worker; methods are reached through ``collective_rpc``.
 
@@ -157,14 +174,15 @@ class StagedWeightsExtension:
     the checkpoint is read, and ``staged`` says when it is in memory.
     """
 
-    _staging: tuple[str, Future[tuple[str, dict[str, Any]]]] | None = None
+    _staging: tuple[str, Future[_Staged]] | None = None
     _reader: ThreadPoolExecutor | None = None
     _pinned: dict[str, Any] | None = None
     """Page-locked buffers of the pinned placement, by tensor name, kept from one swap to the next."""
 
-    def stage_weights(self, weights_path: str, placement: str = "auto") -> int:
+    def stage_weights(self, weights_path: str, placement: str = "auto", prepack: bool = False) -> int:
         """Start staging ``weights_path``/*.safetensors where ``placement`` (auto or one of PLACEMENTS)
-        puts it; returns the bytes it holds.
+        puts it; returns the bytes it holds. ``prepack``: on a CPU engine serving an unquantized model,
+        also load and pack the version into a twin of the model (see ``services.generator.prepack``).
 
         WeightsError at once if the folder holds no safetensors checkpoint
         (pickle-only folders included).
@@ -176,16 +194,24 @@ class StagedWeightsExtension:
         chosen = choose_placement(placement, self._device(), num_bytes)
         if self._reader is None:
             self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-weights")
-        self._staging = (weights_path, self._reader.submit(self._stage, files, chosen))
+        self._staging = (weights_path, self._reader.submit(self._stage, files, chosen, prepack, num_bytes))
         return num_bytes
 
-    def _stage(self, files: list[Path], placement: str) -> tuple[str, dict[str, Any]]:
+    def _stage(self, files: list[Path], placement: str, prepack: bool, num_bytes: int) -> _Staged:
         tensors = _mapped(files)
-        if placement == "mapped":
-            return placement, tensors
-        if placement == "pinned" and self._pinned is None:
-            self._pinned = {}
-        return placement, _staged_copy(tensors, placement, self._device(), self._pinned or {})
+        if placement != "mapped":
+            if placement == "pinned" and self._pinned is None:
+                self._pinned = {}
+            return _Staged(placement, _staged_copy(tensors, placement, self._device(), self._pinned or {}))
+        runner = getattr(self, "model_runner", None)
+        # Only the CPU build packs weights: a GPU engine's reload is a copy, which the pause holds anyway.
+        cpu = self._device().type == "cpu"
+        if not prepack or runner is None or not cpu or runner.model_config.quantization is not None:
+            return _Staged(placement, tensors)
+        started = time.perf_counter()
+        with _returning_freed_memory(num_bytes):
+            prepared = prepare(runner.get_model(), runner.model_config, iter(tensors.items()))
+        return _Staged(placement, {}, prepared, time.perf_counter() - started)  # the twin holds the version now
 
     def _device(self) -> Any:
         """The device the model computes on (the CPU in a worker with no model, e.g. a bare extension)."""
@@ -205,15 +231,26 @@ class StagedWeightsExtension:
         staged and the seconds the load took in this worker."""
         if self._staging is None or self._staging[0] != weights_path:
             raise RuntimeError(f"weights from {weights_path} were not staged in this worker")
-        (placement, staged), self._staging = self._staging[1].result(), None
+        staged, self._staging = self._staging[1].result(), None
         runner = self.model_runner  # type: ignore[attr-defined]
-        num_bytes = sum(t.numel() * t.element_size() for t in staged.values())
+        report = {
+            "placement": staged.placement,
+            "prepacked": staged.prepared is not None,
+            "prepare_s": staged.prepare_s,
+        }
         started = time.perf_counter()
-        with _returning_freed_memory(num_bytes):
-            runner.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
-            del staged
+        if staged.prepared is not None:
+            staged.prepared.apply()
+            for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as vLLM's reload does
+                getattr(runner, reset, lambda: None)()
+            return {**report, "load_s": time.perf_counter() - started}
+        tensors = staged.tensors
+        del staged
+        with _returning_freed_memory(sum(t.numel() * t.element_size() for t in tensors.values())):
+            runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+            del tensors
             self._retie_lm_head(runner)
-        return {"placement": placement, "load_s": time.perf_counter() - started}
+        return {**report, "load_s": time.perf_counter() - started}
 
     @staticmethod
     def _retie_lm_head(runner: Any) -> None:
@@ -227,19 +264,7 @@ class StagedWeightsExtension:
         """
         if not getattr(runner.model_config.hf_text_config, "tie_word_embeddings", False):
             return
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-        model = runner.get_model()
-        heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
-        embeds = [
-            m for m in model.modules() if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
-        ]
-        if len(heads) != 1 or len(embeds) != 1:
-            raise RuntimeError(
-                f"a tied LM head needs one embedding and one head to retie; "
-                f"{type(model).__name__} has {len(embeds)} embeddings and {len(heads)} heads"
-            )
-        head, embed = heads[0], embeds[0]
+        head, embed = tied_head(runner.get_model())
         if head.weight is not embed.weight:
             head.weight = embed.weight
         head.quant_method.process_weights_after_loading(head)

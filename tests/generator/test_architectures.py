@@ -15,9 +15,15 @@ Its log-probs must match the stepped learner's, and differ from the
 pre-step learner's, so the swap is known to have happened. For a tied head
 that is the fix-up's check: vLLM's in-place reload skips the head (no
 checkpoint tensor names it), and without re-tying it the head keeps version
-0's prepacked weights, so the reported log-probs belong to neither version. The bf16 engine
-serves a model as ``asymptote export`` writes it from a learner checkpoint
-(safetensors shards and their index): vLLM loads what users take out.
+0's prepacked weights, so the reported log-probs belong to neither version.
+
+Before the swap, with the version staged and (float32 engines) loaded and
+packed into a twin of the model, the engine must still score as the
+pre-step learner: the twin writes nothing the engine reads (a Qwen2 bias
+loaded in place would). The bf16 engine serves a model as ``asymptote
+export`` writes it from a learner checkpoint (safetensors shards and their
+index): vLLM loads what users take out; it takes the in-pause reload, the
+path GPUs take.
 """
 
 from __future__ import annotations
@@ -137,6 +143,8 @@ class SwapGaps:
 
     before: float
     """The version-0 learner against the engine's version-0 samples."""
+    while_staged: float
+    """The version-0 learner against samples taken with version 1 staged (and prepacked) but not swapped in."""
     after: float
     """The stepped learner against the engine's samples after loading version 1."""
     stale: float
@@ -161,15 +169,22 @@ async def step_and_swap(model_dir: Path, engine: Engine, tmp_path: Path) -> Swap
     version = WeightStore(signature).snapshot(1, model)
     weights = DecodedWeights(1, version.digest, version.tensors)
     check_signature(weights, signature)
-    report = await engine.swap(stage(weights, tmp_path / "staged", model_dir), 1, "drain")
+    folder = stage(weights, tmp_path / "staged", model_dir)
+    await engine.stage(folder)
+    # Staged, and with swap_prepack loaded and packed into a twin of the model: the engine serves version 0 still.
+    while_staged = await sample_all(engine, tokenizer)
+    report = await engine.swap(folder, 1, "drain")
     assert report.version == 1 and engine.version == 1
+    assert report.prepacked == engine.settings.swap_prepack
 
     after = await sample_all(engine, tokenizer)
     assert all(s.version_spans == [(1, 0, len(s.token_ids))] for _, s in after)
+    start = load_model(model_dir)
     return SwapGaps(
         before=gap_before,
+        while_staged=learner_gap(start, while_staged, pad_id),
         after=learner_gap(model, after, pad_id),
-        stale=learner_gap(load_model(model_dir), after, pad_id),
+        stale=learner_gap(start, after, pad_id),
         served_dtypes=frozenset(t.dtype for t in version.tensors.values()),
     )
 
@@ -177,8 +192,12 @@ async def step_and_swap(model_dir: Path, engine: Engine, tmp_path: Path) -> Swap
 async def test_vllm_and_the_learner_agree_before_and_after_a_swap(served: tuple[Path, Engine], tmp_path: Path) -> None:
     model_dir, engine = served
     gaps = await step_and_swap(model_dir, engine, tmp_path)
-    print(f"{model_dir.name}: max |dlogp| before {gaps.before:.2e}, after {gaps.after:.2e}, stale {gaps.stale:.3f}")
+    print(
+        f"{model_dir.name}: max |dlogp| before {gaps.before:.2e}, while staged {gaps.while_staged:.2e}, "
+        f"after {gaps.after:.2e}, stale {gaps.stale:.3f}"
+    )
     assert gaps.before <= LOGPROB_TOL
+    assert gaps.while_staged <= LOGPROB_TOL
     assert gaps.after <= LOGPROB_TOL
     # The engine really serves the new weights: the version-0 model scores these tokens otherwise.
     assert gaps.stale > MIN_STEP_CHANGE
@@ -209,8 +228,13 @@ async def bf16_engine(tmp_path: Path) -> AsyncIterator[tuple[Path, Engine]]:
     model_dir = exported(source, tmp_path / "qwen3-bf16-exported")
     assert len(list(model_dir.glob("model-*-of-*.safetensors"))) > 1
     assert read_signature(model_dir) == read_signature(source)
+    # The in-pause reload (what GPUs and quantized models take) is this test's; the others prepack.
     settings = EngineSettings(
-        model_dir=model_dir, dtype="bfloat16", max_num_seqs=16, kv_cache_memory_bytes=32 * 1024 * 1024
+        model_dir=model_dir,
+        dtype="bfloat16",
+        max_num_seqs=16,
+        kv_cache_memory_bytes=32 * 1024 * 1024,
+        swap_prepack=False,
     )
     engine = Engine(settings)
     await engine.start()
@@ -228,6 +252,7 @@ async def test_a_bf16_engine_takes_a_bf16_update_of_a_learner_step(
     print(f"bf16 qwen3-untied: max |dlogp| before {gaps.before:.3f}, after {gaps.after:.3f}, stale {gaps.stale:.3f}")
     assert gaps.served_dtypes == {"bfloat16"}
     assert gaps.before <= BF16_TOL
+    assert gaps.while_staged <= BF16_TOL
     assert gaps.after <= BF16_TOL
     assert gaps.stale > 5 * BF16_TOL
 

@@ -104,10 +104,11 @@ def test_worker_loads_only_the_safetensors_beside_pickles(tmp_path: Path) -> Non
     worker = StagedWeightsExtension()
     assert worker.stage_weights(str(version)) == (version / "model.safetensors").stat().st_size
     assert worker._staging is not None
-    placement, staged = worker._staging[1].result(timeout=30)
-    assert worker.staged(str(version)) and placement == "mapped"  # a worker with no model: the CPU
-    assert list(staged) == ["model.embed_tokens.weight"]
-    torch.testing.assert_close(staged["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
+    staged = worker._staging[1].result(timeout=30)
+    assert worker.staged(str(version)) and staged.placement == "mapped"  # a worker with no model: the CPU
+    assert staged.prepared is None  # nothing to pack into
+    assert list(staged.tensors) == ["model.embed_tokens.weight"]
+    torch.testing.assert_close(staged.tensors["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
     assert not marker.exists()
     with pytest.raises(RuntimeError, match="are not being staged"):
         worker.staged(str(tmp_path / "v5"))
