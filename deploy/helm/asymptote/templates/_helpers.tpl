@@ -551,7 +551,8 @@ Host memory, /dev/shm and /tmp of the GPU pods, and the learner's volume, from
 model.sizeGiB: the one place the chart sizes them. (dict "ctx" $ "component"
 "generator"|"learner") A weight swap's measured peak extra memory is 1.10x the
 model's bytes (396.5 MB model: tmpfs 396.6 MB + ~40 MB of pull buffers in the
-generator) and a swap stages one version at most, so:
+generator; benchmarks.swap --no-prepack, as GPU engines load: they pack
+nothing) and a swap stages one version at most, so:
   swapPeakGiB = ceil(1.10 x sizeGiB)
   shmGiB      = swapPeakGiB + 2     generator (weightsOn: memory): the staged
                                     version, and vLLM's worker IPC
