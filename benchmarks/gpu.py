@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -66,10 +67,11 @@ from services.learner.attention import sequence_lengths, use_packed_attention
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.head import HeadPrecision, head_logprobs
+from services.learner.host_buffers import HostBuffers
 from services.learner.model import PackedBatch, Precision, count_parameters
 from services.learner.sharding import checkpoint_activations
 from services.learner.trainer import StepInputs, Trainer, collate, select_rows
-from services.learner.weights import WeightStore, served_signature
+from services.learner.weights import Version, WeightStore, served_signature
 
 BENCH_FILE_NAME = "gpu_bench.json"
 BUDGET_S = 480.0
@@ -530,12 +532,23 @@ def part_fsdp(shape: Shape, device: torch.device, clock: Clock) -> dict[str, Any
             raise RuntimeError(f"sum or max over a group of one changed the values: {sums}, {maxes}")
         out["broadcast"] = dp.broadcast({"step": 2}) == {"step": 2}
 
-        store = WeightStore(served_signature(model, "bfloat16"))
-        served: dict[str, Any] = {}
-        took = clock.time(lambda: served.update(v=store.snapshot_tensors(1, trainer.served_tensors(store.names))))
-        out["serve_s"] = took
-        out["serve_bytes"] = served["v"].num_bytes
-        out["serve_gb_per_s"] = served["v"].num_bytes / took / 1e9
+        # Served into pageable memory, then into page-locked buffers (the learner's way on a GPU), twice each:
+        # the second pinned version reuses the first one's buffer once it is dropped.
+        signature = served_signature(model, "bfloat16")
+        for key, buffers in (("serve", None), ("serve_pinned", HostBuffers.for_device(device))):
+            store = WeightStore(signature, keep=1, host_buffers=buffers)
+            served: list[Version] = []
+
+            def serve(version: int, store: WeightStore = store, served: list[Version] = served) -> None:
+                served.append(store.snapshot_tensors(version, trainer.served_tensors(store.names)))
+
+            times = [clock.time(functools.partial(serve, v)) for v in (1, 2)]
+            out[f"{key}_s"] = times
+            out[f"{key}_bytes"] = served[-1].num_bytes
+            out[f"{key}_gb_per_s"] = served[-1].num_bytes / min(times) / 1e9
+            out[f"{key}_digest"] = served[-1].digest
+        if out["serve_pinned_digest"] != out["serve_digest"]:
+            raise RuntimeError("the version served through page-locked buffers differs from the pageable one")
 
         trainer.checkpointer = checkpoint.Checkpointer(Path(root), keep=2, distributed=True, rank=0)
         probe = next(p for p in model.parameters() if p.requires_grad)

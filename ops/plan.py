@@ -380,7 +380,9 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
     )
     pod.add_row("load", gib(host.load_bytes), "each rank one stored tensor at a time, in float32")
     pod.add_row(
-        "served versions", gib(host.served_bytes), f"served_versions_kept x the model in {shape.stored_dtype} (rank 0)"
+        "served versions",
+        gib(host.served_bytes),
+        f"served_versions_kept + 1 (being copied out) x the model in {shape.stored_dtype}",
     )
     pod.add_row(
         "checkpoint staging", gib(host.staging_bytes), "the pod's ranks' shards of float32 weights and AdamW moments"

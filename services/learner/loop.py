@@ -41,6 +41,7 @@ from services.learner.checkpoint import Checkpointer
 from services.learner.config import LearnerConfig
 from services.learner.distributed import DataParallel, DrainWatch, NodeHealth, failing_fast, mark_draining
 from services.learner.export import keep_model_files
+from services.learner.host_buffers import HostBuffers
 from services.learner.metrics import LearnerMetrics
 from services.learner.minibatch import collate_mini_batches
 from services.learner.model import Precision, empty_model, load_tokenizer
@@ -190,7 +191,11 @@ class Learner:
         # Padding is masked everywhere; a model without a pad token pads with EOS.
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
-        self.store = WeightStore(read_signature(config.model_dir), keep=config.served_versions_kept)
+        self.store = WeightStore(
+            read_signature(config.model_dir),
+            keep=config.served_versions_kept,
+            host_buffers=HostBuffers.for_device(self.trainer.precision.device),
+        )
         self.ckpt_root = config.run_dir / "checkpoints"
         self.version = 0
         """Policy version: strictly increasing across restarts (generators and the broker rely on it)."""

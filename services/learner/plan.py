@@ -486,14 +486,15 @@ def plan_host(shape: ModelShape, config: LearnerConfig, *, gpus_per_node: int, n
     The learner loads on the meta device and materialises only its own
     shards, one safetensors tensor at a time: about the largest tensor in
     float32 per rank. Rank 0 keeps ``served_versions_kept`` whole versions in
-    the model's stored dtype. Checkpoints are torch.distributed.checkpoint
+    the model's stored dtype, and one more being copied out (on a GPU all of
+    them in page-locked buffers it keeps for reuse). Checkpoints are torch.distributed.checkpoint
     async saves: each rank stages its shard of float32 weights and both AdamW
     moments (12 bytes a parameter over the world) in host memory.
     """
     p, world = shape.num_parameters, gpus_per_node * nodes
     return HostPlan(
         load_bytes=gpus_per_node * FLOAT32 * shape.largest_tensor_elements,
-        served_bytes=config.served_versions_kept * p * DTYPE_BYTES[shape.stored_dtype],
+        served_bytes=(config.served_versions_kept + 1) * p * DTYPE_BYTES[shape.stored_dtype],
         staging_bytes=CHECKPOINT_BYTES_PER_PARAM * p * gpus_per_node // world,
         checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * p + CHECKPOINT_EXTRA_BYTES,
         checkpoints_on_disk=config.keep_checkpoints + 1,

@@ -12,6 +12,7 @@ generator that holds the base.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ import torch
 
 from asymptote.codec import Signature, WireTensor, version_digest
 from asymptote.delta import delta_frames
+from services.learner.host_buffers import HostBuffers, Segment
 from services.learner.model import TORCH_DTYPES, aliases
 
 
@@ -35,21 +37,32 @@ class Version:
         return sum(len(t.data) for t in self.tensors.values())
 
 
-def to_wire(tensor: torch.Tensor, dtype: str | None = None) -> WireTensor:
+def to_wire(tensor: torch.Tensor, dtype: str | None = None, into: Segment | None = None) -> WireTensor:
     """``tensor``'s bytes on the wire, converted to ``dtype`` (the served dtype) when given.
 
     Cast where the tensor lives (a GPU's bf16 copy is half the bytes to move), then copied once into
-    host memory the wire tensor's bytes are a view of.
+    host memory the wire tensor's bytes are a view of: ``into`` (a segment of ``HostBuffers``), or memory of
+    its own. Into a segment a GPU tensor's copy is only queued on the current stream: the caller
+    synchronizes it before anything reads the bytes (``WeightStore.stage`` does, once a version).
     """
     if dtype is not None and dtype not in TORCH_DTYPES:
         raise ValueError(f"cannot serve weights as {dtype}; served dtypes are {sorted(TORCH_DTYPES)}")
     src = tensor.detach()
     if dtype is not None and src.dtype != TORCH_DTYPES[dtype]:
         src = src.to(TORCH_DTYPES[dtype])
+    name = "bfloat16" if src.dtype == torch.bfloat16 else str(src.dtype).removeprefix("torch.")
+    if into is not None:
+        num_bytes = src.numel() * src.element_size()
+        if into.host.numel() != num_bytes:
+            raise ValueError(f"a {num_bytes}-byte tensor into a segment of {into.host.numel()} bytes")
+        if num_bytes:
+            into.host.view(src.dtype).view(src.shape).copy_(src, non_blocking=src.is_cuda)
+            if src.is_cuda:  # its memory is not reused before the queued copy has read it
+                src.record_stream(torch.cuda.current_stream(src.device))
+        return WireTensor(name, tuple(src.shape), into.data)
     host = torch.empty(src.shape, dtype=src.dtype)
     host.copy_(src)
     raw = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
-    name = "bfloat16" if host.dtype == torch.bfloat16 else str(host.dtype).removeprefix("torch.")
     return WireTensor(name, tuple(host.shape), memoryview(raw.numpy()).cast("B"))  # type: ignore[arg-type]
 
 
@@ -74,11 +87,13 @@ class WeightStore:
     from them to the newest (each a few percent of a version after a step).
     """
 
-    def __init__(self, signature: Signature, keep: int = 2) -> None:
+    def __init__(self, signature: Signature, keep: int = 2, host_buffers: HostBuffers | None = None) -> None:
         self.signature = dict(signature)
         """Name -> (dtype, shape) of the model directory's tensors: what generators load, in the dtype they hold."""
         self.names = sorted(signature)
         self.keep = keep
+        self.host_buffers = host_buffers
+        """Where versions are copied out to (page-locked on a GPU); None: memory of each tensor's own."""
         self._versions: OrderedDict[int, Version] = OrderedDict()
         self._lock = threading.Lock()
         self._deltas: dict[tuple[int, int], list[bytes] | None] = {}
@@ -105,11 +120,20 @@ class WeightStore:
         pairs must be exactly the model directory's tensors (KeyError naming
         the difference).
         """
+        segments: dict[str, Segment] = {}
+        if self.host_buffers is not None:
+            sizes = [math.prod(self.signature[n][1]) * TORCH_DTYPES[self.signature[n][0]].itemsize for n in self.names]
+            segments = dict(zip(self.names, self.host_buffers.lease(sizes), strict=True))
         wire: dict[str, WireTensor] = {}
+        devices: set[torch.device] = set()
         for name, tensor in tensors:
             if name not in self.signature:
                 raise KeyError(f"{name} is not one of the model directory's tensors")
-            wire[name] = to_wire(tensor, self.signature[name][0])
+            wire[name] = to_wire(tensor, self.signature[name][0], segments.get(name))
+            if tensor.is_cuda:
+                devices.add(tensor.device)
+        for device in devices:  # the copies into page-locked segments were queued: one wait for them all
+            torch.cuda.current_stream(device).synchronize()
         missing = [n for n in self.names if n not in wire]
         if missing:
             raise KeyError(f"no tensors given for {missing[:5]} (the model directory's tensors)")

@@ -568,7 +568,9 @@ The learner's memory adds what services/learner/plan.py counts on the host
                                     each rank reads one stored tensor at a time
                                     in float32; the largest (the embeddings) is
                                     taken as a tenth of the model (6.5-7.6% at 7-8B)
-  servedGiB     = served_versions_kept x sizeGiB      versions rank 0 serves
+  servedGiB     = (served_versions_kept + 1) x sizeGiB
+                                    versions rank 0 serves, and the one it
+                                    copies out (page-locked buffers on GPUs)
   stagingGiB    = ceil(6 x sizeGiB / nodes)           this pod's ranks staging
                                     their shards of an async checkpoint (float32
                                     weights and AdamW moments: 12 bytes a parameter)
@@ -590,7 +592,7 @@ tmpGiB: {{ add 8 $peak }}
 {{- if $learner }}
 {{- $l := .ctx.Values.learner }}
 {{- $load := int (ceil (mulf (float64 $l.gpusPerNode) 2.0 (maxf (divf $size 10.0) 1.0))) }}
-{{- $served := int (ceil (mulf (float64 (default 2 $l.config.served_versions_kept)) $size)) }}
+{{- $served := int (ceil (mulf (float64 (add1 (int (default 2 $l.config.served_versions_kept)))) $size)) }}
 {{- $staging := int (ceil (divf (mulf 6.0 $size) (float64 $l.nodes))) }}
 {{- $checkpoint := int (ceil (mulf 6.0 $size)) }}
 loadGiB: {{ $load }}
