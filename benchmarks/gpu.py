@@ -532,21 +532,22 @@ def part_fsdp(shape: Shape, device: torch.device, clock: Clock) -> dict[str, Any
             raise RuntimeError(f"sum or max over a group of one changed the values: {sums}, {maxes}")
         out["broadcast"] = dp.broadcast({"step": 2}) == {"step": 2}
 
-        # Served into pageable memory, then into page-locked buffers (the learner's way on a GPU), twice each:
-        # the second pinned version reuses the first one's buffer once it is dropped.
+        # Served into pageable memory, then into page-locked buffers (the learner's way on a GPU), three times
+        # each: the store keeps one version, so the first two lock a buffer each and the third reuses the first.
         signature = served_signature(model, "bfloat16")
         for key, buffers in (("serve", None), ("serve_pinned", HostBuffers.for_device(device))):
             store = WeightStore(signature, keep=1, host_buffers=buffers)
             served: list[Version] = []
 
             def serve(version: int, store: WeightStore = store, served: list[Version] = served) -> None:
-                served.append(store.snapshot_tensors(version, trainer.served_tensors(store.names)))
+                served[:] = [store.snapshot_tensors(version, trainer.served_tensors(store.names))]
 
-            times = [clock.time(functools.partial(serve, v)) for v in (1, 2)]
+            times = [clock.time(functools.partial(serve, v)) for v in (1, 2, 3)]
             out[f"{key}_s"] = times
             out[f"{key}_bytes"] = served[-1].num_bytes
             out[f"{key}_gb_per_s"] = served[-1].num_bytes / min(times) / 1e9
             out[f"{key}_digest"] = served[-1].digest
+            out[f"{key}_buffers"] = 0 if buffers is None else buffers.num_buffers
         if out["serve_pinned_digest"] != out["serve_digest"]:
             raise RuntimeError("the version served through page-locked buffers differs from the pageable one")
 

@@ -41,6 +41,9 @@ def test_the_quick_run_measures_every_part(tmp_path: Path) -> None:
     assert len(fsdp["grad_norms"]) == 2 and all(math.isfinite(n) and n > 0 for n in fsdp["grad_norms"])
     # Served in bf16: two bytes a parameter, the tied head once.
     assert fsdp["serve_bytes"] == 2 * parts_parameters(QUICK)
+    # On the CPU no pages are locked: the learner's own path, the same version.
+    assert fsdp["serve_pinned_buffers"] == 0 and fsdp["serve_pinned_digest"] == fsdp["serve_digest"]
+    assert len(fsdp["serve_s"]) == len(fsdp["serve_pinned_s"]) == 3
     assert fsdp["dcp_bytes"] > 3 * 4 * parts_parameters(QUICK)  # float32 weights and AdamW's two moments
 
     staging = parts["staging"]

@@ -87,6 +87,11 @@ class HostBuffers:
             return sum(b.bytes.numel() for b in self._buffers)
 
     @property
+    def num_buffers(self) -> int:
+        with self._lock:
+            return len(self._buffers)
+
+    @property
     def num_free(self) -> int:
         with self._lock:
             return sum(1 for b in self._buffers if b.readers == 0)

@@ -70,7 +70,7 @@ def test_served_through_buffers_a_version_is_the_same_bytes_and_digest() -> None
         decoded = decode(encode(version, b.tensors, b.digest))
         assert decoded.digest == a.digest
     # Two versions kept, one being staged at most: the buffers of dropped versions were reused.
-    assert len(buffers._buffers) <= 3
+    assert buffers.num_buffers <= 3
     held = reused.get(5)
     assert held is not None and held.digest == plain.get(5).digest  # type: ignore[union-attr]
 
