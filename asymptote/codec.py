@@ -25,7 +25,7 @@ import json
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +66,14 @@ Signature = dict[str, tuple[str, tuple[int, ...]]]
 """Tensor name -> (wire dtype, shape): what a model's weights must look like."""
 
 
+def tensor_num_bytes(dtype: str, shape: Sequence[int]) -> int:
+    """The bytes of one tensor of ``dtype`` (a wire dtype) and ``shape``."""
+    return math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+
+
 def signature_num_bytes(signature: Signature) -> int:
     """The bytes of one version of a model with this signature."""
-    return sum(math.prod(shape) * _WIRE_DTYPES[dtype].itemsize for dtype, shape in signature.values())
+    return sum(tensor_num_bytes(dtype, shape) for dtype, shape in signature.values())
 
 
 def safetensors_header(signature: Signature, metadata: Mapping[str, str], min_bytes: int = 0) -> bytes:
@@ -84,7 +89,7 @@ def safetensors_header(signature: Signature, metadata: Mapping[str, str], min_by
     offset = 0
     for name in sorted(signature):
         dtype, shape = signature[name]
-        end = offset + math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        end = offset + tensor_num_bytes(dtype, shape)
         entries[name] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
         offset = end
     body = json.dumps(entries, separators=(",", ":")).encode()
@@ -110,7 +115,7 @@ class WireTensor:
             raise WeightsError(f"unsupported dtype {self.dtype!r}; accepted: {sorted(_WIRE_DTYPES)}")
         if isinstance(self.data, memoryview) and (self.data.format != "B" or self.data.ndim != 1):
             raise WeightsError(f"tensor data must be bytes or a flat byte memoryview, got format {self.data.format!r}")
-        expected = math.prod(self.shape) * _WIRE_DTYPES[self.dtype].itemsize
+        expected = tensor_num_bytes(self.dtype, self.shape)
         if len(self.data) != expected:
             raise WeightsError(
                 f"tensor of dtype {self.dtype} and shape {list(self.shape)} needs {expected} bytes, got {len(self.data)}"
@@ -137,7 +142,7 @@ def tensor_views(buffer: np.ndarray, signature: Signature) -> dict[str, WireTens
     offset = 0
     for name in sorted(signature):
         dtype, shape = signature[name]
-        size = math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        size = tensor_num_bytes(dtype, shape)
         tensors[name] = WireTensor(dtype, shape, buffer.data[offset : offset + size])
         offset += size
     return tensors
@@ -435,7 +440,7 @@ class WeightsDecoder:
         dtype, shape, size = meta
         if dtype not in _WIRE_DTYPES:
             raise WeightsError(f"tensor {name!r}: unsupported dtype {dtype!r}; accepted: {sorted(_WIRE_DTYPES)}")
-        expected = math.prod(shape) * _WIRE_DTYPES[dtype].itemsize
+        expected = tensor_num_bytes(dtype, shape)
         if any(d < 0 for d in shape) or size != expected:
             raise WeightsError(
                 f"tensor {name!r} of dtype {dtype} and shape {list(shape)} needs {expected} bytes, chunks announce {size}"

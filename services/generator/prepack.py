@@ -24,13 +24,10 @@ where the version was staged.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 """A module's own tensor and child registries: a twin gets its own; any other attribute the reload changes

@@ -54,9 +54,8 @@ class Segment:
 
 
 class _Buffer:
-    def __init__(self, num_bytes: int, pinned: bool) -> None:
+    def __init__(self, num_bytes: int) -> None:
         self.bytes = torch.empty(num_bytes, dtype=torch.uint8)
-        self.pinned = pinned
         self.readers = 0
         """Segments handed out whose views are still alive."""
 
@@ -120,7 +119,7 @@ class HostBuffers:
         return segments
 
     def _allocate(self, num_bytes: int) -> _Buffer:
-        buffer = _Buffer(num_bytes, pinned=False)
+        buffer = _Buffer(num_bytes)
         if self.pin:
             err = torch.cuda.cudart().cudaHostRegister(buffer.bytes.data_ptr(), num_bytes, 0)
             if int(err) != 0:
@@ -128,7 +127,6 @@ class HostBuffers:
                     f"cudaHostRegister of {num_bytes / 1e9:.2f} GB for a served version failed (error {int(err)}): "
                     f"the learner's locked-memory limit (ulimit -l) or the host's memory is too small"
                 )
-            buffer.pinned = True
             log.info("page-locked %.2f GB of host memory for served versions", num_bytes / 1e9)
         return buffer
 

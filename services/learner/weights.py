@@ -12,7 +12,6 @@ generator that holds the base.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asymptote.codec import Signature, WireTensor, version_digest
+from asymptote.codec import Signature, WireTensor, tensor_num_bytes, version_digest
 from asymptote.delta import delta_frames
 from services.learner.host_buffers import HostBuffers, Segment
 from services.learner.model import TORCH_DTYPES, aliases
@@ -122,7 +121,7 @@ class WeightStore:
         """
         segments: dict[str, Segment] = {}
         if self.host_buffers is not None:
-            sizes = [math.prod(self.signature[n][1]) * TORCH_DTYPES[self.signature[n][0]].itemsize for n in self.names]
+            sizes = [tensor_num_bytes(*self.signature[n]) for n in self.names]
             segments = dict(zip(self.names, self.host_buffers.lease(sizes), strict=True))
         wire: dict[str, WireTensor] = {}
         devices: set[torch.device] = set()
