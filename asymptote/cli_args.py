@@ -10,7 +10,14 @@ matched whole, never by a prefix.
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+from asymptote.errors import ConfigError
 
 
 class _WithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -81,3 +88,24 @@ def service_parser(service: str, config: type[Any], env_prefix: str) -> Argument
         epilog="top-level settings:\n" + "\n".join(lines),
         formatter_class=_KeepLines,
     )
+
+
+def validation_problems(exc: ValidationError, name: Callable[[tuple[int | str, ...]], str]) -> str:
+    """Every error of ``exc`` as ``<name of its location>: <what was wrong>, got <input>``, joined by "; "."""
+    problems = []
+    for err in exc.errors():
+        what = str(err["msg"]).removeprefix("Value error, ")
+        what = what[0].lower() + what[1:] if what else what
+        got = f", got {err['input']!r}" if err["type"] != "missing" and not isinstance(err["input"], Mapping) else ""
+        problems.append(f"{name(tuple(err['loc']))}: {what}{got}")
+    return "; ".join(problems)
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """Create ``path`` if missing; ConfigError naming ``flag`` when it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot create the directory: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the directory is not writable")

@@ -6,7 +6,7 @@ rules a length-controlled completion follows whatever samples it: how a first
 part run to its thinking budget goes on (``continuation``) and how the parts
 join, with what was injected between them out of the loss (``splice``). The
 generator carries them out with vLLM (services/generator/length.py), the
-single-process loop with the transformers model (services/learner/sampling.py);
+single-process loop with the transformers model (services/embedded/sampling.py);
 the settings and the budget draw are asymptote/tasks/length.py's.
 """
 

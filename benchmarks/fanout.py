@@ -56,12 +56,12 @@ from asymptote.health import Health
 from asymptote.rpc import start_server
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
+from services.embedded.build import ModelSpec
 from services.generator.engine import SwapReport
 from services.generator.fanout import PeerWeightSource, WeightRelay, add_relay_to_server, ancestors
 from services.generator.metrics import PULL_KINDS, GeneratorMetrics
 from services.generator.swapper import Swapper
 from services.generator.weights import GrpcWeightSource, HeldVersion, WeightSource
-from services.learner.build import ModelSpec
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore
 
@@ -467,7 +467,7 @@ def interior_faults(num_generators: int, degree: int, version: int) -> dict[int,
 
 
 def measure(workdir: Path, quick: bool, link_mb_per_s: float, fleets: tuple[int, ...] | None = None) -> dict[str, Any]:
-    from services.learner.build import cast_model_dir, create_model_dir
+    from services.embedded.build import cast_model_dir, create_model_dir
 
     spec = QUICK_SPEC if quick else FULL_SPEC
     degree = QUICK_DEGREE if quick else DEGREE

@@ -138,7 +138,7 @@ def sharpen_head(model_dir: Path) -> None:
 def bench_fp32_head(workdir: Path | None = None) -> Figure:
     import torch
 
-    from services.learner.build import cast_model_dir, create_test_model_dir
+    from services.embedded.build import cast_model_dir, create_test_model_dir
 
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="fp32-head-bench-") as tmp:

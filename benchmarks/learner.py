@@ -28,7 +28,7 @@ import torch
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
-from services.learner.build import ModelSpec, build_model, build_tokenizer
+from services.embedded.build import ModelSpec, build_model, build_tokenizer
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.trainer import Trainer, collate
 

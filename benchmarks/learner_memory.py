@@ -90,7 +90,7 @@ VARIANTS = (
 
 
 def model_spec(quick: bool) -> Any:
-    from services.learner.build import ModelSpec
+    from services.embedded.build import ModelSpec
 
     if quick:
         return ModelSpec(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_position_embeddings=128)
@@ -170,7 +170,7 @@ def worker(variant: Variant, quick: bool, out: Path) -> None:
 
     from asymptote.tasks import ALPHABET
     from benchmarks.learner import synthetic_groups
-    from services.learner.build import build_tokenizer, model_config
+    from services.embedded.build import build_tokenizer, model_config
     from services.learner.config import LossSettings, OptimizerSettings
     from services.learner.distributed import DataParallel
     from services.learner.model import count_parameters
@@ -240,7 +240,7 @@ def step_time_worker(quick: bool, out: Path, rounds: int) -> None:
 
     from asymptote.tasks import ALPHABET
     from benchmarks.learner import synthetic_groups
-    from services.learner.build import ModelSpec, build_model, build_tokenizer
+    from services.embedded.build import ModelSpec, build_model, build_tokenizer
     from services.learner.config import LossSettings, OptimizerSettings
     from services.learner.distributed import DataParallel
     from services.learner.trainer import Trainer, collate

@@ -10,7 +10,7 @@ batch 16 x 8, max_tokens 96, interruption length control, lr 2e-4.
 Both sides are evaluated the same way: each version's held-out pass rate
 over all 200 held-out problems x 4 samples (800 completions, a standard
 error of at most 0.018 a point), sampled with the transformers model under
-the task's length control (services/learner/sampling.py). The loop
+the task's length control (services/embedded/sampling.py). The loop
 evaluates in line and leaves that time out of its clock; the stack keeps a
 checkpoint every ``--every`` versions, evaluated after the run (its own
 eval rounds are cut to the smallest), so neither side's clock pays for
@@ -94,9 +94,9 @@ class Curve:
 
 
 def words_task_json() -> dict[str, Any]:
-    from services.local.config import words_task
+    from services.local.workloads import workload_task
 
-    return words_task().model_dump(mode="json")
+    return workload_task("words").model_dump(mode="json")
 
 
 def run_stack(out: Path, seed: int, steps: int, every: int) -> Path:
@@ -145,10 +145,10 @@ def stack_clock(run_dir: Path) -> dict[int, float]:
 def evaluate_stack(run_dir: Path, model_dir: Path, seed: int, every: int) -> Curve:
     """Every kept checkpoint of a stack run (and its start model) through the loop's evaluator."""
     from asymptote.tasks import DatasetSettings, get_task
+    from services.embedded.sampling import length_control_of
+    from services.embedded.warmstart import evaluate_pass_rate
     from services.learner.export import export
     from services.learner.model import load_model, load_tokenizer
-    from services.learner.sampling import length_control_of
-    from services.learner.warmstart import evaluate_pass_rate
 
     task = get_task("dataset", DatasetSettings.model_validate(words_task_json()))
     clock = stack_clock(run_dir)
@@ -191,7 +191,7 @@ def run_onpolicy(out: Path, model_dir: Path, seed: int, steps: int, every: int, 
         "warmup_steps": WARMUP,
         "seed": seed,
     }
-    cmd = [sys.executable, "-m", "services.learner.onpolicy", "--model-dir", str(model_dir)]
+    cmd = [sys.executable, "-m", "services.embedded.onpolicy", "--model-dir", str(model_dir)]
     cmd += ["--settings", json.dumps(settings), "--metrics", str(metrics), "--threads", str(threads)]
     with (out / f"onpolicy-{seed}.log").open("wb") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode

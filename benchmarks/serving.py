@@ -46,7 +46,7 @@ def worker(quick: bool, out: Path) -> None:
 
     from asymptote.tasks import ALPHABET
     from benchmarks.learner import synthetic_groups
-    from services.learner.build import build_model, build_tokenizer
+    from services.embedded.build import build_model, build_tokenizer
     from services.learner.config import LossSettings, OptimizerSettings
     from services.learner.distributed import DataParallel
     from services.learner.model import count_parameters

@@ -49,8 +49,8 @@ from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
 from benchmarks.pipeline import PAUSE_SLACK_S, copy_time_s
 from benchmarks.transfer import read_file, serve_weights, wait_for_server
+from services.embedded.build import ModelSpec, create_model_dir
 from services.generator.engine import Engine, SwapReport
-from services.learner.build import ModelSpec, create_model_dir
 
 MEMORY_TARGET = 1.1
 PREPACK_MEMORY_TARGET = MEMORY_TARGET + 1.0

@@ -49,8 +49,8 @@ from asymptote.errors import WeightsError
 from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
+from services.embedded.build import ModelSpec, create_model_dir
 from services.generator.weights import GrpcWeightSource, StagingArea, check_signature
-from services.learner.build import ModelSpec, create_model_dir
 
 TARGET = 0.5
 DIGEST_TARGET = 2.0

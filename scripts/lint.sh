@@ -14,7 +14,7 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/asymptote"
 "$bin/ruff" format --check --cache-dir "$cache/ruff" .
 "$bin/mypy" --cache-dir "$cache/mypy-strict" --strict asymptote &
 strict=$!
-"$bin/mypy" --cache-dir "$cache/mypy" services benchmarks ops &
+"$bin/mypy" --cache-dir "$cache/mypy" services benchmarks &
 rest=$!
 status=0
 wait "$strict" || status=1

@@ -2,7 +2,7 @@
 
 Llama with an untied head, Qwen2 (attention biases) with a tied head, Qwen3
 (q/k norms, its own head size) with an untied head: each built by
-``services.learner.build`` (the one place that names architectures), with
+``services.embedded.build`` (the one place that names architectures), with
 the arithmetic task's character tokenizer so that the task's prompts and
 verifier work unchanged. Models with a BPE tokenizer and a chat template come
 from ``build.create_test_model_dir``.
@@ -18,7 +18,7 @@ TIED = {"llama": False, "qwen2": True, "qwen3": False}
 def build(family: str, out: Path) -> Path:
     """A small random model of ``family`` with the arithmetic task's character tokenizer."""
     from asymptote.tasks import ALPHABET
-    from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
+    from services.embedded.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 
     tok = build_tokenizer(ALPHABET)
     spec = ModelSpec.model_validate(

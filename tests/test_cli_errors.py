@@ -62,7 +62,7 @@ def _model_without_a_weight(out: Path, name: str) -> Path:
     from safetensors.torch import load_file, save_file
 
     from asymptote.tasks import ALPHABET
-    from services.learner.build import ModelSpec, create_model_dir
+    from services.embedded.build import ModelSpec, create_model_dir
 
     spec = ModelSpec(hidden_size=32, num_heads=1, num_layers=1, intermediate_size=64, max_position_embeddings=32)
     create_model_dir(spec, ALPHABET, out)

@@ -102,10 +102,10 @@ TORCH_FREE_MODULES = (
     "asymptote.sandbox.remote",
     "services.local.stack",
     "services.cli",
-    "ops.kube",
-    "ops.fetch",
-    "ops.podexec",
-    "ops.labels",
+    "services.ops.kube",
+    "services.ops.kube_fetch",
+    "services.ops.podexec",
+    "services.ops.labels",
 )
 
 
@@ -119,6 +119,10 @@ def test_torch_free_core_does_not_import_torch_or_vllm() -> None:
 
 
 DEPLOYABLES = ("generator", "broker", "learner", "fitter", "sandbox_pool")
+COMPOSERS = ("local", "embedded", "ops")
+"""The folders of services/ that are not deployables: the local stack (``asymptote up``), the embedded
+recipe (the tiny model, its warm starts, the single-process baseline) and the operator tools
+(``asymptote plan`` and ``asymptote kube``). They compose the services; no service imports them."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -134,17 +138,16 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_no_service_imports_another() -> None:
     # Each deployable ships alone (its own image): it may import the shared
-    # runtime and itself, never another service, the benchmarks or the
-    # operator tools. Only the local stack, the benchmarks and the command
-    # line compose them.
+    # runtime and itself, never another service, the embedded recipe, the
+    # benchmarks or the operator tools. Only the local stack, the benchmarks
+    # and the command line compose them.
     crossing = []
     for service in DEPLOYABLES:
         others = (
             *tuple(f"services.{s}" for s in DEPLOYABLES if s != service),
-            "services.local",
+            *tuple(f"services.{s}" for s in COMPOSERS),
             "services.cli",
             "benchmarks",
-            "ops",
         )
         for path in sorted((ROOT / "services" / service).rglob("*.py")):
             for module in imported_modules(path):
@@ -153,17 +156,88 @@ def test_no_service_imports_another() -> None:
     assert crossing == []
 
 
-def test_services_holds_the_services_and_the_local_stack_only() -> None:
-    """services/ is the five deployables, the local stack and the command line; benchmarks live in
-    benchmarks/ and operator tools in ops/, so no module under services/ is a benchmark."""
+def test_no_deployable_reaches_the_embedded_recipe() -> None:
+    """Walking every import from each deployable's ``main`` (lazy ones included) never reaches
+    services/embedded/, and neither does the shared runtime: the tiny model, its warm starts and the
+    single-process baseline are the local stack's recipe, not part of any image's code path."""
+    graph = import_graph()
+    reached = {service: reachable(graph, f"services.{service}.main") for service in DEPLOYABLES}
+    runtime = {m for m in graph if m.split(".")[0] == "asymptote"}
+    reached["asymptote"] = set().union(*(reachable(graph, m) for m in runtime))
+    embedded = {name: sorted(m for m in found if m.startswith("services.embedded")) for name, found in reached.items()}
+    assert embedded == {name: [] for name in reached}
+    # The walk sees what it should: the local stack's model preparation does reach the room.
+    assert "services.embedded.warmstart" in reachable(graph, "services.local.prepare")
+
+
+OWN_TOOLS = {
+    "learner": {
+        "export": "`asymptote export`: a checkpoint as a Hugging Face model directory, read from the learner's "
+        "own checkpoints; run by the command line, and in the learner's pod by `asymptote kube fetch`",
+    },
+    "fitter": {
+        "offline": "`asymptote fit`: the fitter's curve, fit and plot over eval.jsonl files, offline",
+    },
+}
+"""Modules of a deployable that its ``main`` does not import, each the service's own tool, with its reason."""
+LOADED_BY_NAME = {
+    "services.generator.worker_ext": "services/generator/engine.py",
+}
+"""Modules of a deployable that its code names in a string for another process to import (vLLM's Worker
+loads the engine's ``worker_extension_cls``), and the file that names them."""
+
+
+def test_every_file_of_a_deployable_is_on_its_code_path() -> None:
+    """The import walk from each deployable's ``main`` reaches every module of its folder, or the module is
+    named in OWN_TOOLS as that service's own tool with the reason: a module nothing of the service runs is
+    something else's (the embedded recipe, a benchmark baseline) and belongs in its own room."""
+    graph = import_graph()
+    for module, naming in LOADED_BY_NAME.items():
+        assert f'"{module}.' in (ROOT / naming).read_text(), f"{naming} no longer names {module}"
+    stray = {}
+    for service in DEPLOYABLES:
+        starts = [f"services.{service}.main", *(m for m in LOADED_BY_NAME if m.startswith(f"services.{service}."))]
+        found = set().union(*(reachable(graph, m) for m in starts))
+        found |= {f"services.{service}.{tool}" for tool in OWN_TOOLS.get(service, {})}
+        stray[service] = sorted(m for m in graph if m.startswith(f"services.{service}.") and m not in found)
+    assert stray == {service: [] for service in DEPLOYABLES}
+
+
+def test_services_holds_the_services_and_their_composers_only() -> None:
+    """services/ is the five deployables, the local stack, the embedded recipe, the operator tools and the
+    command line. No module there but the command line imports a benchmark (it dispatches ``asymptote
+    bench`` lazily), judged by what modules import, not by their file names."""
     folders = sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert folders == sorted([*DEPLOYABLES, "local"])
+    assert folders == sorted([*DEPLOYABLES, *COMPOSERS])
     assert sorted(p.name for p in (ROOT / "services").glob("*.py")) == ["__init__.py", "cli.py"]
-    benches = [str(p.relative_to(ROOT)) for p in (ROOT / "services").rglob("*.py") if p.stem.startswith("bench")]
+    graph = import_graph()
+    benches = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if name.startswith("services.") and name != "services.cli"
+        for target in targets
+        if target.split(".")[0] == "benchmarks"
+    )
     assert benches == []
 
 
-PROJECT_PACKAGES = ("asymptote", "benchmarks", "ops", "services")
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others, itself included."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            # ``import a.b.c`` runs a/__init__ and a/b/__init__ too.
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                module = ".".join(parts[:i])
+                if module in graph and module not in seen:
+                    seen.add(module)
+                    todo.append(module)
+    return seen
+
+
+PROJECT_PACKAGES = ("asymptote", "benchmarks", "services")
 
 
 def module_name(path: Path) -> str:
@@ -248,19 +322,25 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_graph_has_no_circle() -> None:
-    """Dependencies point one way across asymptote/, services/, benchmarks/ and ops/.
+    """Dependencies point one way across asymptote/, services/ and benchmarks/.
 
     Every import counts, at any depth (a lazy import inside a function and an
     import under ``TYPE_CHECKING`` are still a dependency), with one named
     exception: the imports inside the functions of ``services/cli.py``. The
     command line sits above everything it dispatches to (the services, the
-    local stack, ``benchmarks.run``, ``ops.kube``) and imports each lazily
+    local stack, ``benchmarks.run``, ``services.ops.kube``) and imports each lazily
     inside its subcommand; its module-level imports still count.
     """
     graph = import_graph()
-    assert {"benchmarks.run", "benchmarks.figure", "ops.kube", "services.cli", "asymptote.config"} <= graph.keys()
+    assert {
+        "benchmarks.run",
+        "benchmarks.figure",
+        "services.ops.kube",
+        "services.cli",
+        "asymptote.config",
+    } <= graph.keys()
     assert "benchmarks.figure" in graph["benchmarks.run"]  # the graph sees the edges it should
-    assert not graph["services.cli"] & {"benchmarks.run", "ops.kube"}  # only lazily, excluded
+    assert not graph["services.cli"] & {"benchmarks.run", "services.ops.kube"}  # only lazily, excluded
     assert import_circles(graph) == []
 
 

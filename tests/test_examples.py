@@ -13,9 +13,9 @@ import pytest
 
 from asymptote.config import load_config
 from asymptote.tasks import DatasetSettings
-from services.cli import up_config
-from services.learner.warmstart import tiny_model_settings
+from services.embedded.warmstart import tiny_model_settings
 from services.local.config import StackConfig
+from services.local.up import up_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -1,4 +1,4 @@
-"""``python -m asymptote.fetch``, the chart's download init containers' command.
+"""``python -m asymptote.download``, the chart's download init containers' command.
 
 The Hugging Face hub cannot be reached from the test machines, so the
 download call (``huggingface_hub.snapshot_download``) is replaced by a
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from asymptote.fetch import MODEL_PATTERNS, RECORD, main
+from asymptote.download import MODEL_PATTERNS, RECORD, main
 
 
 class Hub:

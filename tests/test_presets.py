@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from services.cli import up_config
 from services.local.presets import PRESETS, preset_for
+from services.local.up import up_config
 
 
 def model_of(tmp_path: Path, parameters: int) -> Path:

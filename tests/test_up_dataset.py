@@ -13,7 +13,7 @@ import pytest
 
 from asymptote.tasks import DatasetTask
 from asymptote.tasks.verifiers import ExactSettings
-from services.cli import up_config
+from services.local.up import up_config
 
 
 @pytest.fixture

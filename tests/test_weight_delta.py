@@ -382,7 +382,7 @@ def test_the_tree_bounds_every_node_to_degree_children() -> None:
 @pytest.mark.slow  # real AdamW steps on a small model, then 8 generators over gRPC, ~20 s
 def test_a_small_tree_sends_each_version_degree_times_and_every_generator_ends_right(tmp_path: Path) -> None:
     from benchmarks.fanout import QUICK_SPEC, interior_faults, learner_versions, run_fleet
-    from services.learner.build import cast_model_dir, create_model_dir
+    from services.embedded.build import cast_model_dir, create_model_dir
 
     torch = pytest.importorskip("torch")
     model_dir = cast_model_dir(create_model_dir(QUICK_SPEC, "0123456789+-=", tmp_path / "model"), torch.bfloat16)

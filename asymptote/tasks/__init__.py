@@ -47,11 +47,10 @@ __all__ = [
 ]
 
 
-def _task_name(value: object) -> str:
-    # A mapping without a name is the arithmetic task (configs written before datasets).
-    if isinstance(value, dict):
-        return str(value.get("name", "arithmetic"))
-    return str(getattr(value, "name", "arithmetic"))
+def _task_name(value: object) -> str | None:
+    # None (no name) is refused by the discriminator with the message below: no kind is assumed.
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    return None if name is None else str(name)
 
 
 TaskSettings = Annotated[
@@ -59,9 +58,13 @@ TaskSettings = Annotated[
     | Annotated[DatasetSettings, Tag("dataset")]
     | Annotated[MixtureSettings, Tag("mixture")]
     | Annotated[MultiTurnSettings, Tag("multiturn")],
-    Discriminator(_task_name),
+    Discriminator(
+        _task_name,
+        custom_error_type="task_name_missing",
+        custom_error_message="a task's 'name' (its kind) must be one of arithmetic, dataset, mixture, multiturn",
+    ),
 ]
-"""A task's settings; ``name`` picks the task (arithmetic when a mapping has no name)."""
+"""A task's settings; ``name`` picks the task, and a mapping without one is refused."""
 TaskSettingsValue = ArithmeticSettings | DatasetSettings | MixtureSettings | MultiTurnSettings
 """A validated ``TaskSettings`` value (for annotations)."""
 
@@ -76,7 +79,7 @@ _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Task]]] = {
 
 
 def parse_task_settings(value: object) -> TaskSettingsValue:
-    """Validated task settings from a mapping (a missing name means arithmetic); ValidationError if bad."""
+    """Validated task settings from a mapping (its ``name`` picks the kind); ValidationError if bad."""
     return _ADAPTER.validate_python(value)
 
 

@@ -74,7 +74,6 @@ class ArithmeticTask:
     """Exact-answer arithmetic problems and their verifier."""
 
     name: str
-    alphabet: str = ALPHABET
 
     def __init__(self, settings: ArithmeticSettings | None = None) -> None:
         self.settings = settings or ArithmeticSettings()

@@ -31,8 +31,6 @@ class Task(Protocol):
 
     name: str
     """Registry name of the task."""
-    alphabet: str
-    """Every character that prompts and references can contain (tokenizer vocab)."""
 
     def problems(self, split: Split) -> Sequence[Problem]:
         """The problems of ``split``; the same settings give the same sequence."""

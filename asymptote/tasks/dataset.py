@@ -318,8 +318,6 @@ class DatasetTask:
     """Problems from dataset files; completions judged by the configured verifier (in this process)."""
 
     name: str
-    alphabet: str = ""
-    """Empty: prompts are any text, tokenized by the model's own tokenizer."""
 
     def __init__(self, settings: DatasetSettings) -> None:
         self.settings = settings

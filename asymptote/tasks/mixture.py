@@ -124,8 +124,6 @@ class MixtureTask:
     """The sub-tasks' problems together; a problem is scored by its own sub-task."""
 
     name: str = "mixture"
-    alphabet: str = ""
-    """Empty: a mixture's prompts are any text (a BPE tokenizer)."""
 
     def __init__(self, settings: MixtureSettings) -> None:
         self.settings = settings

@@ -73,8 +73,6 @@ class MultiTurnTask:
     """The dataset's problems; an episode's final turn is scored by the dataset's verifier."""
 
     name: str = "multiturn"
-    alphabet: str = ""
-    """Empty: prompts are any text, tokenized by the model's own tokenizer."""
 
     def __init__(self, settings: MultiTurnSettings) -> None:
         self.settings = settings

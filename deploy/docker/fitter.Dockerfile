@@ -14,8 +14,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asymptote ./asymptote
 COPY services ./services
-# ops/ holds `asymptote kube`, whose `health` is the chart's `helm test`; benchmarks/ stays out.
-COPY ops ./ops
+# services/ops/ holds `asymptote kube`, whose `health` is the chart's `helm test`; benchmarks/ stays out.
 # The project itself, from the build context (its dependencies' bounds are in pyproject.toml).
 # hadolint ignore=DL3013
 RUN /opt/venv/bin/pip install .

@@ -16,7 +16,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asymptote ./asymptote
 COPY services ./services
-COPY ops ./ops
 # The project itself, from the build context (its dependencies' bounds are in pyproject.toml).
 # hadolint ignore=DL3013
 RUN /opt/venv/bin/pip install .

@@ -49,12 +49,10 @@ from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.messages import decode_task
 from asymptote.sample import Sample
-from asymptote.tasks import ArithmeticSettings
 from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import MixtureScorer, Scorer
-from services.generator.scoring import TaskScorer
 from services.generator.swapper import EvalHold
 
 log = logging.getLogger(__name__)
@@ -175,7 +173,7 @@ class RolloutLoop:
         ack_wait_s: float,
         metrics: GeneratorMetrics,
         meter: ComputeMeter,
-        scorer: Scorer | None = None,
+        scorer: Scorer,
         hold: EvalHold | None = None,
         episodes: EpisodeRunner | None = None,
     ) -> None:
@@ -191,7 +189,8 @@ class RolloutLoop:
         self.ack_wait_s = ack_wait_s
         self.metrics = metrics
         self.meter = meter
-        self.scorer = scorer or TaskScorer(ArithmeticSettings(), engine.settings.model_dir, metrics)
+        self.scorer = scorer
+        """Renders, length-controls and scores the run's task (or each task of a mixture)."""
         self.ledger = Ledger(js, names, "generator")
         """Where the dead letters of train tasks are recorded (the broker records every other outcome)."""
         self._inflight: set[asyncio.Task[None]] = set()

@@ -50,8 +50,8 @@ def _check_fits(config: LearnerConfig) -> None:
     formula); ConfigError in one line, naming the setting to change, when it does not fit."""
     import torch
 
+    from services.learner.memory import learner_fits
     from services.learner.model import Precision
-    from services.learner.plan import learner_fits
 
     precision = Precision.resolve(config.device, config.dtype)
     if precision.device.type != "cuda":

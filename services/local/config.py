@@ -5,16 +5,11 @@ them (ports, paths, the shared task and sampling settings), written into
 the run directory and handed to the service process, exactly as a Helm
 release renders ConfigMaps.
 
-The defaults are the embedded word-problem workload: the shipped dataset
-file (data/words/), the chat template, math-verify and interruption length
-control, the same path a GPU run on GSM8K takes. ``workload: arithmetic``
-swaps in the quick arithmetic task (four-token answers) for the shortest
-smoke runs; ``workload: words-code`` the same word problems answered by a
-Python program run in the sandbox (data/words-code/, the code verifier);
-``workload: words+code`` both in one run, mixed half and half (a
-``mixture`` task: one held-out curve and fit each); ``workload:
-words-tools`` the word problems as multi-turn tool use (a calculator
-called in one turn, its answer boxed in the next).
+What a run trains on is a workload, a file of these fields under
+examples/workloads/ (services/local/workloads.py): the default, words, is
+the shipped dataset file (data/words/), the chat template, math-verify and
+interruption length control, the same path a GPU run on GSM8K takes. The
+fields a config or a flag gives win over the workload's.
 """
 
 from __future__ import annotations
@@ -22,116 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, ValidationError, field_validator, model_validator
 
 from asymptote.config import Frozen, merge
-from asymptote.envs.config import EnvironmentSettings
 from asymptote.faults import parse as parse_failpoints
-from asymptote.tasks import (
-    DatasetSettings,
-    LengthControlSettings,
-    MixtureEntry,
-    MixtureSettings,
-    MultiTurnSettings,
-    TaskSettings,
-    words,
-    words_code,
-)
-from asymptote.tasks.verifiers import CodeSettings
+from asymptote.tasks import TaskSettings
 from services.broker.config import ZeroVariance
-
-Workload = Literal["words", "arithmetic", "words-code", "words+code", "words-tools"]
-
-ARITHMETIC_WORKLOAD: dict[str, Any] = {
-    "task": {"name": "arithmetic"},
-    "max_steps": 600,
-    "lr": 1e-4,
-    "max_tokens": 7,
-    "batch_prompts": 32,
-    "eval_every_versions": 30,
-    "eval_num_samples": 4,
-}
-"""The fields ``workload: arithmetic`` sets where the config does not: three-digit sums answered in
-about four tokens by a character-level model (the stack's tuned settings for it)."""
-
-
-def words_task() -> DatasetSettings:
-    """The embedded default's task: the shipped word problems, read as a user's dataset file is."""
-    return DatasetSettings(
-        path=words.DATA_DIR / words.FILES["train"],
-        eval_path=words.DATA_DIR / words.FILES["heldout"],
-        template="chat",
-        length_control=LengthControlSettings(thinking_budget_tokens=(16, 64), answer_budget_tokens=16),
-    )
-
-
-def words_code_task() -> DatasetSettings:
-    """The word problems as a code task: each answered by a Python program that prints the answer, run in
-    the sandbox against the answer (data/words-code/, APPS layout). The rows' gold programs are checked by
-    a test, not at every start (``check_gold``: thousands of sandboxed runs)."""
-    return DatasetSettings(
-        path=words_code.DATA_DIR / words_code.FILES["train"],
-        eval_path=words_code.DATA_DIR / words_code.FILES["heldout"],
-        preset="apps",
-        template="chat",
-        prompt_format=words_code.PROMPT_FORMAT,
-        verifier=CodeSettings(test_timeout_s=2.0, program_timeout_s=4.0, memory_mib=512),
-        score_timeout_s=10.0,
-        check_gold=False,
-    )
-
-
-def words_mixture_task() -> MixtureSettings:
-    """The word problems in both formats in one run, half and half: ``words`` answered in a box (math-verify),
-    ``code`` by a program (the code verifier)."""
-    return MixtureSettings(
-        tasks=(
-            MixtureEntry(name="words", weight=1.0, task=words_task()),
-            MixtureEntry(name="code", weight=1.0, task=words_code_task()),
-        )
-    )
-
-
-def words_tools_task() -> MultiTurnSettings:
-    """The word problems as tool use: the model calls a calculator (asymptote/envs/calculator.py) with an
-    expression in one turn and answers with its result, ``\\boxed{}``, in the next; math-verify scores that
-    turn. Played as multi-turn episodes (asymptote/tasks/multiturn.py) in environment workers beside each
-    generator."""
-    return MultiTurnSettings(
-        dataset=DatasetSettings(
-            path=words.DATA_DIR / words.FILES["train"],
-            eval_path=words.DATA_DIR / words.FILES["heldout"],
-            template="chat",
-        ),
-        environment=EnvironmentSettings(
-            entry="asymptote.envs.calculator:Calculator",
-            kind="tools",
-            max_turns=3,
-            max_turn_tokens=48,
-            max_episode_tokens=160,
-            tool_timeout_s=10.0,
-            # The calculator answers at once and never blocks: four workers of eight episodes each.
-            num_workers=4,
-            episodes_per_worker=8,
-        ),
-    )
-
-
-WORDS_CODE_WORKLOAD: dict[str, Any] = {"task": words_code_task()}
-"""The fields ``workload: words-code`` sets where the config does not (the warm start's targets, thinking
-and a fenced program, are at most about 70 tokens: the default max_tokens holds them)."""
-WORDS_MIXTURE_WORKLOAD: dict[str, Any] = {"task": words_mixture_task()}
-"""The fields ``workload: words+code`` sets where the config does not."""
-WORDS_TOOLS_WORKLOAD: dict[str, Any] = {"task": words_tools_task()}
-"""The fields ``workload: words-tools`` sets where the config does not (an episode's limits are the task's:
-the broker's max_tokens does not apply to it)."""
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "arithmetic": ARITHMETIC_WORKLOAD,
-    "words-tools": WORDS_TOOLS_WORKLOAD,
-    "words-code": WORDS_CODE_WORKLOAD,
-    "words+code": WORDS_MIXTURE_WORKLOAD,
-}
-
+from services.local.workloads import DEFAULT_WORKLOAD, workload
 
 STACK_OWNED: dict[str, tuple[str, ...]] = {
     "broker": ("nats", "prefix", "grpc", "http", "log_format", "task"),
@@ -196,13 +88,11 @@ class ServiceSections(Frozen):
 class StackConfig(Frozen):
     """``asymptote up``: nats-server plus the four services on loopback."""
 
-    workload: Workload = "words"
-    """words: the defaults below, the shipped word problems with a Qwen3-shaped tiny model that thinks
-    in ``<think>`` and answers in ``\\boxed{}``; arithmetic: the quick arithmetic task's task, max_tokens,
-    batch_prompts and eval settings, for smoke runs; words-code: the word problems answered by a Python
-    program that prints the answer, run in the sandbox; words+code: both in one run, half and half, with a
-    held-out curve and fit each; words-tools: the word problems as multi-turn episodes, a calculator tool
-    called in one turn and its answer boxed in the next (fields the config gives still win)."""
+    workload: str = Field(default=DEFAULT_WORKLOAD, pattern=r"^[a-z][a-z0-9+_-]*$")
+    """The embedded workload whose file, examples/workloads/<name>.yaml, sets the fields this config does
+    not (services/local/workloads.py): words (the default: the shipped word problems, thinking,
+    math-verify, length control), arithmetic, words-code, words+code, words-tools, or any file added
+    there."""
     run_dir: Path | None = None
     """Run directory; None makes runs/<timestamp>."""
     cache_dir: Path = Path(".cache/asymptote")
@@ -260,14 +150,15 @@ class StackConfig(Frozen):
     """k samples per held-out prompt in an eval round."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
-    task: TaskSettings = Field(default_factory=words_task)
-    """The task (default: the shipped word problems, data/words/)."""
+    task: TaskSettings
+    """The task; the workload's when the config gives none (the default: the shipped word problems,
+    data/words/)."""
     model: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the tiny model's ModelSpec (whose defaults depend on the task: a Qwen3-shaped model
-    with a BPE tokenizer for a dataset task, services.learner.warmstart.DATASET_MODEL)."""
+    with a BPE tokenizer for a dataset task, services.embedded.warmstart.DATASET_MODEL)."""
     warmstart: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the supervised warm start's settings (for a dataset task, over
-    services.learner.warmstart.DATASET_WARMSTART)."""
+    services.embedded.warmstart.DATASET_WARMSTART)."""
     report_to: tuple[Literal["tensorboard", "wandb"], ...] = ()
     """Experiment trackers to mirror metrics.jsonl and eval.jsonl to as they grow (services/local/trackers.py):
     tensorboard (event files in <run>/tensorboard), wandb (project WANDB_PROJECT, default asymptote). None
@@ -308,12 +199,20 @@ class StackConfig(Frozen):
     final_eval_timeout_s: float = Field(default=300.0, gt=0.0)
     """Longest the stack waits after the last step for the final eval round."""
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _workload(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("workload") in WORKLOADS:
-            return {**WORKLOADS[data["workload"]], **data}
-        return data
+    def _workload(cls, data: Any, handler: ModelWrapValidatorHandler[StackConfig]) -> StackConfig:
+        # The workload's fields stand under the given ones, and stay out of ``model_fields_set``: what a
+        # preset or another workload may still change is what the config itself did not set.
+        if not isinstance(data, dict):
+            return handler(data)
+        name = data.get("workload", DEFAULT_WORKLOAD)
+        if not isinstance(name, str):
+            raise ValueError(f"workload must be a name, got {name!r}")
+        filled = workload(name)
+        config = handler({**filled, **data})
+        config.__pydantic_fields_set__.difference_update(set(filled) - set(data))
+        return config
 
     @model_validator(mode="after")
     def _own_model(self) -> StackConfig:

@@ -508,7 +508,7 @@ class LocalStack:
         round ``micro_batch_tokens`` the memory planner fits (of the GPU's share the engine leaves when
         they share one); ConfigError naming what to change when not one sequence fits."""
         from services.learner.activations import ModelShape
-        from services.learner.plan import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
+        from services.learner.memory import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
 
         gpu = placement.gpu_memory_bytes * (1 - placement.generator_fraction if placement.shared else 1)
         on_gpus = learner.model_copy(

@@ -514,7 +514,7 @@ def test_helm_test_checks_every_services_grpc_health(rendered: Rendered) -> None
 
 def test_helm_test_dials_grpc_as_the_services_do(rendered: Rendered, value_set: str, tmp_path: Path) -> None:
     """The test pod's TLS flags, read by the real CLI, are the services' grpc_tls as a client."""
-    from ops.kube import _health_tls, _parser
+    from services.ops.kube import _health_tls, _parser
 
     pod = rendered.get("Pod", f"{FULLNAME}-health-test")
     (check,) = pod["spec"]["containers"]

@@ -1,4 +1,4 @@
-"""The chart sizes the 8B example as the memory planner (services/learner/plan.py) says it needs.
+"""The chart sizes the 8B example as the memory planner (services/learner/memory.py) says it needs.
 
 The example values file for Qwen3-8B is rendered with the real Helm SDK and
 planned by ``asymptote plan``'s own reading of it (the example over the
@@ -20,9 +20,9 @@ import yaml
 from chart_render import EXAMPLES, Rendered, render
 from families import QWEN3_8B
 
-from ops.plan import PlanInputs, plan_inputs
 from services.generator.config import GeneratorConfig
-from services.learner.plan import GIB, RunPlan
+from services.learner.memory import GIB, RunPlan
+from services.ops.plan import PlanInputs, plan_inputs
 
 EXAMPLE = "example-qwen3-gsm8k"
 BASE_GIB = 32

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 api = test_kube_cli.api  # the fake API and its kubeconfig, as test_kube_cli.py serves them
 kubeconfig = test_kube_cli.kubeconfig
 
-SOURCES = ("pyproject.toml", "README.md", "asymptote", "services", "ops", "benchmarks")
+SOURCES = ("pyproject.toml", "README.md", "asymptote", "services", "benchmarks")
 """What the package is built from: copied, so the build writes nothing into the checkout."""
 
 
@@ -69,6 +69,25 @@ def test_the_cli_extra_installs_without_torch_or_vllm(cli_venv: Path) -> None:
             [str(cli_venv / "bin" / "asymptote"), command, "--help"], capture_output=True, text=True, timeout=60
         )
         assert helped.returncode == 0 and helped.stdout.startswith(f"usage: asymptote {command}"), helped.stderr
+
+
+def test_the_distribution_claims_only_its_own_top_level_names(cli_venv: Path) -> None:
+    # A wheel that installed ``benchmarks`` or ``ops`` would shadow (or be shadowed by) any other
+    # distribution of that generic name: the benchmarks run from a checkout, and the operator tools
+    # are services/ops/.
+    listed = subprocess.run(
+        [str(cli_venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.packages_distributions())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    by_name: dict[str, list[str]] = ast.literal_eval(listed.stdout.strip())
+    assert sorted(name for name, dists in by_name.items() if "asymptote" in dists) == ["asymptote", "services"]
+    bench = subprocess.run(
+        [str(cli_venv / "bin" / "asymptote"), "bench", "--output", "out"], capture_output=True, text=True, timeout=60
+    )
+    assert bench.returncode == 2
+    assert bench.stderr.strip().count("\n") == 0 and "checkout" in bench.stderr, bench.stderr
 
 
 def test_the_installed_cli_fetches_a_run(cli_venv: Path, api: FakeApi, kubeconfig: Path, tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ import yaml
 from chart_render import CHART, REPO, STACK_CHART, parse_manifests
 from test_chart_validity import validate_object
 
-from ops.kube import _parser as kube_parser
+from services.ops.kube import _parser as kube_parser
 
 GUIDE = REPO / "docs" / "deploying.md"
 README = REPO / "README.md"

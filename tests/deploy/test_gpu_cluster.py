@@ -147,7 +147,7 @@ def test_pods_hold_a_swaps_measured_peak_for_a_16_gib_model() -> None:
     # The one formula (asymptote.sizing): peak = ceil(1.10 x 16) = 18 GiB. The learner's memory also holds
     # a load (8 ranks x a float32 tenth of the model), 2 served versions and 1 being copied out, and checkpoint
     # staging (6 x sizeGiB):
-    # test_chart_sizing.py checks those against services/learner/plan.py.
+    # test_chart_sizing.py checks those against services/learner/memory.py.
     peak_gib = math.ceil(1.10 * size_gib)
     load_served_staging = math.ceil(8 * 2 * size_gib / 10) + 3 * size_gib + 6 * size_gib
     assert sized == {

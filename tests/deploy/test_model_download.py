@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from chart_render import VALUE_SETS, Rendered, render
 
-from asymptote.fetch import MODEL_PATTERNS
+from asymptote.download import MODEL_PATTERNS
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,10 @@ def test_generators_and_the_learner_fetch_the_model_and_datasets_first(
     model, dataset = init["fetch-model"], init["fetch-dataset-0"]
     allow = [a for pair in zip(["--allow"] * len(MODEL_PATTERNS), MODEL_PATTERNS) for a in pair]
     assert model["command"] == [
-        "python", "-m", "asymptote.fetch", "model", "Qwen/Qwen3-8B", "/models/qwen3-8b", "--revision", "main", *allow
+        "python", "-m", "asymptote.download", "model", "Qwen/Qwen3-8B", "/models/qwen3-8b", "--revision", "main", *allow
     ]  # fmt: skip
     assert dataset["command"] == [
-        "python", "-m", "asymptote.fetch", "dataset", "openai/gsm8k", "/models/data/gsm8k",
+        "python", "-m", "asymptote.download", "dataset", "openai/gsm8k", "/models/data/gsm8k",
         "--revision", "main", "--allow", "main/*.parquet",
     ]  # fmt: skip
     for c in (model, dataset):

@@ -56,9 +56,10 @@ from asymptote.config import NatsSettings
 from asymptote.jetstream.connect import connect
 from asymptote.nats_local import new_password, start_nats
 from asymptote.tasks import LengthControlSettings, MixtureEntry, MixtureSettings
-from services.local.config import StackConfig, words_code_task, words_task
+from services.local.config import StackConfig
 from services.local.progress import length_rates, read_jsonl
 from services.local.stack import NATS_PASSWORD_ENV, NATS_USER_ENV, LocalStack
+from services.local.workloads import workload_task
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 4
@@ -71,11 +72,11 @@ SHORT_BUDGETS = LengthControlSettings(thinking_budget_tokens=(8, 40), answer_bud
 
 
 def mixture() -> MixtureSettings:
-    words = words_task().model_copy(update={"length_control": SHORT_BUDGETS})
+    words = workload_task("words").model_copy(update={"length_control": SHORT_BUDGETS})
     return MixtureSettings(
         tasks=(
             MixtureEntry(name="words", weight=1.0, task=words),
-            MixtureEntry(name="code", weight=1.0, task=words_code_task()),
+            MixtureEntry(name="code", weight=1.0, task=workload_task("words-code")),
         )
     )
 

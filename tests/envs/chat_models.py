@@ -2,7 +2,7 @@
 
 Two templates in the formats real models use: Qwen3's, which every
 tokenizer the project trains carries (``CHAT_TEMPLATE`` in
-services/learner/build.py: tools in the system message, ``<tool_call>``
+services/embedded/build.py: tools in the system message, ``<tool_call>``
 calls, tool results as ``<tool_response>`` blocks in a user turn,
 ``<think>`` blocks kept only after the last user query, an empty think
 block on a last assistant turn), and Llama 3's, written here (a BOS,
@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from services.learner.build import (
+from services.embedded.build import (
     ModelSpec,
     build_model,
     save_model_dir,

@@ -39,10 +39,10 @@ from transformers import PreTrainedTokenizerBase
 from asymptote.codec import DecodedWeights, read_signature
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.sample import Sample
+from services.embedded.build import Family, cast_model_dir, create_test_model_dir
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.weights import check_signature, stage
-from services.learner.build import Family, cast_model_dir, create_test_model_dir
 from services.learner.checkpoint import Checkpointer
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.export import export, keep_model_files

@@ -32,12 +32,12 @@ from asymptote.nats_local import nats_server
 from asymptote.tasks import DatasetSettings, LengthControlSettings
 from asymptote.tasks.length import draw_thinking_budget
 from asymptote.tasks.verifiers import RegexSettings, make_verifier, reward
+from services.embedded.build import ModelSpec, build_model, save_model_dir, train_bpe_tokenizer, word_problem_corpus
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
-from services.learner.build import ModelSpec, build_model, save_model_dir, train_bpe_tokenizer, word_problem_corpus
 from services.learner.model import PolicyForward, load_model
 from services.learner.trainer import collate
 

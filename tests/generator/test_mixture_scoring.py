@@ -13,19 +13,21 @@ from asymptote.tasks import MixtureSettings, task_digest
 from services.generator.metrics import GeneratorMetrics
 from services.generator.mixing import MixtureScorer, make_scorer
 from services.generator.scoring import TaskScorer
-from services.local.config import words_mixture_task, words_task
+from services.local.workloads import workload_task
 
 
 async def test_each_task_is_scored_by_its_sub_tasks_verifier(tmp_path: Path) -> None:
-    from services.learner.build import train_bpe_tokenizer, word_problem_corpus
+    from services.embedded.build import train_bpe_tokenizer, word_problem_corpus
 
     model = tmp_path / "model"
     train_bpe_tokenizer(word_problem_corpus(200), 512).save_pretrained(model)
-    settings = words_mixture_task()
+    settings = workload_task("words+code")
     assert settings.names == ("words", "code")
     metrics = GeneratorMetrics()
     scorer = make_scorer(settings, model, metrics)
-    assert isinstance(scorer, MixtureScorer) and isinstance(make_scorer(words_task(), model, metrics), TaskScorer)
+    assert isinstance(scorer, MixtureScorer) and isinstance(
+        make_scorer(workload_task("words"), model, metrics), TaskScorer
+    )
     code_reference = json.dumps({"kind": "stdio", "cases": [{"input": "", "output": "19\n"}]})
     program, boxed = "<think>\n</think>\n\n```python\nprint(8 + 11)\n```", "<think>\n</think>\n\n\\boxed{19}"
     try:
@@ -49,7 +51,7 @@ async def test_each_task_is_scored_by_its_sub_tasks_verifier(tmp_path: Path) -> 
 
 
 def test_tasks_of_no_sub_task_or_another_task_are_refused(tmp_path: Path) -> None:
-    settings = words_mixture_task()
+    settings = workload_task("words+code")
     scorer = MixtureScorer(settings, tmp_path, GeneratorMetrics())
     ours = rollout_pb2.GenerationTask(task_id="t-1", task_name="code", task_digest=task_digest(settings))
     scorer.check(ours)

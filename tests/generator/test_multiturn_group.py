@@ -17,12 +17,14 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
 from asymptote.messages import decode_group
 from asymptote.sample import Sample
+from asymptote.tasks import ArithmeticSettings
 from services.broker.batcher import Batcher
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.episode import Episode, TrainingSample
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import NoSequence, RolloutLoop, episode_completions
+from services.generator.scoring import TaskScorer
 
 PROMPT = [1, 2, 3]
 
@@ -54,7 +56,10 @@ def episodes() -> list[Episode]:
 
 def offline_loop(engine: Engine, **overrides: Any) -> RolloutLoop:
     """A rollout loop with no JetStream and one place in its engine: for building groups (``_group``) or
-    driving its accounting by hand, never for running. ``overrides``: more of RolloutLoop's arguments."""
+    driving its accounting by hand, never for running. ``overrides``: more of RolloutLoop's arguments (the
+    scorer: the arithmetic task's unless given)."""
+    if "scorer" not in overrides:
+        overrides["scorer"] = TaskScorer(ArithmeticSettings(), engine.settings.model_dir, GeneratorMetrics())
     return RolloutLoop(
         engine,
         None,  # type: ignore[arg-type]

@@ -31,10 +31,10 @@ import pytest
 import torch
 
 from asymptote.codec import DecodedWeights, read_signature, version_digest
+from services.embedded.build import create_test_model_dir
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine
 from services.generator.weights import stage
-from services.learner.build import create_test_model_dir
 from services.learner.model import load_model, load_tokenizer
 from services.learner.weights import to_wire
 

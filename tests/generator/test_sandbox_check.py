@@ -19,18 +19,18 @@ from asymptote.errors import ConfigError
 from asymptote.sandbox import PoolClientSettings, SandboxSettings
 from asymptote.tasks import MixtureEntry, MixtureSettings
 from services.generator.scoring import check_sandboxes
-from services.local.config import words_code_task, words_task
+from services.local.workloads import workload_task
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = SandboxSettings(backend="bubblewrap", bwrap_path=Path("/nonexistent/bwrap"))
 
 
 def code_task_without_a_sandbox() -> MixtureSettings:
-    code = words_code_task()
+    code = workload_task("words-code")
     code = code.model_copy(update={"verifier": code.verifier.model_copy(update={"sandbox": MISSING})})
     return MixtureSettings(
         tasks=(
-            MixtureEntry(name="words", weight=1.0, task=words_task()),
+            MixtureEntry(name="words", weight=1.0, task=workload_task("words")),
             MixtureEntry(name="code", weight=1.0, task=code),
         )
     )
@@ -46,7 +46,7 @@ def test_a_code_task_with_no_working_sandbox_is_refused_naming_the_fix() -> None
 
 def test_a_pool_or_a_task_without_programs_is_not_checked() -> None:
     check_sandboxes(code_task_without_a_sandbox(), PoolClientSettings(endpoint="127.0.0.1:1"))
-    check_sandboxes(words_task(), None)
+    check_sandboxes(workload_task("words"), None)
 
 
 def test_the_generator_command_refuses_before_starting_its_engine(tmp_path: Path) -> None:

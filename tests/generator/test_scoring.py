@@ -33,7 +33,7 @@ async def test_dataset_rewards_go_through_the_pool_and_are_counted(tmp_path: Pat
 
 
 def test_plain_and_chat_templates(tmp_path: Path) -> None:
-    from services.learner.build import train_bpe_tokenizer, word_problem_corpus
+    from services.embedded.build import train_bpe_tokenizer, word_problem_corpus
 
     plain = TaskScorer(
         _settings(tmp_path, template="plain", system_prompt="Be brief.", prompt_format="Q: {prompt}\nA:"),
@@ -83,7 +83,7 @@ def test_a_multiturn_task_s_length_control_is_its_dataset_s(tmp_path: Path) -> N
     from asymptote.envs import EnvironmentSettings
     from asymptote.tasks.length import LengthControlSettings
     from asymptote.tasks.multiturn import MultiTurnSettings
-    from services.learner.build import train_bpe_tokenizer, word_problem_corpus
+    from services.embedded.build import train_bpe_tokenizer, word_problem_corpus
 
     train_bpe_tokenizer(word_problem_corpus(200), 512).save_pretrained(tmp_path / "model")
     length = LengthControlSettings(thinking_budget_tokens=(8, 16), interruption_phrase="Time is up.")

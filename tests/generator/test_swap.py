@@ -43,13 +43,14 @@ from asymptote.jetstream.names import Names, ensure_streams
 from asymptote.nats_local import nats_server
 from asymptote.rpc import start_server
 from asymptote.tasks import ALPHABET, ArithmeticSettings, task_digest
+from services.embedded.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, GenerationCut
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
+from services.generator.scoring import TaskScorer
 from services.generator.swapper import EvalHold, Swapper
 from services.generator.weights import SPARE_FILE, GrpcWeightSource, stage
-from services.learner.build import ModelSpec, build_model, build_tokenizer, save_model_dir
 from services.learner.model import load_model
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore, to_wire
@@ -480,6 +481,7 @@ def _watched_loop(
         ack_wait_s=30.0,
         metrics=metrics,
         meter=ComputeMeter("generator", "gen-test", "cpu", 1),
+        scorer=TaskScorer(ArithmeticSettings(), engine.settings.model_dir, metrics),
         hold=hold,
     )
     under_way = asyncio.Event()

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from asymptote.codec import count_stored_parameters
 from asymptote.tasks import ALPHABET
-from services.learner.build import (
+from services.embedded.build import (
     CHAT_SPECIAL_TOKENS,
     FAMILIES,
     THINK_TOKENS,

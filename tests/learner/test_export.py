@@ -22,8 +22,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.cli import main as cli
+from services.embedded.build import cast_model_dir, create_test_model_dir
 from services.learner import checkpoint
-from services.learner.build import cast_model_dir, create_test_model_dir
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.export import export, keep_model_files
 from services.learner.model import completion_logprobs, load_model, load_tokenizer

@@ -38,12 +38,12 @@ import torch
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.sample import Sample
 from asymptote.tasks import ArithmeticSettings, get_task
+from services.embedded.warmstart import encode_prompts, evaluate_pass_rate, max_new_tokens_for, prepare_model
 from services.generator.rollout import completion
 from services.learner import trainer as trainer_module
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.model import load_model, load_tokenizer, sample
 from services.learner.trainer import Trainer, collate
-from services.learner.warmstart import encode_prompts, evaluate_pass_rate, max_new_tokens_for, prepare_model
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,10 @@ import torch
 from pydantic import ValidationError
 
 from asymptote.tasks import ALPHABET, ArithmeticSettings, ArithmeticTask, get_task
-from services.learner import onpolicy, warmstart
-from services.learner.build import ModelSpec, build_model, build_tokenizer, create_model_dir
+from services.embedded import onpolicy, warmstart
+from services.embedded.build import ModelSpec, build_model, build_tokenizer, create_model_dir
+from services.embedded.onpolicy import OnPolicySettings, run_onpolicy
+from services.embedded.warmstart import WarmstartSettings, prepare_model, supervised_pass
 from services.learner.model import (
     completion_logprobs,
     count_parameters,
@@ -21,8 +23,6 @@ from services.learner.model import (
     pack,
     sample,
 )
-from services.learner.onpolicy import OnPolicySettings, run_onpolicy
-from services.learner.warmstart import WarmstartSettings, prepare_model, supervised_pass
 
 TINY = ModelSpec(hidden_size=32, num_heads=1, num_layers=1, intermediate_size=64, max_position_embeddings=32)
 TINY_TASK = ArithmeticSettings(max_digits=2, num_train=400, num_heldout=16)
@@ -141,7 +141,7 @@ def test_sampler_logprobs_match_training_forward() -> None:
 
 def test_tiny_warm_start_lowers_the_loss() -> None:
     task = get_task("arithmetic", TINY_TASK)
-    tok = build_tokenizer(task.alphabet)
+    tok = build_tokenizer(ALPHABET)
     model = build_model(TINY, tok)
     settings = WarmstartSettings(
         max_steps=60, batch_size=32, lr=3e-3, warmup_steps=5, target_pass_rate=1.0, check_every_steps=1000
@@ -156,7 +156,7 @@ def test_tiny_warm_start_lowers_the_loss() -> None:
 
 def test_warm_start_stops_at_the_target_pass_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     task = get_task("arithmetic", TINY_TASK)
-    tok = build_tokenizer(task.alphabet)
+    tok = build_tokenizer(ALPHABET)
     rates = iter([0.05, 0.2, 0.5])
     monkeypatch.setattr(
         warmstart,

@@ -11,7 +11,7 @@ each family with over 50M parameters run through ``PolicyForward`` as the
 learner runs them: the CPU learner's configuration (eager attention,
 float32), and the GPU learner's numerics (SDPA, bf16, FSDP2's mixed
 precision over a one-rank gloo group). The planner's figures come from
-``services.learner.plan``, the same functions ``asymptote plan`` and the
+``services.learner.memory``, the same functions ``asymptote plan`` and the
 learner use.
 """
 
@@ -39,12 +39,10 @@ from torch.utils._pytree import tree_flatten
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 
 from asymptote.errors import ConfigError
-from ops.plan import plan_inputs
 from services.cli import main
 from services.learner.activations import ModelShape, activation_bytes
 from services.learner.config import LearnerConfig
-from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
-from services.learner.plan import (
+from services.learner.memory import (
     GIB,
     USABLE_FRACTION,
     GeneratorPlan,
@@ -55,7 +53,9 @@ from services.learner.plan import (
     plan_run,
     suggest_micro_batch_tokens,
 )
+from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
 from services.learner.sharding import checkpoint_activations, decoder_layers, shard
+from services.ops.plan import plan_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "helm" / "qwen3-gsm8k-values.yaml"
@@ -495,7 +495,7 @@ def test_the_learner_refuses_at_start_what_does_not_fit(
 
 
 def test_a_step_s_cost_follows_bandwidth_and_flops_by_hand() -> None:
-    from services.learner.cost import ACCELERATORS, step_cost
+    from services.ops.cost import ACCELERATORS, step_cost
 
     shape = ModelShape.from_config(QWEN3_8B)
     gpu = GeneratorPlan(

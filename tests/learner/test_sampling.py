@@ -1,4 +1,4 @@
-"""The single-process sampler under interruption length control (services/learner/sampling.py).
+"""The single-process sampler under interruption length control (services/embedded/sampling.py).
 
 Checked against the rules a generator carries out (services/generator/length.py): the group's budget, the
 stop where thinking closes, the phrase out of the loss, the answer budget; and every sampled token's
@@ -14,11 +14,11 @@ import torch
 
 from asymptote.tasks import DatasetSettings, DatasetTask, words
 from asymptote.tasks.length import LengthControlSettings, draw_thinking_budget
-from services.learner.build import ModelSpec, build_model
+from services.embedded.build import ModelSpec, build_model
+from services.embedded.onpolicy import OnPolicySettings, Rollouts, _update
+from services.embedded.sampling import length_control_of, sample_groups, think_end_id
+from services.embedded.warmstart import encode_prompts, format_for, tokenizer_for
 from services.learner.model import Samples, sample
-from services.learner.onpolicy import OnPolicySettings, Rollouts, _update
-from services.learner.sampling import length_control_of, sample_groups, think_end_id
-from services.learner.warmstart import encode_prompts, format_for, tokenizer_for
 
 SPEC = ModelSpec(family="qwen3", num_kv_heads=2, head_dim=64, max_position_embeddings=256)
 LENGTH = LengthControlSettings(thinking_budget_tokens=(6, 14), answer_budget_tokens=5, seed=3)

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from asymptote.codec import DecodedWeights, read_signature
 from asymptote.errors import WeightsError
 from asymptote.tasks import ALPHABET
+from services.embedded.build import ModelSpec, create_model_dir
 from services.generator.weights import check_signature
-from services.learner.build import ModelSpec, create_model_dir
 from services.learner.model import load_model
 from services.learner.weights import WeightStore, to_wire
 

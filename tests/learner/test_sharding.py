@@ -20,8 +20,8 @@ import torch
 from pydantic import ValidationError
 
 from asymptote.errors import ModelError
+from services.embedded.build import ModelSpec, build_model, build_tokenizer
 from services.learner import checkpoint
-from services.learner.build import ModelSpec, build_model, build_tokenizer
 from services.learner.config import LearnerConfig, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.model import aliases

@@ -256,7 +256,7 @@ def test_lm_head_runs_in_float32_for_a_bfloat16_body() -> None:
     matmul of the hidden states and the float32 head weight, not bf16 logits
     cast afterwards."""
     from asymptote.tasks import ALPHABET
-    from services.learner.build import ModelSpec, build_model, build_tokenizer
+    from services.embedded.build import ModelSpec, build_model, build_tokenizer
     from services.learner.model import Precision, pack
 
     spec = ModelSpec(init_seed=4)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from asymptote.tasks import DatasetSettings, MixtureEntry, MixtureSettings, MixtureTask, get_task, words, words_code
 from asymptote.tasks.verifiers import CodeSettings
-from services.learner.build import ModelSpec
-from services.learner.warmstart import (
+from services.embedded.build import ModelSpec
+from services.embedded.warmstart import (
     WarmstartSettings,
     cache_key,
     format_for,

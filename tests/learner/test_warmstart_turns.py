@@ -20,9 +20,8 @@ from asymptote.envs.calculator import evaluate, shown
 from asymptote.envs.pool import load_factory
 from asymptote.tasks import DatasetSettings, MultiTurnSettings, MultiTurnTask, Problem, words
 from asymptote.tasks.readers import DatasetError
-from services.learner.build import ModelSpec, build_model, train_bpe_tokenizer, word_problem_corpus
-from services.learner.model import Samples
-from services.learner.warmstart import (
+from services.embedded.build import ModelSpec, build_model, train_bpe_tokenizer, word_problem_corpus
+from services.embedded.warmstart import (
     MULTITURN_BPE_VOCAB_SIZE,
     cache_key,
     tiny_model_settings,
@@ -30,8 +29,9 @@ from services.learner.warmstart import (
     tokenizer_texts,
     training_pairs,
 )
-from services.learner.warmstart_turns import Sampler, demonstrate, episode_pass_rate
-from services.local.config import words_tools_task
+from services.embedded.warmstart_turns import Sampler, demonstrate, episode_pass_rate
+from services.learner.model import Samples
+from services.local.workloads import workload_task
 
 PREFIX = "Solve: "
 
@@ -40,7 +40,7 @@ def words_tools(tmp_path: Path, num_train: int = 24, num_heldout: int = 6, **env
     rows = words.generate(num_train, num_heldout, seed=11)
     for split, split_rows in rows.items():
         (tmp_path / f"{split}.jsonl").write_text(words.render(split_rows))
-    shipped = words_tools_task()
+    shipped = workload_task("words-tools")
     settings = shipped.model_copy(
         update={
             "dataset": DatasetSettings(

@@ -11,8 +11,8 @@ import torch
 from asymptote.tasks import ArithmeticSettings, DatasetSettings, DatasetTask, get_task, words
 from asymptote.tasks.length import LengthControlSettings
 from asymptote.tasks.readers import DatasetError
-from services.learner.build import ModelSpec, build_model
-from services.learner.warmstart import (
+from services.embedded.build import ModelSpec, build_model
+from services.embedded.warmstart import (
     ARITHMETIC_FORMAT,
     BPE_VOCAB_SIZE,
     WarmstartSettings,

@@ -22,7 +22,7 @@ from services.broker.config import BrokerConfig
 from services.broker.curriculum import MixtureCurriculum
 from services.broker.metrics import BrokerMetrics
 from services.broker.pipeline import BrokerPipeline
-from services.local.config import words_code_task
+from services.local.workloads import workload_task
 
 ADD = {"name": "arithmetic", "operations": ["+"], "num_train": 12, "num_heldout": 4, "seed": 1}
 SUB = {"name": "arithmetic", "operations": ["-"], "num_train": 8, "num_heldout": 6, "seed": 2}
@@ -83,7 +83,7 @@ def test_the_digest_covers_the_mixture_and_its_weights() -> None:
     renamed["tasks"][1]["name"] = "minus"
     assert task_digest(MixtureSettings.model_validate(renamed)) != base
     # How a generator runs its scoring is not what a reward means; the words-code sub-task's verifier is.
-    words = {"name": "code", "weight": 1.0, "task": words_code_task().model_dump()}
+    words = {"name": "code", "weight": 1.0, "task": workload_task("words-code").model_dump()}
     with_words = MixtureSettings.model_validate({"tasks": [mixture().tasks[0].model_dump(), words]})
     workers = with_words.model_dump()
     workers["tasks"][1]["task"].update(num_score_workers=7, score_timeout_s=60.0)

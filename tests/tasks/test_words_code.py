@@ -10,9 +10,9 @@ import json
 import pytest
 
 from asymptote.tasks import DatasetTask, Problem, words, words_code
-from services.learner.build import ModelSpec
-from services.learner.warmstart import dataset_format, gold_programs, tokenizer_for
-from services.local.config import words_code_task
+from services.embedded.build import ModelSpec
+from services.embedded.warmstart import dataset_format, gold_programs, tokenizer_for
+from services.local.workloads import workload_task
 
 NUM_SCORED = 24
 """Problems of each split whose warm-start target is run in the sandbox here (the gold check runs all)."""
@@ -56,7 +56,7 @@ def test_the_gold_check_runs_each_program_in_the_sandbox() -> None:
     """The held-out split's 200 rows, each program run by the code verifier as the dataset task's gold
     check runs it (the training split's programs are the same code, checked above)."""
     heldout = words_code.DATA_DIR / words_code.FILES["heldout"]
-    base = words_code_task()
+    base = workload_task("words-code")
     # A generous time per test: on a loaded machine a sandbox's start alone has taken two seconds.
     verifier = base.verifier.model_copy(update={"test_timeout_s": 20.0, "program_timeout_s": 20.0})
     settings = {"path": heldout, "eval_path": None, "holdout_fraction": 0.5, "check_gold": True, "verifier": verifier}
@@ -67,7 +67,7 @@ def test_the_gold_check_runs_each_program_in_the_sandbox() -> None:
 
 
 def test_the_warm_start_target_is_paid_by_the_code_verifier_and_nothing_else_is() -> None:
-    settings = words_code_task()
+    settings = workload_task("words-code")
     task = DatasetTask(settings)
     fmt = dataset_format(settings, tokenizer_for(task, ModelSpec()))
     programs = gold_programs(settings)

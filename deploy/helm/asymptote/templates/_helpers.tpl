@@ -365,7 +365,7 @@ and CA, the gRPC certificate, the user's extraVolumes.
 - name: {{ .name }}
   image: {{ include "asymptote.image" (dict "ctx" $ "component" "learner") }}
   imagePullPolicy: {{ $.Values.images.pullPolicy }}
-  command: ["python", "-m", "asymptote.fetch", {{ .kind | quote }}, {{ required "model.download: every fetch needs a repo (OWNER/NAME)" .repo | quote }}, {{ .dest | quote }}, "--revision", {{ .revision | quote }}{{ range .allow }}, "--allow", {{ . | quote }}{{ end }}]
+  command: ["python", "-m", "asymptote.download", {{ .kind | quote }}, {{ required "model.download: every fetch needs a repo (OWNER/NAME)" .repo | quote }}, {{ .dest | quote }}, "--revision", {{ .revision | quote }}{{ range .allow }}, "--allow", {{ . | quote }}{{ end }}]
   env:
     - {name: HF_HOME, value: {{ printf "%s/.hf-home" $.Values.model.cache.mountPath | quote }}}
     - {name: HF_HUB_DISABLE_TELEMETRY, value: "1"}
@@ -562,7 +562,7 @@ nothing) and a swap stages one version at most, so:
                                     process without the model's host copies
   tmpGiB      = 8 + swapPeakGiB     torch.compile's, Triton's and vLLM's caches,
                                     and a staged version under weightsOn: disk
-The learner's memory adds what services/learner/plan.py counts on the host
+The learner's memory adds what services/learner/memory.py counts on the host
 (sizeGiB is 2 bytes a parameter, bf16), and its volume holds the checkpoints:
   loadGiB       = gpusPerNode x 2 x max(sizeGiB / 10, 1)
                                     each rank reads one stored tensor at a time

@@ -1,6 +1,6 @@
 """``asymptote kube fetch``: a deployed run's results copied out of the
 cluster, the way ``kubectl cp`` copies (a tar stream from a command exec'd
-in the pod, ops/podexec.py), so it needs neither a port-forward nor a path
+in the pod, services/ops/podexec.py), so it needs neither a port-forward nor a path
 through the chart's NetworkPolicies.
 
 - from the fitter's pod: ``eval.jsonl``, ``fit.json``, ``curve.png``;
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from asymptote.errors import ConfigError
-from ops.labels import release_selector
-from ops.podexec import ExecError, open_exec, run_in_pod
+from services.ops.labels import release_selector
+from services.ops.podexec import ExecError, open_exec, run_in_pod
 
 RUN_DIR = "/var/lib/asymptote/run"
 """Where the chart mounts the fitter's and the learner's run volume (templates/fitter.yaml, learner.yaml)."""

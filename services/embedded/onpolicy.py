@@ -3,7 +3,7 @@
 Owns one loop, kept deliberately plain: sample G completions for each of B
 train prompts with the transformers model itself (temperature 1, KV cache;
 under the task's interruption length control when it has one, by the rules
-the generators follow: services/learner/sampling.py), score them with the
+the generators follow: services/embedded/sampling.py), score them with the
 task's verifier, compute group-centred advantages with batch-level
 normalisation, take one AdamW step on the CISPO loss with
 prompt-level aggregation, repeat; every N steps measure the held-out pass
@@ -36,16 +36,16 @@ from pydantic import Field
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
 from asymptote.tasks import ArithmeticSettings, Task, TaskSettings, get_task
-from services.learner.losses import cispo_loss, group_advantages
-from services.learner.model import Samples, completion_logprobs, load_model, load_tokenizer, pack
-from services.learner.sampling import length_control_of, sample_groups
-from services.learner.warmstart import (
+from services.embedded.sampling import length_control_of, sample_groups
+from services.embedded.warmstart import (
     encode_prompts,
     evaluate_pass_rate,
     format_for,
     max_new_tokens_for,
     prepare_model,
 )
+from services.learner.losses import cispo_loss, group_advantages
+from services.learner.model import Samples, completion_logprobs, load_model, load_tokenizer, pack
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class OnPolicySettings(Frozen):
     length_control: bool = True
     """Sample under the task's interruption length control when it has one (a dataset task's
     ``length_control``), as the generators do: a thinking budget drawn per group, the phrase out of the
-    loss (services/learner/sampling.py)."""
+    loss (services/embedded/sampling.py)."""
     lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate after warm-up (3e-4 learns faster on-policy but collapses at 8 steps of lag)."""
     warmup_steps: int = Field(default=10, ge=0)

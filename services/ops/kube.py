@@ -8,7 +8,7 @@
   weight fan-out tree (refused while an autoscaler owns the count, unless
   ``--force``);
 - ``fetch RELEASE --to DIR``: the run's eval.jsonl, fit.json, curve.png,
-  metrics.jsonl and, with ``--model``, an exported model (ops/fetch.py);
+  metrics.jsonl and, with ``--model``, an exported model (services/ops/kube_fetch.py);
 - ``health HOST:PORT ...``: the standard gRPC health check of each endpoint
   (what the chart's ``helm test`` pod runs), over TLS (and mTLS) with
   ``--ca-file`` (and ``--cert-file``/``--key-file``), as the services dial.
@@ -16,7 +16,7 @@
 ``status``, ``scale`` and ``fetch`` talk to the Kubernetes API with the
 official client (a kubeconfig, or the pod's service account in a cluster).
 ``status`` reads each service's ``/metrics`` from inside its pod, by a
-command exec'd there (ops/podexec.py) that asks ``127.0.0.1``: the chart's
+command exec'd there (services/ops/podexec.py) that asks ``127.0.0.1``: the chart's
 NetworkPolicies admit the metrics port only from Prometheus, so the API
 server's pod and service proxy, which dials the pod's address, is refused,
 while an exec never crosses the pod network. It needs RBAC ``create`` on
@@ -38,7 +38,7 @@ from typing import Any
 from asymptote.cli_args import ArgumentParser
 from asymptote.config import TlsSettings
 from asymptote.errors import ConfigError
-from ops.labels import POOL_LABEL, release_selector
+from services.ops.labels import POOL_LABEL, release_selector
 
 COMPONENTS = ("broker", "generator", "learner", "fitter")
 
@@ -149,7 +149,7 @@ def _http_port(pod: Any) -> tuple[str, int] | None:
 
 def read_metrics(core: Any, namespace: str, pod: Any, timeout_s: float) -> str:
     """A pod's /metrics text, read inside the pod; ExecError (or LookupError: no http port) if it cannot be."""
-    from ops.podexec import run_in_pod
+    from services.ops.podexec import run_in_pod
 
     where = _http_port(pod)
     if where is None:
@@ -180,7 +180,7 @@ def collect_status(core: Any, namespace: str, release: str, timeout_s: float = 1
     Each /metrics is read in turn: the kubernetes client's exec stream swaps
     a method of the shared API client while it opens, so two at once would race.
     """
-    from ops.podexec import ExecError
+    from services.ops.podexec import ExecError
 
     pods = core.list_namespaced_pod(namespace, label_selector=release_selector(release)).items
     order = {c: i for i, c in enumerate(COMPONENTS)}
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
-    from ops.podexec import ExecError
+    from services.ops.podexec import ExecError
 
     try:
         core, apps, autoscaling = _clients(args)
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
             status = collect_status(core, namespace, args.release, args.timeout_s)
             print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
         elif args.command == "fetch":
-            from ops.fetch import fetch, format_fetched
+            from services.ops.kube_fetch import fetch, format_fetched
 
             fetched = fetch(core, namespace, args.release, args.to, args.model, args.step, args.timeout_s)
             print(format_fetched(fetched))

@@ -42,7 +42,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTok
 from asymptote.config import Frozen
 from asymptote.logs import setup_logging
 from asymptote.tasks import (
+    ALPHABET,
     ArithmeticSettings,
+    ArithmeticTask,
     DatasetSettings,
     LengthControlSettings,
     MixtureSettings,
@@ -61,7 +63,7 @@ from asymptote.tasks.multiturn import OPERATIONAL_ENVIRONMENT_FIELDS
 from asymptote.tasks.prompts import render_prompt
 from asymptote.tasks.readers import DatasetError, read_rows
 from asymptote.tasks.words import SOLUTION_FIELD
-from services.learner.build import (
+from services.embedded.build import (
     TEST_VOCAB_SIZE,
     ModelSpec,
     build_model,
@@ -69,9 +71,9 @@ from services.learner.build import (
     save_model_dir,
     train_bpe_tokenizer,
 )
+from services.embedded.sampling import sample_groups
+from services.embedded.warmstart_turns import MULTITURN_FORMAT_VERSION, demonstrations, episode_pass_rate
 from services.learner.model import completion_logprobs, count_parameters, pack
-from services.learner.sampling import sample_groups
-from services.learner.warmstart_turns import MULTITURN_FORMAT_VERSION, demonstrations, episode_pass_rate
 
 log = logging.getLogger(__name__)
 
@@ -589,9 +591,10 @@ def cache_key(spec: ModelSpec, task_settings: TaskSettingsValue, settings: Warms
 
 
 def tokenizer_for(task: Task, spec: ModelSpec) -> PreTrainedTokenizerFast:
-    """The character tokenizer of a task with an alphabet; otherwise BPE trained on the warm start's train texts."""
-    if task.alphabet:
-        return build_tokenizer(task.alphabet, spec.vocab_multiple)
+    """The arithmetic task's character tokenizer (one token per character its problems can hold); for every
+    other task, BPE trained on the warm start's train texts (``tokenizer_texts``)."""
+    if isinstance(task, ArithmeticTask):
+        return build_tokenizer(ALPHABET, spec.vocab_multiple)
     size = MULTITURN_BPE_VOCAB_SIZE if isinstance(task, MultiTurnTask) else BPE_VOCAB_SIZE
     return train_bpe_tokenizer(tokenizer_texts(task), size)
 
@@ -610,9 +613,7 @@ def tokenizer_texts(task: Task) -> list[str]:
         return [d.text for d in demonstrations(task, renderer, problems, solutions)]
     settings = getattr(task, "settings", None)
     if not isinstance(settings, DatasetSettings):
-        if task.alphabet:
-            return [f"{p.prompt}{p.reference}" for p in task.problems("train")]
-        raise ValueError(f"task {task.name!r} has no alphabet and is not a dataset task: no tokenizer to build")
+        raise ValueError(f"task {task.name!r} is not a dataset task: no BPE tokenizer to train for it")
     solutions = worked_solutions(settings)
     programs = _programs(settings)
     texts = [

@@ -1,7 +1,7 @@
 """Fill a model cache from the Hugging Face hub: a model's files and dataset files.
 
 Owns the chart's download init container (``model.download``): before a
-generator or the learner starts, ``python -m asymptote.fetch`` puts the
+generator or the learner starts, ``python -m asymptote.download`` puts the
 model's safetensors, config and tokenizer, and any dataset files, where the
 services read them. It is idempotent: a folder that already holds what was
 asked for (a ``.asymptote-fetched`` record naming the repository, revision
@@ -9,8 +9,8 @@ and patterns) is left alone, so pods sharing one claim download once and a
 restarted pod does not download again. The token, for gated models, comes
 from ``HF_TOKEN`` (the chart reads it from a Secret).
 
-    python -m asymptote.fetch model REPO DEST [--revision R] [--allow PATTERN ...]
-    python -m asymptote.fetch dataset REPO DEST [--revision R] [--allow PATTERN ...]
+    python -m asymptote.download model REPO DEST [--revision R] [--allow PATTERN ...]
+    python -m asymptote.download dataset REPO DEST [--revision R] [--allow PATTERN ...]
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def fetch(
 
 
 def main(argv: list[str] | None = None, download: Download | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asymptote.fetch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m asymptote.download", description=__doc__.split("\n\n")[0])
     parser.add_argument("kind", choices=["model", "dataset"])
     parser.add_argument("repo", help="OWNER/NAME on the Hugging Face hub")
     parser.add_argument("dest", type=Path, help="folder to fill")

@@ -1,7 +1,7 @@
 """``asymptote plan``: what a run holds in GPU, host and disk memory, before it starts.
 
 Reads the model directory's ``config.json`` and the run's settings, plans
-them with ``services.learner.plan`` and prints the figures as tables: one
+them with ``services.learner.memory`` and prints the figures as tables: one
 learner rank, one generator GPU, a learner pod's host memory, the
 checkpoints. ``--config`` is a Helm values file, read over the chart's own
 values.yaml (when this checkout has it) as ``helm install`` merges them (the learner's settings from
@@ -32,8 +32,7 @@ from asymptote.errors import ConfigError
 from services.generator.config import EngineSettings
 from services.learner.activations import ModelShape
 from services.learner.config import LearnerConfig
-from services.learner.cost import ACCELERATORS, DECODE_BANDWIDTH_EFFICIENCY, TRAIN_MFU, StepCost, step_cost
-from services.learner.plan import (
+from services.learner.memory import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_PROMPT_TOKENS,
     GENERATOR_RESERVE_BYTES,
@@ -45,8 +44,9 @@ from services.learner.plan import (
     check_learner,
     plan_run,
 )
+from services.ops.cost import ACCELERATORS, DECODE_BANDWIDTH_EFFICIENCY, TRAIN_MFU, StepCost, step_cost
 
-CHART_VALUES = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "asymptote" / "values.yaml"
+CHART_VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "asymptote" / "values.yaml"
 """The chart's defaults: a values file given to ``asymptote plan`` is read over them, as ``helm install`` does."""
 HELM_SECTIONS = ("run", "model", "generator", "generatorPools", "learner", "broker", "fitter")
 """Top-level keys that make a ``--config`` file a Helm values file rather than a learner config."""

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from services.learner.activations import ModelShape
-from services.learner.plan import GeneratorPlan
+from services.learner.memory import GeneratorPlan
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ staging) and on its volume, the choice of a ``micro_batch_tokens`` that
 fits, and the one-line ``ConfigError`` when a setting does not. Pure
 arithmetic over ``activations.ModelShape`` and the services' settings: no
 torch. Knows nothing about how the figures are printed or where settings
-come from (``asymptote plan``, ops/plan.py, does both). The learner calls
+come from (``asymptote plan``, services/ops/plan.py, does both). The learner calls
 ``learner_fits`` at start, before it allocates on its GPU.
 """
 
