@@ -19,10 +19,11 @@ from collections import Counter
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
-from asymptote.errors import PayloadError
+from asymptote.errors import ConfigError, PayloadError
 from asymptote.jetstream.deadletter import deadletter
 from asymptote.jetstream.names import Names
 from asymptote.jetstream.preflight import MessageSize
@@ -178,19 +179,35 @@ class BrokerPipeline:
     # -- state -------------------------------------------------------------
 
     async def load_state(self) -> None:
+        """The curriculum as the last broker saved it, or a fresh one where none was ever saved.
+
+        Only a missing key means a fresh run. A state that cannot be read (undecodable bytes, a bucket
+        that does not answer) is a ConfigError naming the bucket and key: the broker stops before it
+        issues anything, and the saved state is left as it is, for a person to look at (a fresh
+        curriculum would bring back every prompt it had retired).
+        """
+        where = f"curriculum state (bucket {self.names.curriculum_bucket!r}, key {STATE_KEY!r})"
         state = None
         try:
             entry = await self.curriculum_kv.get(STATE_KEY)
-            if entry.value:
-                state = decode(rollout_pb2.CurriculumState, entry.value)
-                log.info(
-                    "resuming curriculum: epoch %d, cursor %d, %d pass rates",
-                    state.epoch,
-                    state.cursor,
-                    len(state.pass_rates),
-                )
-        except Exception as exc:  # KeyNotFoundError on a fresh run
-            log.info("fresh curriculum (%s)", type(exc).__name__)
+        except KeyNotFoundError:
+            log.info("fresh curriculum: no %s yet", where)
+        except Exception as exc:
+            raise ConfigError(f"{where} cannot be read: {type(exc).__name__}: {exc}; nothing was changed") from exc
+        else:
+            try:
+                # Empty bytes are a saved state too: the default one (epoch 0, cursor 0, nothing yet).
+                state = decode(rollout_pb2.CurriculumState, entry.value or b"")
+            except PayloadError as exc:
+                raise ConfigError(
+                    f"{where} is corrupt ({exc}); nothing was changed (delete the key to start afresh)"
+                ) from exc
+            log.info(
+                "resuming curriculum: epoch %d, cursor %d, %d pass rates",
+                state.epoch,
+                state.cursor,
+                len(state.pass_rates),
+            )
         if isinstance(self.task, MixtureTask):
             self.curriculum = MixtureCurriculum(self.task, self.config.seed, self.config.pass_rate_retire, state)
         else:

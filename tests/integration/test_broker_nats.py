@@ -26,13 +26,15 @@ from waiting import wait_until_async
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
-from asymptote.jetstream.names import Names
+from asymptote.errors import ConfigError
+from asymptote.jetstream.names import Names, ensure_bucket
 from asymptote.ledger import audit, read_entries
 from asymptote.nats_local import NatsServer, free_port
 from asymptote.policy import publish_policy
 from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings, ZeroVariance
 from services.broker.main import serve
+from services.broker.pipeline import STATE_KEY
 
 _prefixes = itertools.count()
 Event = rollout_pb2.LedgerEvent
@@ -477,3 +479,24 @@ async def test_the_learner_gets_each_group_as_published_or_as_shaped(nats: NatsS
                 for c in group.completions:
                     c.reward = 0.0
                 assert served == group
+
+
+async def test_a_corrupt_curriculum_state_stops_the_broker_and_is_left_as_it_was(nats: NatsServer) -> None:
+    # Only a missing key is a fresh run: a state that cannot be decoded must not become a fresh
+    # curriculum (that would issue every retired prompt again) nor be overwritten by one.
+    h = Harness(nats)
+    nc = await nats_connect(nats)
+    try:
+        kv = await ensure_bucket(nc.jetstream(), h.names.curriculum_bucket, replicas=1)
+        corrupt = b"\xff\xff\xff\xff not a CurriculumState"
+        await kv.put(STATE_KEY, corrupt)
+        with pytest.raises(ConfigError) as refused:
+            await asyncio.wait_for(serve(h.config, asyncio.Event()), 60)
+        message = str(refused.value)
+        assert f"bucket {h.names.curriculum_bucket!r}" in message and f"key {STATE_KEY!r}" in message
+        assert "corrupt" in message and "\n" not in message
+        assert (await kv.get(STATE_KEY)).value == corrupt
+        # Refused before issuing anything.
+        assert (await nc.jetstream().stream_info(h.names.tasks_stream)).state.messages == 0
+    finally:
+        await nc.close()
