@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from asymptote.codec import PICKLE_SUFFIXES, read_signature
-from asymptote.errors import ConfigError, ModelError
+from asymptote.errors import ConfigError, WeightsError
 from services.learner import checkpoint
 from services.learner.model import TORCH_DTYPES
 
@@ -92,18 +93,22 @@ def export(
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError(f"--to {to}: exists and is not an empty directory")
     source = model_dir if model_dir is not None else run_dir / MODEL_FILES
+    flag = f"--model {source}" if model_dir is not None else str(source)
     if not (source / "config.json").is_file():
         raise ConfigError(f"{source}: no config.json; name the model directory the run started from with --model")
-    signature = _signature(source)
+    try:
+        signature = _signature(source)
+    except (WeightsError, OSError) as exc:
+        raise ConfigError(f"{flag}: its weights cannot be read: {exc}") from exc
     path = find_checkpoint(run_dir, step)
-    stored = checkpoint.weight_names(path)
-    missing = sorted(set(signature) - set(stored))
-    if missing:
-        raise ModelError(f"checkpoint {path} lacks {len(missing)} of the model's tensors: {missing[:5]}")
+    check_fits(signature, checkpoint.weight_names(path), path, flag)
     started = time.perf_counter()
     tmp = to.parent / f".{to.name}.export-tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError(f"--to {to}: cannot write there: {exc.strerror or exc}") from exc
     shards = _plan_shards(signature, shard_bytes)
     weight_map: dict[str, str] = {}
     total = 0
@@ -112,6 +117,8 @@ def export(
         tensors = checkpoint.read_weights(path, names)
         out = {n: tensors[n].to(TORCH_DTYPES[signature[n][0]]).contiguous() for n in names}
         save_file(out, str(tmp / file), metadata={"format": "pt"})
+        # safetensors writes its files 0600: give them the mode the folder's other files get.
+        (tmp / file).chmod(0o666 & ~_umask())
         total += sum(t.numel() * t.element_size() for t in out.values())
         weight_map.update(dict.fromkeys(names, file))
         log.info("export: %s (%d of %d shards)", file, i + 1, len(shards))
@@ -138,6 +145,29 @@ def export(
     return to
 
 
+def check_fits(
+    signature: dict[str, tuple[str, tuple[int, ...]]],
+    stored: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    path: Path,
+    flag: str,
+) -> None:
+    """Refuse, before anything is written, a model directory whose tensors the checkpoint does not hold with
+    the same shapes (an export with another model's config over this run's weights would not load)."""
+    missing = sorted(set(signature) - set(stored))
+    if missing:
+        raise ConfigError(
+            f"{flag}: checkpoint {path.name} lacks {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}): not the model this run trained"
+        )
+    reshaped = sorted(name for name, (_, shape) in signature.items() if tuple(stored[name][0]) != tuple(shape))
+    if reshaped:
+        name = reshaped[0]
+        raise ConfigError(
+            f"{flag}: {len(reshaped)} tensors differ in shape from checkpoint {path.name} ({name}: the model "
+            f"{list(signature[name][1])}, the checkpoint {list(stored[name][0])}): not the model this run trained"
+        )
+
+
 def _signature(source: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     kept = source / SIGNATURE
     if kept.exists():
@@ -157,6 +187,12 @@ def _plan_shards(signature: dict[str, tuple[str, tuple[int, ...]]], shard_bytes:
         shards[-1].append(name)
         size += nbytes
     return shards
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -218,14 +218,26 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         source = args.config if _dig(given, *keys) is not None and helm_file else "the chart's values.yaml"
         return _dig(values, *keys), f"{'.'.join(keys)} in {source}"
 
-    gpus_per_node = args.gpus_per_node or _dig(values, "learner", "gpusPerNode")
+    def count(*keys: str, minimum: int = 1) -> int | None:
+        """A whole number of the values (a count of GPUs, nodes, tokens); ConfigError naming it otherwise."""
+        value, source = setting(*keys)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{source}: must be a whole number of at least {minimum}, got {value!r}")
+        return value
+
+    gpus_per_node = args.gpus_per_node or count("learner", "gpusPerNode")
     if gpus_per_node is None:
         raise ConfigError("--gpus-per-node: needed (the learner's GPUs per node; a learner config does not say)")
-    nodes = args.nodes or _dig(values, "learner", "nodes") or 1
+    nodes = args.nodes or count("learner", "nodes") or 1
     if args.max_tokens is not None:
         max_tokens, max_tokens_from = args.max_tokens, "--max-tokens"
     else:
-        max_tokens, max_tokens_from = setting("broker", "config", "sampling", "max_tokens")
+        max_tokens, max_tokens_from = (
+            count("broker", "config", "sampling", "max_tokens"),
+            setting("broker", "config", "sampling", "max_tokens")[1],
+        )
         if max_tokens is None:
             raise ConfigError("--max-tokens: needed (the completion cap, the broker's sampling.max_tokens)")
     sequence = args.prompt_tokens + max_tokens
@@ -236,7 +248,7 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
             f"(--prompt-tokens) + max_tokens {max_tokens} ({max_tokens_from}) = {sequence} tokens; set at least {sequence}"
         )
     engine_values = dict(_dig(values, "generator", "config", "engine") or {})
-    tp = _dig(values, "generator", "tensorParallelSize") or _dig(values, "generator", "gpus")
+    tp = count("generator", "tensorParallelSize") or count("generator", "gpus")
     engine = GeneratorSettings()
     if engine_values or tp:
         try:
@@ -256,8 +268,8 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
     if args.generator_gpus is not None:
         generator_gpus, generator_gpus_from = args.generator_gpus, "--generator-gpus"
     else:
-        replicas, replicas_from = setting("generator", "replicas")
-        generator_gpus = int(replicas or 1) * int(tp or 1)
+        replicas, replicas_from = count("generator", "replicas", minimum=0), setting("generator", "replicas")[1]
+        generator_gpus = (replicas or 1) * (tp or 1)
         generator_gpus_from = f"{replicas_from} x {tp or 1} GPUs each"
     return PlanInputs(
         shape=shape,
@@ -269,7 +281,7 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         prompt_tokens=args.prompt_tokens,
         max_tokens=int(max_tokens),
         max_tokens_from=max_tokens_from,
-        group_size=int(_dig(values, "broker", "config", "sampling", "group_size") or DEFAULT_GROUP_SIZE),
+        group_size=count("broker", "config", "sampling", "group_size") or DEFAULT_GROUP_SIZE,
         batch_prompts=learner.batch_prompts,
         generator_gpus=generator_gpus,
         generator_gpus_from=generator_gpus_from,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,8 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_export_scores_as_the_learner_does(qwen3: Path, tmp_path: Path) -> None:
     trainer, batches = trained_run(qwen3, tmp_path / "run")
     out = export(tmp_path / "run", tmp_path / "exported", shard_bytes=200_000)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the shards as readable as the config beside them
     files = sorted(p.name for p in out.iterdir())
     assert "model.safetensors.index.json" in files and "config.json" in files and "tokenizer.json" in files
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -98,13 +101,30 @@ def test_a_bf16_model_is_exported_in_bf16(tmp_path: Path) -> None:
 
 def test_bad_export_requests_get_one_line(qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trained_run(qwen3, tmp_path / "run", steps=1)
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    shutil.copy2(qwen3 / "config.json", no_weights / "config.json")
+    # Another model: the same names, wider layers; another family: other names too.
+    wider = create_test_model_dir("qwen3", False, tmp_path / "wider", intermediate_size=96)
+    llama = create_test_model_dir("llama", True, tmp_path / "llama")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("taken")
+    capsys.readouterr()  # what building the models printed
     cases = {
         ("export", str(tmp_path / "run"), "--to", str(tmp_path / "full")): "exists and is not an empty directory",
         ("export", str(tmp_path / "run"), "--to", str(tmp_path / "o"), "--step", "7"): "hold steps [1]",
         ("export", str(tmp_path / "nowhere"), "--to", str(tmp_path / "o")): "not a directory",
         ("export", str(tmp_path), "--to", str(tmp_path / "o"), "--model", str(qwen3)): "no committed checkpoint",
+        ("export", str(tmp_path / "run"), "--to", "/proc/forbidden/o"): "--to /proc/forbidden/o: cannot write there",
+        ("export", str(tmp_path / "run"), "--to", str(tmp_path / "o"), "--model", str(no_weights)): (
+            "its weights cannot be read"
+        ),
+        ("export", str(tmp_path / "run"), "--to", str(tmp_path / "o"), "--model", str(wider)): (
+            "differ in shape from checkpoint"
+        ),
+        ("export", str(tmp_path / "run"), "--to", str(tmp_path / "o"), "--model", str(llama)): (
+            "not the model this run trained"
+        ),
     }
     for argv, said in cases.items():
         assert cli(list(argv)) == 2, argv

@@ -428,6 +428,7 @@ REFUSALS = {
     "max_tokens 8192 (--max-tokens) = 8704 tokens",
     "below-one-sequence-values": "learner.config.micro_batch_tokens 4096 is below one sequence",
     "does-not-fit": "learner.config.micro_batch_tokens 131072: a learner rank needs",
+    "not-a-count": "learner.gpusPerNode in {config}: must be a whole number of at least 1, got 'eight'",
 }
 """Each case and what its one line must say."""
 
@@ -441,6 +442,9 @@ def test_plan_answers_in_one_line(case: str, qwen3_8b: Path, tmp_path: Path) -> 
     small.write_text("learner:\n  config:\n    micro_batch_tokens: 4096\n")
     large = tmp_path / "large.yaml"
     large.write_text("learner:\n  config:\n    micro_batch_tokens: 131072\n")
+    words = tmp_path / "words.yaml"
+    words.write_text("learner:\n  gpusPerNode: eight\n")
+    named = named.format(config=words)
     argv = {
         "no-gpus": ["--model", str(qwen3_8b), "--gpus-per-node", "0"],
         "no-config-json": ["--model", str(tmp_path), "--gpus-per-node", "8"],
@@ -456,6 +460,7 @@ def test_plan_answers_in_one_line(case: str, qwen3_8b: Path, tmp_path: Path) -> 
         ],
         "below-one-sequence-values": ["--model", str(qwen3_8b), "--config", str(small)],
         "does-not-fit": ["--model", str(qwen3_8b), "--config", str(large)],
+        "not-a-count": ["--model", str(qwen3_8b), "--config", str(words)],
     }[case]
     proc = run_cli("plan", *argv)
     assert "Traceback" not in proc.stdout + proc.stderr
