@@ -30,13 +30,12 @@ RECIPE: dict[str, dict[str, Any]] = {
     "learner": {
         "loss": {"name": "dapo", "clip_low": 0.25, "clip_high": 0.3, "tis_cap": 3.0, "aggregation": "token",
                  "normalization": "group"},
-        "optimizer": {"lr": 3e-6, "warmup_steps": 40, "weight_decay": 0.05, "betas": [0.9, 0.95], "eps": 1e-15,
-                      "max_grad_norm": 0.5},
+        "optimizer": {"weight_decay": 0.05, "betas": [0.9, 0.95], "eps": 1e-15, "max_grad_norm": 0.5},
         "micro_batch_tokens": 2048,
         "activation_checkpointing": True,
         "keep_checkpoints": 3,
     },
-    "broker": {"sampling": {"temperature": 0.8, "top_p": 0.95}, "max_staleness_versions": 4},
+    "broker": {"sampling": {"temperature": 0.8, "top_p": 0.95}},
     "generator": {"engine": {"max_model_len": 1024, "max_num_seqs": 64, "seed": 7}, "max_inflight_groups": 8},
     "fitter": {"planned_compute": 123456.0},
 }  # fmt: skip
@@ -66,7 +65,9 @@ def test_every_recipe_knob_reaches_its_service_s_recorded_config(
 ) -> None:
     monkeypatch.setenv("ASY_LEARNER__OPTIMIZER__LR", "0.5")  # the caller's: must change nothing
     monkeypatch.setenv("ASY_GENERATOR__ENGINE__SEED", "99")
-    stack = LocalStack(StackConfig(run_dir=tmp_path / "run", num_generators=2, services=RECIPE))
+    stack = LocalStack(
+        StackConfig(run_dir=tmp_path / "run", num_generators=2, lr=3e-6, max_staleness_versions=4, services=RECIPE)
+    )
     paths = stack.write_configs(model_dir(tmp_path))
     models = {"broker": BrokerConfig, "learner": LearnerConfig, "fitter": FitterConfig}
     for name, model in models.items():
@@ -94,6 +95,10 @@ def test_the_stack_s_wiring_and_bad_values_are_refused_by_name() -> None:
         ({"generator": {"sandbox_pool": {"endpoint": "h:1"}}}, "generator.sandbox_pool is set by the stack"),
         ({"learner": {"optimizer": {"eps": -1}}}, "learner.optimizer.eps: Input should be greater than 0"),
         ({"fitter": {"no_such_knob": 1}}, "fitter.no_such_knob: Extra inputs are not permitted"),
+        # One place for each setting: the stack's own dial, not the service's field it sets.
+        ({"learner": {"optimizer": {"lr": 1e-6}}}, r"learner.optimizer.lr is the stack's lr: set lr itself"),
+        ({"broker": {"sampling": {"max_tokens": 64}}}, r"broker.sampling.max_tokens is the stack's max_tokens"),
+        ({"learner": {"batch_prompts": 4}}, r"learner.batch_prompts is the stack's batch_prompts"),
     ):
         with pytest.raises(ValidationError, match=said):
             StackConfig(services=section)  # type: ignore[arg-type]

@@ -44,12 +44,47 @@ STACK_OWNED: dict[str, tuple[str, ...]] = {
 """Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""
 
 
+STACK_DIALS: dict[str, str] = {
+    "learner.optimizer.lr": "lr",
+    "learner.optimizer.warmup_steps": "warmup_steps",
+    "learner.batch_prompts": "batch_prompts",
+    "learner.max_steps": "max_steps",
+    "learner.checkpoint_every_steps": "checkpoint_every_steps",
+    "learner.updates_per_batch": "updates_per_batch",
+    "broker.batch_prompts": "batch_prompts",
+    "broker.sampling.group_size": "group_size",
+    "broker.sampling.max_tokens": "max_tokens",
+    "broker.sampling.overlong_cache_tokens": "overlong_cache_tokens",
+    "broker.eval.every_versions": "eval_every_versions",
+    "broker.eval.num_samples": "eval_num_samples",
+    "broker.mode": "mode",
+    "broker.max_staleness_versions": "max_staleness_versions",
+    "broker.zero_variance": "zero_variance",
+}
+"""Service settings that one of StackConfig's own dials sets (section path -> the dial): each setting has one
+place, so a size preset, the printed preset line and the run agree on what runs."""
+
+
+def _dials_in(name: str, section: dict[str, Any]) -> list[str]:
+    """The paths of ``section`` (the section of service ``name``) that STACK_DIALS gives to a dial."""
+    found = []
+    for path in STACK_DIALS:
+        head, *rest = path.split(".")
+        node: Any = section
+        for key in rest:
+            node = node.get(key) if isinstance(node, dict) else None
+        if head == name and node is not None:
+            found.append(path)
+    return found
+
+
 class ServiceSections(Frozen):
     """Settings of each service's own config (docs/configuration.md), merged over what the stack derives
     for it and recorded under ``config/``: every knob of the recipe, e.g. ``learner: {optimizer: {eps:
     1.0e-15}, loss: {eps_max: 4.0}}``, ``broker: {sampling: {temperature: 0.9}}``, ``generator: {engine:
-    {max_model_len: 4096}}``, ``fitter: {planned_compute: 1.0e+6}``. They win over the stack's own dials
-    (lr, batch_prompts, ...). The stack's wiring (STACK_OWNED) is refused."""
+    {max_model_len: 4096}}``, ``fitter: {planned_compute: 1.0e+6}``. Refused: the stack's wiring
+    (STACK_OWNED), and what one of the stack's own dials sets (STACK_DIALS: ``lr``, not
+    ``learner.optimizer.lr``)."""
 
     broker: dict[str, Any] = Field(default_factory=dict)
     learner: dict[str, Any] = Field(default_factory=dict)
@@ -73,6 +108,12 @@ class ServiceSections(Frozen):
         }
         for name, (model, base) in required.items():
             section: dict[str, Any] = getattr(self, name)
+            dials = _dials_in(name, section)
+            if dials:
+                raise ValueError(
+                    f"{dials[0]} is the stack's {STACK_DIALS[dials[0]]}: set {STACK_DIALS[dials[0]]} itself (one "
+                    f"place for each setting)"
+                )
             owned = sorted(set(section) & set(STACK_OWNED[name]))
             if owned or "model_dir" in section.get("engine", {}):
                 keys = owned or ["engine.model_dir"]
