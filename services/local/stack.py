@@ -48,7 +48,8 @@ from services.generator.config import EngineSettings, GeneratorConfig
 from services.learner.config import LearnerConfig, OptimizerSettings
 from services.local import torchrun
 from services.local.config import StackConfig
-from services.local.placement import Gpu, Placement, place, visible_gpus
+from services.local.placement import Gpu, Placement, visible_gpus
+from services.local.planning import learner_on_gpus, placement_of
 from services.local.progress import Progress
 from services.local.trackers import Mirror
 from services.sandbox_pool.config import SandboxPoolConfig
@@ -347,12 +348,7 @@ class LocalStack:
         wanted = len(found) if c.gpus is None else c.gpus
         if wanted > len(found):
             raise ConfigError(f"gpus {wanted}: only {len(found)} GPUs are visible to this process")
-        self.placement = place(
-            found[:wanted],
-            tensor_parallel_size=c.tensor_parallel_size,
-            num_generators=c.num_generators,
-            learner_gpus=c.learner_gpus,
-        )
+        self.placement = placement_of(c, found[:wanted])
         return self.placement
 
     @property
@@ -402,7 +398,7 @@ class LocalStack:
             checkpoint_every_steps=c.checkpoint_every_steps,
         )
         if self.placement is not None:
-            learner = self.learner_on_gpus(learner, model_dir, self.placement)
+            learner = learner_on_gpus(learner, model_dir, self.placement, c.max_tokens)
         if c.model_dir is not None:
             for warning in learner.warnings(count_stored_parameters(model_dir)):
                 log.warning("%s", warning)
@@ -502,33 +498,6 @@ class LocalStack:
             kv_cache_memory_bytes=None,
             enforce_eager=False,
         )
-
-    def learner_on_gpus(self, learner: LearnerConfig, model_dir: Path, placement: Placement) -> LearnerConfig:
-        """The learner on its GPUs: bf16, FSDP2 over its ranks, activation checkpointing, and the largest
-        round ``micro_batch_tokens`` the memory planner fits (of the GPU's share the engine leaves when
-        they share one); ConfigError naming what to change when not one sequence fits."""
-        from services.learner.activations import ModelShape
-        from services.learner.memory import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
-
-        gpu = placement.gpu_memory_bytes * (1 - placement.generator_fraction if placement.shared else 1)
-        on_gpus = learner.model_copy(
-            update={
-                "device": "cuda",
-                "activation_checkpointing": True,
-                "device_kind": "gpu",
-                "num_devices": len(placement.learner),
-            }
-        )
-        shape = ModelShape.read(model_dir)
-        where: dict[str, Any] = {
-            "gpus_per_node": len(placement.learner),
-            "gpu_memory_gib": gpu / 2**30,
-            "sequence_tokens": DEFAULT_PROMPT_TOKENS + self.config.max_tokens,
-        }
-        tokens = suggest_micro_batch_tokens(shape, on_gpus, **where)
-        fitted = on_gpus.model_copy(update={"micro_batch_tokens": tokens or where["sequence_tokens"]})
-        check_learner(shape, fitted, **where)  # the planner's own refusal when not one sequence fits
-        return fitted
 
     def start_services(self, paths: dict[str, Path]) -> None:
         for name, path in sorted(paths.items(), key=lambda kv: SERVICE_ORDER.index(kv[0].split("-")[0])):

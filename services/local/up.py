@@ -122,6 +122,9 @@ def up_config(argv: list[str]) -> StackConfig:
 
     parser = ArgumentParser(prog="asymptote up", description="Run the embedded default end to end.")
     parser.add_argument("--config", type=Path, help="YAML stack config (env overrides: ASY_UP__...)")
+    parser.add_argument(
+        DRY_RUN, action="store_true", help="print the preset, the placement, the memory plan and the config; exit"
+    )
     parser.add_argument("--run-dir", type=Path, help="run directory (default runs/<timestamp>)")
     parser.add_argument(
         "--resume",
@@ -266,7 +269,13 @@ def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConf
     try:
         num_parameters = count_stored_parameters(config.model_dir)
     except (OSError, WeightsError):
-        return config
+        # No readable weights (a config.json to plan with, say): the size its config describes.
+        from services.learner.activations import ModelShape
+
+        try:
+            num_parameters = ModelShape.read(config.model_dir).num_parameters
+        except (OSError, ValueError):
+            return config
     try:
         config, preset, warnings = apply_preset(config, user_set, num_parameters)
     except ValidationError as exc:
@@ -278,8 +287,47 @@ def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConf
 
 
 def main(argv: list[str]) -> int:
-    """``asymptote up ARGV``: the run the flags describe, end to end."""
-    config = up_config(argv)
+    """``asymptote up ARGV``: the run the flags describe, end to end (``--dry-run``: its plan, then exit)."""
+    dry = DRY_RUN in argv
+    config = up_config([a for a in argv if a != DRY_RUN])
+    if dry:
+        return dry_run(config)
     from services.local.stack import LocalStack
 
     return LocalStack(config).run()
+
+
+DRY_RUN = "--dry-run"
+DRY_RUN_GPU = "h100"
+"""The card a dry run plans for when the GPUs it is given are not on this machine (``asymptote plan --gpu``
+plans for another)."""
+
+
+def dry_run(config: StackConfig) -> int:
+    """Print what ``asymptote up`` would run: the preset (printed by ``up_config``), where each process goes,
+    the memory plan of a run on GPUs (``asymptote plan``'s, from the same functions) and the resolved config;
+    exit 0, or ConfigError in one line for what does not fit."""
+    import yaml
+
+    from services.learner.memory import DEFAULT_PROMPT_TOKENS
+    from services.local.placement import visible_gpus
+    from services.local.planning import described_gpus
+    from services.ops.cost import ACCELERATORS
+    from services.ops.plan import report, stack_plan_inputs
+
+    found = [] if config.gpus == 0 else visible_gpus()
+    if config.gpus == 0 or (config.gpus is None and not found):
+        generators = config.num_generators or 1
+        print(f"placement: the CPU: {generators} generator(s), {config.learner_ranks} learner rank(s) (gloo)")
+    elif config.model_dir is None:
+        print("placement: GPUs; the tiny model is built at start, so there is nothing to plan its memory by")
+    else:
+        wanted = config.gpus or len(found)
+        if len(found) < wanted:
+            card = ACCELERATORS[DRY_RUN_GPU]
+            print(f"({len(found)} GPUs visible here: planned for {wanted} x {card.name}, {card.memory_gib:g} GiB each)")
+            found = described_gpus(wanted, card.memory_gib)
+        report(stack_plan_inputs(config, found[:wanted], DRY_RUN_GPU, DEFAULT_PROMPT_TOKENS))
+    print("resolved config (asymptote up --config takes it as it is):")
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    return 0

@@ -29,15 +29,17 @@ class Accelerator:
     """Peak HBM bandwidth."""
     bf16_flops: float
     """Dense bf16 peak, no sparsity."""
+    memory_gib: float
+    """Memory of one card as the driver reports it (nvidia-smi's total)."""
 
 
 ACCELERATORS = {
-    "h100": Accelerator("H100 SXM", 3.35e12, 989e12),
-    "h200": Accelerator("H200 SXM", 4.8e12, 989e12),
-    "a100": Accelerator("A100 80GB SXM", 2.04e12, 312e12),
-    "l40s": Accelerator("L40S", 0.864e12, 362e12),
+    "h100": Accelerator("H100 SXM", 3.35e12, 989e12, 80.0),
+    "h200": Accelerator("H200 SXM", 4.8e12, 989e12, 140.4),
+    "a100": Accelerator("A100 80GB SXM", 2.04e12, 312e12, 80.0),
+    "l40s": Accelerator("L40S", 0.864e12, 362e12, 45.0),
 }
-"""Vendor datasheet peaks."""
+"""Vendor datasheet peaks, and each card's memory (H200: 143,771 MiB; L40S: 46,068 MiB)."""
 DECODE_BANDWIDTH_EFFICIENCY = 0.5
 """Share of peak bandwidth a decode step achieves (kernels, scheduling, sampling and swaps between)."""
 TRAIN_MFU = 0.35

@@ -75,6 +75,8 @@ class PlanInputs:
     mean_completion_tokens: int
     learner_key: str
     """Where the learner's settings live in --config: "learner.config." in a values file, "" in a learner config."""
+    placement: str | None = None
+    """An up config's split of the machine's GPUs (``Placement.describe``); None for a values or learner file."""
 
     def plan(self) -> RunPlan:
         """The run's plan: every learner rank, every generator GPU, each learner pod's host and disk."""
@@ -148,12 +150,17 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face model directory (reads config.json)")
     parser.add_argument("--gpus-per-node", type=int, help="learner GPUs per node (default: learner.gpusPerNode)")
     parser.add_argument("--nodes", type=int, help="learner nodes (default: learner.nodes, else 1)")
-    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of one GPU (default 80)")
+    parser.add_argument("--gpu-memory", type=float, help="GiB of one GPU (default: the --gpu card's)")
     parser.add_argument(
         "--config",
         type=Path,
-        help="a Helm values file (read over the chart's values.yaml) or a learner config YAML",
+        help="a Helm values file (read over the chart's values.yaml), an `asymptote up` config (planned as up "
+        "places it on --gpus), or a learner config YAML",
     )
+    parser.add_argument("--gpus", type=int, help="with an up config: the machine's GPUs, split as `asymptote up` does")
+    parser.add_argument("--learner-gpus", type=int, help="with an up config: the learner's ranks (default: half)")
+    parser.add_argument("--tensor-parallel", type=int, help="with an up config: GPUs per generator engine")
+    parser.add_argument("--generators", type=int, help="with an up config: generator processes")
     parser.add_argument(
         "--prompt-tokens",
         type=int,
@@ -188,6 +195,8 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
     ):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value}: must be at least 1")
+    if args.gpu_memory is None:
+        args.gpu_memory = ACCELERATORS[args.gpu].memory_gib
     if not args.gpu_memory > 0:
         raise ConfigError(f"--gpu-memory {args.gpu_memory:g}: must be more than 0 GiB")
     try:
@@ -197,6 +206,13 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
 
     chart = _read_yaml(CHART_VALUES, "the chart's") if CHART_VALUES.is_file() else {}
     given = _read_yaml(args.config, "--config") if args.config is not None else {}
+    up_flags = {"--gpus": args.gpus, "--learner-gpus": args.learner_gpus, "--tensor-parallel": args.tensor_parallel}
+    up_flags["--generators"] = args.generators
+    if _is_up_config(given):
+        return up_plan_inputs(args, shape, {flag: v for flag, v in up_flags.items() if v is not None})
+    for flag, value in up_flags.items():
+        if value is not None:
+            raise ConfigError(f"{flag}: plans an `asymptote up` config (--config FILE of its fields) only")
     helm_file = args.config is None or any(key in given for key in HELM_SECTIONS)
     if helm_file:
         values = _merge_values(chart, given)
@@ -291,9 +307,73 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
     )
 
 
+def _is_up_config(given: Mapping[str, Any]) -> bool:
+    """Whether a ``--config`` file is an ``asymptote up`` config: only StackConfig's fields, one at least that
+    neither a values file nor a learner config has."""
+    from services.local.config import StackConfig
+
+    keys = set(given)
+    own = keys - set(LearnerConfig.model_fields) - set(HELM_SECTIONS)
+    return bool(own) and keys <= set(StackConfig.model_fields)
+
+
+def up_plan_inputs(args: Any, shape: ModelShape, flags: dict[str, int]) -> PlanInputs:
+    """What ``asymptote up`` would run from ``args.config`` on ``args.model``: its config (the size preset
+    included), split over ``--gpus`` cards of ``--gpu-memory`` as the stack splits GPUs, and the learner's
+    settings on them as the stack derives them (services/local/planning.py)."""
+    from services.local.planning import described_gpus
+    from services.local.up import up_config
+
+    if "--gpus" not in flags:
+        raise ConfigError("--gpus: needed to plan an `asymptote up` config (the GPUs of the machine it runs on)")
+    argv = ["--config", str(args.config), "--model", str(args.model)]
+    for flag, value in flags.items():
+        argv += [flag, str(value)]
+    if args.max_tokens is not None:
+        argv += ["--max-tokens", str(args.max_tokens)]
+    config = up_config(argv)
+    return stack_plan_inputs(config, described_gpus(flags["--gpus"], args.gpu_memory), args.gpu, args.prompt_tokens)
+
+
+def stack_plan_inputs(config: Any, gpus: list[Any], accelerator: str, prompt_tokens: int) -> PlanInputs:
+    """The plan of the local stack ``config`` on ``gpus``, its placement and learner as the stack makes them."""
+    from services.local.planning import placement_of, planned_learner
+
+    assert config.model_dir is not None
+    placement = placement_of(config, gpus)
+    learner = planned_learner(config, config.model_dir, placement)
+    tp = config.tensor_parallel_size
+    engine = GeneratorSettings(
+        dtype="bfloat16", gpu_memory_utilization=placement.generator_fraction, tensor_parallel_size=tp
+    )
+    return PlanInputs(
+        shape=ModelShape.read(config.model_dir),
+        learner=learner,
+        engine=engine,
+        gpus_per_node=len(placement.learner),
+        nodes=1,
+        gpu_memory_gib=placement.gpu_memory_bytes / 2**30,
+        prompt_tokens=prompt_tokens,
+        max_tokens=config.max_tokens,
+        max_tokens_from="the up config's max_tokens",
+        group_size=config.group_size,
+        batch_prompts=config.batch_prompts,
+        generator_gpus=len(placement.generators) * tp,
+        generator_gpus_from=f"{len(placement.generators)} generators x {tp} GPUs each",
+        accelerator=accelerator,
+        mean_completion_tokens=max(1, config.max_tokens // 2),
+        learner_key="services.learner.",
+        placement=placement.describe(),
+    )
+
+
 def main(argv: list[str]) -> int:
     """Plan, print, and refuse in one line (ConfigError) what does not fit."""
-    inputs = plan_inputs(argv)
+    return report(plan_inputs(argv))
+
+
+def report(inputs: PlanInputs) -> int:
+    """Print the plan of ``inputs``; ConfigError (one line) for a generator or learner rank that does not fit."""
     run = inputs.plan()
     print_plan(run, inputs)
     check_generator(run.generator)
@@ -321,6 +401,8 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
         f"{'tied' if shape.tie_word_embeddings else 'untied'} head)",
         highlight=False,
     )
+    if inputs.placement is not None:
+        console.print(f"placement ({inputs.gpu_memory_gib:g} GiB GPUs): {inputs.placement}", highlight=False)
     console.print(
         f"sequences: prompt {run.prompt_tokens} (--prompt-tokens) + max_tokens {run.max_tokens} "
         f"({inputs.max_tokens_from}) = {learner.sequence_tokens:,} tokens",

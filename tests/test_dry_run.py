@@ -1,0 +1,95 @@
+"""``asymptote up --dry-run`` and ``asymptote plan`` of an up config: the same split and the same plan.
+
+A user with one GPU machine checks what ``up`` will run before starting it:
+the size preset, the split of the GPUs between generators and learner
+ranks, each rank's memory and the resolved config. Both commands take the
+stack's own functions (services/local/planning.py), so they cannot
+disagree; these tests say they do not, on GPUs described rather than found
+(this machine has none) and on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from families import QWEN3_8B
+
+from services.cli import main as cli
+from services.local.config import StackConfig
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "qwen3-gsm8k.yaml"
+QWEN3_1_7B = {
+    **QWEN3_8B,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture
+def qwen3_1_7b(tmp_path: Path) -> Path:
+    out = tmp_path / "qwen3-1.7b"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(QWEN3_1_7B))
+    return out
+
+
+def lines_of(text: str, *starts: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(starts)]
+
+
+def test_plan_and_dry_run_print_the_same_split_and_rank_memory(
+    qwen3_1_7b: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--config", str(EXAMPLE), "--model", str(qwen3_1_7b), "--gpus", "8"]
+    assert cli(["plan", *args]) == 0
+    planned = capsys.readouterr().out
+    assert cli(["up", "--dry-run", *args]) == 0
+    dry = capsys.readouterr().out
+    wanted = ("placement", "learner (", "Learner rank", "│                   │ total", "│ total")
+    assert len(lines_of(planned, *wanted)) == 6  # the split (two lines), the rank's header, three totals
+    assert lines_of(planned, *wanted) == lines_of(dry, *wanted)
+    # The stack's own split of 8 GPUs: half to the learner, a generator on each of the rest.
+    placement = " ".join(lines_of(planned, "placement", "learner ("))
+    assert "generator-3: GPU 3" in placement and "generator-4" not in placement
+    assert "learner (4 ranks) on GPU 4,5,6,7" in placement
+    assert "Learner rank: 1 of 4 (1 x 4 GPUs, FSDP2)" in planned
+    # The dry run ends with the config up would run, which up takes back as it is.
+    resolved = yaml.safe_load(dry.split("resolved config (asymptote up --config takes it as it is):\n", 1)[1])
+    config = StackConfig.model_validate(resolved)
+    assert (config.gpus, config.batch_prompts, config.max_tokens, config.lr) == (8, 8, 1024, 1e-6)
+
+
+def test_the_card_s_memory_comes_from_gpu(qwen3_1_7b: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--config", str(EXAMPLE), "--model", str(qwen3_1_7b), "--gpus", "8"]
+    assert cli([*args, "--gpu", "l40s"]) == 0
+    l40s = capsys.readouterr().out
+    assert "placement (45 GiB GPUs)" in l40s and "of the 45 GiB GPU" in l40s
+    assert cli([*args, "--gpu", "h200"]) == 0
+    assert "placement (140.4 GiB GPUs)" in capsys.readouterr().out
+
+
+def test_a_dry_run_on_the_cpu_says_where_each_process_goes_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert cli(["up", "--dry-run", "--gpus", "0", "--run-dir", str(run_dir), "--max-steps", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "placement: the CPU: 1 generator(s), 1 learner rank(s) (gloo)" in out
+    resolved = yaml.safe_load(out.split("takes it as it is):\n", 1)[1])
+    assert resolved["max_steps"] == 7 and resolved["workload"] == "words"
+    assert list(run_dir.iterdir()) == []  # nothing was started or written
+
+
+def test_up_only_flags_need_an_up_config(qwen3_1_7b: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["plan", "--model", str(qwen3_1_7b), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "asymptote plan: --gpus: plans an `asymptote up` config (--config FILE of its fields) only"
+    assert cli(["plan", "--config", str(EXAMPLE), "--model", str(qwen3_1_7b)]) == 2
+    assert "--gpus: needed to plan an `asymptote up` config" in capsys.readouterr().err
