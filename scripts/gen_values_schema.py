@@ -208,7 +208,13 @@ GPU_RESOURCE_NAME = {"type": "string", "pattern": r"^[a-z0-9.-]+/[a-z0-9.-]+$"}
 def image() -> dict[str, Any]:
     return obj(
         {
-            "repository": {"type": "string", "minLength": 1},
+            # Empty by default (the chart ships no image), so the schema takes it empty; the templates
+            # refuse an empty one the release deploys (sandboxPool's only when enabled), naming it.
+            "repository": {
+                "type": "string",
+                "pattern": r"^\S*$",
+                "description": "where the image was pushed, e.g. registry.example.com/you/asymptote-generator",
+            },
             "tag": STR,
             "digest": {"type": "string", "pattern": r"^(sha256:[a-f0-9]{64})?$"},
         },

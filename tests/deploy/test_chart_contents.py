@@ -29,8 +29,10 @@ from chart_render import (
     dashboard,
     parse_manifests,
     render,
+    with_images,
 )
 from pki import health_server, service_tls, tls_secret
+from pydantic import BaseModel
 
 from asymptote.config import TlsSettings, load_config
 from asymptote.jetstream.names import Names, stream_configs
@@ -39,7 +41,12 @@ from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
 from services.learner.config import LearnerConfig, OptimizerSettings
 
-MODELS = {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
+MODELS: dict[str, type[BaseModel]] = {
+    "broker": BrokerConfig,
+    "generator": GeneratorConfig,
+    "learner": LearnerConfig,
+    "fitter": FitterConfig,
+}
 WORKLOAD_KIND = {"broker": "Deployment", "generator": "Deployment", "learner": "StatefulSet", "fitter": "Deployment"}
 FULLNAME = f"{RELEASE}-asymptote"
 
@@ -254,7 +261,7 @@ def generator_config(values: dict[str, Any]) -> dict[str, Any]:
     """The generator's config.yaml as the chart renders it under ``values``."""
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema(values)
-        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE)
     (config_map,) = [
         d for d in yaml.safe_load_all(files["asymptote/templates/generator.yaml"]) if d and d["kind"] == "ConfigMap"
     ]
@@ -345,7 +352,9 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
 def test_config_checksum_follows_the_config() -> None:
     a = render("defaults").component("Deployment", "broker")["spec"]["template"]["metadata"]["annotations"]
     with helm.Chart.load(CHART) as chart:
-        files = chart.render({"broker": {"config": {"max_staleness_versions": 4}}}, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(
+            with_images({"broker": {"config": {"max_staleness_versions": 4}}}), name=RELEASE, namespace=NAMESPACE
+        )
     broker = next(
         d for d in yaml.safe_load_all(files["asymptote/templates/broker.yaml"]) if d and d["kind"] == "Deployment"
     )
@@ -486,7 +495,7 @@ def test_nats_and_metrics_peers_follow_the_values() -> None:
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
     with helm.Chart.load(CHART) as chart:
         narrowed = {"networkPolicy": {"dnsTo": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]}}
-        files = chart.render(narrowed, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(narrowed), name=RELEASE, namespace=NAMESPACE)
     policies = [o for o in parse_manifests(files) if o["kind"] == "NetworkPolicy"]
     assert all(p["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "169.254.20.10/32"}}] for p in policies)
 
@@ -573,7 +582,7 @@ def test_cert_manager_certifies_every_name_peers_dial(tmp_path: Path, capsys: py
 def test_notes_name_what_the_certificate_must_carry(tmp_path: Path) -> None:
     with helm.Chart.load(CHART) as chart:
         files = chart.render(
-            {"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}, name=RELEASE, namespace=NAMESPACE
+            with_images({"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}), name=RELEASE, namespace=NAMESPACE
         )
     rendered = Rendered(files, parse_manifests(files))
     notes = files["asymptote/templates/NOTES.txt"]
@@ -701,7 +710,7 @@ def test_umbrella_nats_carries_the_largest_message_on_replicated_file_storage(st
     assert replicas == nats["cluster"]["replicas"]
     for component in MODELS:
         config_map = stack_rendered.component("ConfigMap", named(stack_rendered, component))
-        config = MODELS[component].model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+        config: Any = MODELS[component].model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
         assert config.nats.stream_replicas == replicas
     defaults = render("defaults").component("ConfigMap", "broker")
     assert yaml.safe_load(defaults["data"]["config.yaml"])["nats"]["stream_replicas"] == 1

@@ -12,17 +12,11 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_render import CHART, NAMESPACE, RELEASE, Rendered, parse_manifests
+from chart_render import CHART, NAMESPACE, RELEASE, Rendered, render_with
 
 TASK = {"name": "arithmetic"}
 """The chart refuses a model without a task; any task does here."""
 CLAIM = {"model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"}, "task": TASK}
-
-
-def render_with(values: dict[str, Any]) -> Rendered:
-    with helm.Chart.load(CHART) as chart:
-        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
-    return Rendered(files, parse_manifests(files))
 
 
 def kept_on_uninstall(rendered: Rendered) -> tuple[bool, bool]:

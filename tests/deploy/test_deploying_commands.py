@@ -186,7 +186,7 @@ HELM: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("dependency", "build"): ("1", {}),
     ("dependency", "update"): ("1", {}),
 }
-HF = {
+HF: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("download",): (
         "1+",
         {("--include",): "nargs", ("--exclude",): "nargs", ("--local-dir",): VALUE, ("--revision",): VALUE},
@@ -374,14 +374,24 @@ def test_hf_and_asymptote_kube_commands_parse() -> None:
 
 
 def test_every_values_snippet_renders() -> None:
+    """Each snippet is a part of a release's values: it renders over the images the page has the
+    user push and name (``images.yaml``, and the sandbox pool's in its snippet), as the chart has none."""
     page = PAGES["deploying.md"]
     snippets = [(f"heredoc {n}", t) for n, t in page.heredocs.items() if n.endswith(".yaml")] + page.yaml_blocks
     assert snippets
+    images = yaml.safe_load(page.heredocs["images.yaml"])
+    assert set(images) == {"images"}
+    for _, text in snippets:
+        doc = yaml.safe_load(text)
+        images = merged(images, {"images": doc.get("images") or {}})
+    assert set(images["images"]) == {"generator", "learner", "broker", "fitter", "sandboxPool"}
     for where, text in snippets:
         doc = yaml.safe_load(text)
         if "apiVersion" in doc and "kind" in doc:
             validate_object(doc)  # a Kubernetes object shown, not values
             continue
-        chart = STACK_CHART if set(doc) <= {"asymptote", "nats"} else CHART
-        objects = render_chart(str(chart.relative_to(REPO)), doc, "lab", "rl")
+        stack = set(doc) <= {"asymptote", "nats"}
+        chart = STACK_CHART if stack else CHART
+        values = merged({"asymptote": images} if stack else images, doc)
+        objects = render_chart(str(chart.relative_to(REPO)), values, "lab", "rl")
         assert objects, where

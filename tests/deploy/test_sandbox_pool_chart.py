@@ -16,7 +16,7 @@ from typing import Any
 
 import helm_python as helm
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, parse_manifests, render
+from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, parse_manifests, render, with_images
 from test_chart_contents import PODS, allowed
 
 from services.generator.config import GeneratorConfig
@@ -142,7 +142,7 @@ def test_runtime_class_and_security_contexts_follow_the_values() -> None:
         },
     }
     with helm.Chart.load(CHART) as chart:
-        rendered = parse_manifests(chart.render(values, name=RELEASE, namespace=NAMESPACE))
+        rendered = parse_manifests(chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE))
     (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME]
     spec = deployment["spec"]["template"]["spec"]
     assert spec["runtimeClassName"] == "kata-qemu"
@@ -151,6 +151,6 @@ def test_runtime_class_and_security_contexts_follow_the_values() -> None:
     assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     no_class = {**VALUE_SETS["defaults"], "sandboxPool": {"enabled": True}}
     with helm.Chart.load(CHART) as chart:
-        rendered = parse_manifests(chart.render(no_class, name=RELEASE, namespace=NAMESPACE))
+        rendered = parse_manifests(chart.render(with_images(no_class), name=RELEASE, namespace=NAMESPACE))
     (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME]
     assert "runtimeClassName" not in deployment["spec"]["template"]["spec"]
