@@ -183,8 +183,21 @@ HELM: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("upgrade",): ("2", {**INSTALL_FLAGS, ("--install", "-i"): FLAG, ("--reuse-values",): FLAG}),
     ("uninstall",): ("1", {("--keep-history",): FLAG, ("--wait",): FLAG}),
     ("test",): ("1", {("--logs",): FLAG, ("--timeout",): VALUE}),
-    ("dependency", "build"): ("1", {}),
-    ("dependency", "update"): ("1", {}),
+    ("template",): ("2", {**INSTALL_FLAGS, ("--output-dir",): VALUE, ("--kube-version",): VALUE}),
+    ("dependency", "build"): ("1", {("--skip-refresh",): FLAG}),
+    ("dependency", "update"): ("1", {("--skip-refresh",): FLAG}),
+    ("dependency", "list"): ("1", {}),
+    ("pull",): (
+        "1",
+        {
+            ("--repo",): VALUE,
+            ("--version",): VALUE,
+            ("-d", "--destination"): VALUE,
+            ("--untar",): FLAG,
+            ("--verify",): FLAG,
+        },
+    ),
+    ("package",): ("1", {("-d", "--destination"): VALUE, ("--version",): VALUE, ("--app-version",): VALUE}),
 }
 HF: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("download",): (
@@ -324,9 +337,9 @@ def test_helm_commands_parse_and_local_charts_render(where: str, argv: list[str]
     heredocs = {n: t for page in PAGES.values() for n, t in page.heredocs.items()}
     sub, parsed, after = parse("helm", HELM, HELM_GLOBAL, argv)
     assert not after, where
-    if sub == ("dependency", "build"):
+    if sub in (("dependency", "build"), ("dependency", "list"), ("package",)):
         assert (REPO / parsed.positionals[0] / "Chart.yaml").is_file(), where
-    if sub not in (("install",), ("upgrade",)) or not parsed.positionals[1].startswith("deploy/helm/"):
+    if sub not in (("install",), ("upgrade",), ("template",)) or not parsed.positionals[1].startswith("deploy/helm/"):
         return
     release, chart_path = parsed.positionals
     assert parsed.namespace, f"{where}: helm {sub[0]} without -n installs into the kubeconfig's namespace"
