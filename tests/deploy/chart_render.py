@@ -212,7 +212,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "nats": {"auth": {"credsSecret": "asymptote-nats-creds"}, "tls": {"caSecret": "nats-ca"}},
     },
-    # A code task whose programs run in the sandbox pool, under gVisor, with mTLS between the pods.
+    # A code task whose programs run in the sandbox pool, under gVisor (where no sandbox backend
+    # passes, so the runtime class is the boundary), with mTLS between the pods.
     "sandbox-pool-gvisor": {
         "model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"},
         "task": {
@@ -227,7 +228,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "replicas": 3,
             "runtimeClassName": "gvisor",
-            "config": {"max_concurrent_runs": 8, "max_runs": 5000},
+            "config": {"max_concurrent_runs": 8, "max_runs": 5000, "sandbox": {"unsafe_no_sandbox": True}},
         },
         "images": {"sandboxPool": {"repository": "registry.example/asymptote-sandbox-pool", "digest": DIGEST}},
         "grpcTls": {
