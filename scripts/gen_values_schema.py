@@ -184,6 +184,8 @@ PEERS = {
 }
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 DNS_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+# A namespace name (an RFC 1123 label).
+NAMESPACE_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"}
 RESOURCES = obj(
     {
@@ -208,7 +210,13 @@ GPU_RESOURCE_NAME = {"type": "string", "pattern": r"^[a-z0-9.-]+/[a-z0-9.-]+$"}
 def image() -> dict[str, Any]:
     return obj(
         {
-            "repository": {"type": "string", "minLength": 1},
+            # Empty by default (the chart ships no image), so the schema takes it empty; the templates
+            # refuse an empty one the release deploys (sandboxPool's only when enabled), naming it.
+            "repository": {
+                "type": "string",
+                "pattern": r"^\S*$",
+                "description": "where the image was pushed, e.g. registry.example.com/you/asymptote-generator",
+            },
             "tag": STR,
             "digest": {"type": "string", "pattern": r"^(sha256:[a-f0-9]{64})?$"},
         },
@@ -571,6 +579,12 @@ def values_schema() -> dict[str, Any]:
             "networkPolicy": obj(
                 {
                     "enabled": BOOL,
+                    "prometheusNamespaces": {
+                        "type": "array",
+                        "items": {"type": "string", "pattern": NAMESPACE_NAME},
+                        "uniqueItems": True,
+                        "description": "namespaces whose Prometheus pods may scrape /metrics",
+                    },
                     "metricsFrom": PEERS,
                     "dnsTo": PEERS,
                     "natsTo": PEERS,

@@ -24,6 +24,26 @@ DIGEST = "sha256:" + "ab" * 32
 
 EXAMPLES = REPO / "examples" / "helm"
 
+IMAGE_ROLES = ("generator", "learner", "broker", "fitter", "sandboxPool")
+IMAGES: dict[str, Any] = {
+    "images": {role: {"repository": f"registry.example/asymptote-{role}"} for role in IMAGE_ROLES}
+}
+"""Where a release's images are: the chart has no default and refuses to render without them, so every
+value set is rendered over these (a value set's own ``images`` win), as a user's values file sets them."""
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` key by key, as Helm merges values files."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def with_images(values: dict[str, Any]) -> dict[str, Any]:
+    return merged(IMAGES, values)
+
+
 # The value sets the chart is proven with; every test that renders uses these
 # (the example values files for users among them).
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -192,7 +212,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "nats": {"auth": {"credsSecret": "asymptote-nats-creds"}, "tls": {"caSecret": "nats-ca"}},
     },
-    # A code task whose programs run in the sandbox pool, under gVisor, with mTLS between the pods.
+    # A code task whose programs run in the sandbox pool, under gVisor (where no sandbox backend
+    # passes, so the runtime class is the boundary), with mTLS between the pods.
     "sandbox-pool-gvisor": {
         "model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"},
         "task": {
@@ -207,7 +228,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "replicas": 3,
             "runtimeClassName": "gvisor",
-            "config": {"max_concurrent_runs": 8, "max_runs": 5000},
+            "config": {"max_concurrent_runs": 8, "max_runs": 5000, "sandbox": {"unsafe_no_sandbox": True}},
         },
         "images": {"sandboxPool": {"repository": "registry.example/asymptote-sandbox-pool", "digest": DIGEST}},
         "grpcTls": {
@@ -261,8 +282,13 @@ def parse_manifests(files: dict[str, str]) -> list[dict[str, Any]]:
 
 @cache
 def render(value_set: str) -> Rendered:
+    return render_with(VALUE_SETS[value_set])
+
+
+def render_with(values: dict[str, Any], release: str = RELEASE, namespace: str = NAMESPACE) -> Rendered:
+    """The chart rendered with ``values`` over the test images (the values' own ``images`` win)."""
     with helm.Chart.load(CHART) as chart:
-        files = chart.render(VALUE_SETS[value_set], name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(values), name=release, namespace=namespace)
     return Rendered(files, parse_manifests(files))
 
 
@@ -272,7 +298,7 @@ def render_stack(workdir: Path) -> Rendered:
     shutil.copytree(STACK_CHART, stack)
     shutil.copytree(CHART, stack / "charts" / "asymptote")
     with helm.Chart.load(stack) as chart:
-        files = chart.render(name=RELEASE, namespace=NAMESPACE)
+        files = chart.render({"asymptote": IMAGES}, name=RELEASE, namespace=NAMESPACE)
     return Rendered(files, parse_manifests(files))
 
 

@@ -29,8 +29,11 @@ from chart_render import (
     dashboard,
     parse_manifests,
     render,
+    render_with,
+    with_images,
 )
 from pki import health_server, service_tls, tls_secret
+from pydantic import BaseModel
 
 from asymptote.config import TlsSettings, load_config
 from asymptote.jetstream.names import Names, stream_configs
@@ -39,7 +42,12 @@ from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
 from services.learner.config import LearnerConfig, OptimizerSettings
 
-MODELS = {"broker": BrokerConfig, "generator": GeneratorConfig, "learner": LearnerConfig, "fitter": FitterConfig}
+MODELS: dict[str, type[BaseModel]] = {
+    "broker": BrokerConfig,
+    "generator": GeneratorConfig,
+    "learner": LearnerConfig,
+    "fitter": FitterConfig,
+}
 WORKLOAD_KIND = {"broker": "Deployment", "generator": "Deployment", "learner": "StatefulSet", "fitter": "Deployment"}
 FULLNAME = f"{RELEASE}-asymptote"
 
@@ -254,7 +262,7 @@ def generator_config(values: dict[str, Any]) -> dict[str, Any]:
     """The generator's config.yaml as the chart renders it under ``values``."""
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema(values)
-        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE)
     (config_map,) = [
         d for d in yaml.safe_load_all(files["asymptote/templates/generator.yaml"]) if d and d["kind"] == "ConfigMap"
     ]
@@ -345,7 +353,9 @@ def test_pods_are_locked_down_and_probed(rendered: Rendered, component: str) -> 
 def test_config_checksum_follows_the_config() -> None:
     a = render("defaults").component("Deployment", "broker")["spec"]["template"]["metadata"]["annotations"]
     with helm.Chart.load(CHART) as chart:
-        files = chart.render({"broker": {"config": {"max_staleness_versions": 4}}}, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(
+            with_images({"broker": {"config": {"max_staleness_versions": 4}}}), name=RELEASE, namespace=NAMESPACE
+        )
     broker = next(
         d for d in yaml.safe_load_all(files["asymptote/templates/broker.yaml"]) if d and d["kind"] == "Deployment"
     )
@@ -476,19 +486,97 @@ def test_nats_and_metrics_peers_follow_the_values() -> None:
     nats_rule = next(r for r in policy["egress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
     assert nats_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     metrics_rule = next(r for r in policy["ingress"] if r.get("ports") == [{"port": "http", "protocol": "TCP"}])
-    # Prometheus pods in any namespace, by the Operator's or the community chart's labels.
+    # Prometheus pods of the monitoring namespace, by the Operator's or the community chart's labels.
+    in_monitoring = {"matchExpressions": [{"key": NAMESPACE_NAME, "operator": "In", "values": ["monitoring"]}]}
     assert metrics_rule["from"] == [
-        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
-        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}},
+        {"namespaceSelector": in_monitoring, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"namespaceSelector": in_monitoring, "podSelector": {"matchLabels": {"app": "prometheus"}}},
     ]
     # DNS to any address by default: a node-local DNS cache (169.254.20.10) is no pod a selector names.
     dns = policy["egress"][0]
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
     with helm.Chart.load(CHART) as chart:
         narrowed = {"networkPolicy": {"dnsTo": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]}}
-        files = chart.render(narrowed, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(narrowed), name=RELEASE, namespace=NAMESPACE)
     policies = [o for o in parse_manifests(files) if o["kind"] == "NetworkPolicy"]
     assert all(p["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "169.254.20.10/32"}}] for p in policies)
+
+
+NAMESPACE_NAME = "kubernetes.io/metadata.name"
+"""The label Kubernetes puts on every namespace, its name (GA since 1.22; the chart needs 1.28)."""
+OPERATOR_PROMETHEUS = {"app.kubernetes.io/name": "prometheus", "prometheus": "kube-prometheus-stack-prometheus"}
+COMMUNITY_PROMETHEUS = {"app": "prometheus", "component": "server"}
+GRAFANA = {"app.kubernetes.io/name": "grafana"}
+
+
+def _label_selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector, as the API server evaluates it."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        value, values = labels.get(e["key"]), e.get("values", [])
+        met = {
+            "In": value in values,
+            "NotIn": value not in values,
+            "Exists": e["key"] in labels,
+            "DoesNotExist": e["key"] not in labels,
+        }[e["operator"]]
+        if not met:
+            return False
+    return True
+
+
+def scrapers(rendered: Rendered, component: str, pods: dict[str, tuple[str, dict[str, str]]]) -> set[str]:
+    """Which of ``pods`` (name -> (namespace, labels)) the component's policy lets open its http port."""
+    policy = rendered.component("NetworkPolicy", component)["spec"]
+    admitted = set()
+    for rule in policy["ingress"]:
+        if rule.get("ports") != [{"port": "http", "protocol": "TCP"}]:
+            continue
+        for name, (namespace, labels) in pods.items():
+            for peer in rule["from"]:
+                ns_ok = (
+                    _label_selector_matches(peer["namespaceSelector"], {NAMESPACE_NAME: namespace})
+                    if "namespaceSelector" in peer
+                    else namespace == NAMESPACE
+                )
+                if "ipBlock" not in peer and ns_ok and _label_selector_matches(peer.get("podSelector", {}), labels):
+                    admitted.add(name)
+    return admitted
+
+
+def test_only_prometheus_in_the_monitoring_namespace_scrapes_by_default(rendered: Rendered) -> None:
+    """What docs/deploying.md's Security section promises: the metrics port admits Prometheus pods
+    (the Operator's, or the community chart's) in `monitoring`; not the same pods elsewhere, nor
+    another pod of `monitoring`. `networkPolicy.prometheusNamespaces` names other namespaces, and
+    `metricsFrom` adds peers."""
+    pods = {
+        "operator-prometheus@monitoring": ("monitoring", OPERATOR_PROMETHEUS),
+        "community-prometheus@monitoring": ("monitoring", COMMUNITY_PROMETHEUS),
+        "grafana@monitoring": ("monitoring", GRAFANA),
+        "operator-prometheus@observability": ("observability", OPERATOR_PROMETHEUS),
+        "operator-prometheus@team-b": ("team-b", OPERATOR_PROMETHEUS),
+        "prometheus-like@rl": (NAMESPACE, OPERATOR_PROMETHEUS),
+    }
+    for component in MODELS:
+        assert scrapers(rendered, component, pods) == {
+            "operator-prometheus@monitoring",
+            "community-prometheus@monitoring",
+        }
+    elsewhere = render_with({"networkPolicy": {"prometheusNamespaces": ["observability", "team-b"]}})
+    assert scrapers(elsewhere, "fitter", pods) == {
+        "operator-prometheus@observability",
+        "operator-prometheus@team-b",
+    }
+    extra = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME: "monitoring"}},
+        "podSelector": {"matchLabels": GRAFANA},
+    }
+    only_extra = render_with({"networkPolicy": {"prometheusNamespaces": [], "metricsFrom": [extra]}})
+    assert scrapers(only_extra, "broker", pods) == {"grafana@monitoring"}
+    closed = render_with({"networkPolicy": {"prometheusNamespaces": []}})
+    ingress = closed.component("NetworkPolicy", "learner")["spec"]["ingress"]
+    assert not [r for r in ingress if r.get("ports") == [{"port": "http", "protocol": "TCP"}]]
 
 
 # -- helm test, monitoring, secrets ----------------------------------------------
@@ -573,7 +661,7 @@ def test_cert_manager_certifies_every_name_peers_dial(tmp_path: Path, capsys: py
 def test_notes_name_what_the_certificate_must_carry(tmp_path: Path) -> None:
     with helm.Chart.load(CHART) as chart:
         files = chart.render(
-            {"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}, name=RELEASE, namespace=NAMESPACE
+            with_images({"grpcTls": {"enabled": True, "secretName": "grpc-tls"}}), name=RELEASE, namespace=NAMESPACE
         )
     rendered = Rendered(files, parse_manifests(files))
     notes = files["asymptote/templates/NOTES.txt"]
@@ -701,7 +789,7 @@ def test_umbrella_nats_carries_the_largest_message_on_replicated_file_storage(st
     assert replicas == nats["cluster"]["replicas"]
     for component in MODELS:
         config_map = stack_rendered.component("ConfigMap", named(stack_rendered, component))
-        config = MODELS[component].model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+        config: Any = MODELS[component].model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
         assert config.nats.stream_replicas == replicas
     defaults = render("defaults").component("ConfigMap", "broker")
     assert yaml.safe_load(defaults["data"]["config.yaml"])["nats"]["stream_replicas"] == 1

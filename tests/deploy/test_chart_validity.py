@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -19,13 +20,14 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, REPO, VALUE_SETS, Rendered, render
+from chart_render import CHART, NAMESPACE, RELEASE, REPO, VALUE_SETS, Rendered, parse_manifests, render, with_images
 from cloudcoil.models.cert_manager.v1 import Certificate
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
+from pydantic import BaseModel
 
 KUBE_VERSION = kubernetes_validate.latest_version()
-CUSTOM_RESOURCES = {
+CUSTOM_RESOURCES: dict[tuple[str, str], type[BaseModel]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PrometheusRule,
@@ -91,7 +93,7 @@ def test_strict_validation_catches_a_misspelled_field() -> None:
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_lint_is_clean(value_set: str) -> None:
     report = helm.lint(
-        CHART, VALUE_SETS[value_set], strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}.0"
+        CHART, with_images(VALUE_SETS[value_set]), strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}.0"
     )
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert report["errors"] == [] and problems == [], report
@@ -130,6 +132,7 @@ BAD_VALUES = [
         "/generator/autoscaling/hpa/enabled",
     ),
     ({"images": {"generator": {"digest": "latest"}}}, "/images/generator/digest"),
+    ({"images": {"learner": {"repository": "registry.example/asymptote learner"}}}, "/images/learner/repository"),
     ({"run": {"prefix": "Bad-Prefix"}}, "/run/prefix"),
     (
         {"broker": {"resources": {"requests": {"memory": None}}}},  # null deletes a default in Helm
@@ -210,3 +213,50 @@ def test_checkov_finds_nothing_unexplained(checkov: Path, tmp_path: Path) -> Non
         f"checkov: {summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped: "
         f"{dict(sorted(Counter(c['check_id'] for c in skipped).items()))}"
     )
+
+
+SERVICE_IMAGES = {
+    r: {"repository": f"registry.example/asymptote-{r}"} for r in ("generator", "learner", "broker", "fitter")
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({}, ["generator", "learner", "broker", "fitter"]),
+        ({"images": {r: SERVICE_IMAGES[r] for r in ("generator", "broker")}}, ["learner", "fitter"]),
+        # A digest is no repository.
+        (
+            {"images": {**SERVICE_IMAGES, "fitter": {"repository": "", "digest": "sha256:" + "ab" * 32}}},
+            ["fitter"],
+        ),
+        # The sandbox pool's image only once the pool is on.
+        ({"images": SERVICE_IMAGES, "sandboxPool": {"enabled": True}}, ["sandboxPool"]),
+    ],
+    ids=["none", "two-forgotten", "digest-only", "sandbox-pool"],
+)
+def test_a_forgotten_image_is_refused_at_render_by_name(values: dict[str, Any], named: list[str]) -> None:
+    """No default image: a release that leaves an image it deploys unset is refused by helm install
+    and helm template (not at pull time), in one message naming each such images.<role>.repository."""
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)  # the schema takes partial values; the templates refuse
+        with pytest.raises(helm.HelmRenderError) as caught:
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    message = str(caught.value)
+    listed = re.findall(r"images\.(\w+)\.repository", message.split(" not set:")[0])
+    assert listed == named, message
+    example = re.sub(r"(?<!^)([A-Z])", r"-\1", named[0]).lower()  # sandboxPool: asymptote-sandbox-pool
+    assert f"e.g. images.{named[0]}.repository=registry.example.com/you/asymptote-{example}" in message
+    assert "docker buildx bake" in message
+    # Given the ones it named, the same values render, with those images.
+    given = {r: {"repository": f"r.example/{r}"} for r in named}
+    fixed = {**values, "images": {**values.get("images", {}), **given}}
+    with helm.Chart.load(CHART) as chart:
+        objects = parse_manifests(chart.render(fixed, name=RELEASE, namespace=NAMESPACE))
+    pulled = {
+        c["image"]
+        for o in objects
+        if o["kind"] in ("Deployment", "StatefulSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert {f"r.example/{r}:0.1.0" for r in named} <= pulled

@@ -12,17 +12,11 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_render import CHART, NAMESPACE, RELEASE, Rendered, parse_manifests
+from chart_render import CHART, NAMESPACE, RELEASE, Rendered, render_with
 
 TASK = {"name": "arithmetic"}
 """The chart refuses a model without a task; any task does here."""
 CLAIM = {"model": {"cache": {"existingClaim": "qwen3-8b"}, "path": "/models/qwen3-8b"}, "task": TASK}
-
-
-def render_with(values: dict[str, Any]) -> Rendered:
-    with helm.Chart.load(CHART) as chart:
-        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
-    return Rendered(files, parse_manifests(files))
 
 
 def kept_on_uninstall(rendered: Rendered) -> tuple[bool, bool]:
@@ -70,3 +64,54 @@ def test_notes_say_how_to_fetch_results_and_what_uninstall_keeps() -> None:
     assert f"asymptote kube fetch {RELEASE} --namespace {NAMESPACE} --to ./{RELEASE}-results" in text
     assert "`helm uninstall` keeps the learner's checkpoints and the fitter's curve" in text
     assert "`helm uninstall` keeps" not in notes({**CLAIM, "run": {"claimsOnUninstall": "delete"}})
+
+
+KEDA = {"enabled": True, "serverAddress": "http://prometheus-operated.monitoring.svc:9090"}
+MONITORED = {"monitoring": {"serviceMonitors": {"enabled": True}}}
+
+
+def scale_commands(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("asymptote kube scale")]
+
+
+def test_notes_offer_kube_scale_only_for_a_pool_no_autoscaler_owns() -> None:
+    """`asymptote kube scale` refuses a pool KEDA or an HPA scales: the notes give such a pool's
+    bounds and how to watch its count instead, and the scale command for a pool of fixed size."""
+    fixed = notes({"generatorPools": [{"name": "h100", "replicas": 6}]})
+    assert scale_commands(fixed) == [f"asymptote kube scale h100 7 --release {RELEASE} --namespace {NAMESPACE}"]
+    assert "resets the count to the pool's replicas, 6 for h100" in fixed
+    assert "kubectl get scaledobject" not in fixed and "refuses" not in fixed
+
+    keda = notes({**MONITORED, "generator": {"autoscaling": {"minReplicas": 2, "maxReplicas": 16, "keda": KEDA}}})
+    assert scale_commands(keda) == []
+    assert "The generator count of pool main (KEDA, 2 to 16)" in keda
+    assert "`asymptote kube scale` refuses\nit." in keda
+    assert f"  kubectl get scaledobject {RELEASE}-asymptote-generator-main --namespace {NAMESPACE}" in keda
+
+    hpa = notes({"generator": {"autoscaling": {"maxReplicas": 12, "hpa": {"enabled": True}}}})
+    assert scale_commands(hpa) == []
+    assert "pool main (HPA, 1 to 12)" in hpa
+    assert f"  kubectl get hpa {RELEASE}-asymptote-generator-main --namespace {NAMESPACE}" in hpa
+    assert "kubectl get scaledobject" not in hpa
+
+    # Pools apart: the fixed one is offered, the autoscaled ones are named with their own owner.
+    mixed = notes(
+        {
+            **MONITORED,
+            "generatorPools": [
+                {"name": "a100", "replicas": 3},
+                {"name": "h100", "autoscaling": {"maxReplicas": 32, "keda": KEDA}},
+                {"name": "l40s", "autoscaling": {"hpa": {"enabled": True}}},
+            ],
+        }
+    )
+    assert scale_commands(mixed) == [f"asymptote kube scale a100 4 --release {RELEASE} --namespace {NAMESPACE}"]
+    assert "pool h100 (KEDA, 1 to 32), pool l40s (HPA, 1 to 16)" in mixed
+    assert f"kubectl get scaledobject {RELEASE}-asymptote-generator-h100 --namespace" in mixed
+    assert f"kubectl get hpa {RELEASE}-asymptote-generator-l40s --namespace" in mixed
+
+
+def test_notes_name_a_pool_on_a_fan_out_tree_a_statefulset() -> None:
+    text = notes({"generatorPools": [{"name": "a100"}, {"name": "h100", "config": {"fanout": {"degree": 4}}}]})
+    assert f"{RELEASE}-asymptote-generator-a100  (pool a100: Deployment, 2 replicas;" in text
+    assert f"{RELEASE}-asymptote-generator-h100  (pool h100: StatefulSet, 2 replicas;" in text

@@ -183,10 +183,23 @@ HELM: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("upgrade",): ("2", {**INSTALL_FLAGS, ("--install", "-i"): FLAG, ("--reuse-values",): FLAG}),
     ("uninstall",): ("1", {("--keep-history",): FLAG, ("--wait",): FLAG}),
     ("test",): ("1", {("--logs",): FLAG, ("--timeout",): VALUE}),
-    ("dependency", "build"): ("1", {}),
-    ("dependency", "update"): ("1", {}),
+    ("template",): ("2", {**INSTALL_FLAGS, ("--output-dir",): VALUE, ("--kube-version",): VALUE}),
+    ("dependency", "build"): ("1", {("--skip-refresh",): FLAG}),
+    ("dependency", "update"): ("1", {("--skip-refresh",): FLAG}),
+    ("dependency", "list"): ("1", {}),
+    ("pull",): (
+        "1",
+        {
+            ("--repo",): VALUE,
+            ("--version",): VALUE,
+            ("-d", "--destination"): VALUE,
+            ("--untar",): FLAG,
+            ("--verify",): FLAG,
+        },
+    ),
+    ("package",): ("1", {("-d", "--destination"): VALUE, ("--version",): VALUE, ("--app-version",): VALUE}),
 }
-HF = {
+HF: dict[tuple[str, ...], tuple[str, dict[tuple[str, ...], str]]] = {
     ("download",): (
         "1+",
         {("--include",): "nargs", ("--exclude",): "nargs", ("--local-dir",): VALUE, ("--revision",): VALUE},
@@ -324,9 +337,9 @@ def test_helm_commands_parse_and_local_charts_render(where: str, argv: list[str]
     heredocs = {n: t for page in PAGES.values() for n, t in page.heredocs.items()}
     sub, parsed, after = parse("helm", HELM, HELM_GLOBAL, argv)
     assert not after, where
-    if sub == ("dependency", "build"):
+    if sub in (("dependency", "build"), ("dependency", "list"), ("package",)):
         assert (REPO / parsed.positionals[0] / "Chart.yaml").is_file(), where
-    if sub not in (("install",), ("upgrade",)) or not parsed.positionals[1].startswith("deploy/helm/"):
+    if sub not in (("install",), ("upgrade",), ("template",)) or not parsed.positionals[1].startswith("deploy/helm/"):
         return
     release, chart_path = parsed.positionals
     assert parsed.namespace, f"{where}: helm {sub[0]} without -n installs into the kubeconfig's namespace"
@@ -374,14 +387,24 @@ def test_hf_and_asymptote_kube_commands_parse() -> None:
 
 
 def test_every_values_snippet_renders() -> None:
+    """Each snippet is a part of a release's values: it renders over the images the page has the
+    user push and name (``images.yaml``, and the sandbox pool's in its snippet), as the chart has none."""
     page = PAGES["deploying.md"]
     snippets = [(f"heredoc {n}", t) for n, t in page.heredocs.items() if n.endswith(".yaml")] + page.yaml_blocks
     assert snippets
+    images = yaml.safe_load(page.heredocs["images.yaml"])
+    assert set(images) == {"images"}
+    for _, text in snippets:
+        doc = yaml.safe_load(text)
+        images = merged(images, {"images": doc.get("images") or {}})
+    assert set(images["images"]) == {"generator", "learner", "broker", "fitter", "sandboxPool"}
     for where, text in snippets:
         doc = yaml.safe_load(text)
         if "apiVersion" in doc and "kind" in doc:
             validate_object(doc)  # a Kubernetes object shown, not values
             continue
-        chart = STACK_CHART if set(doc) <= {"asymptote", "nats"} else CHART
-        objects = render_chart(str(chart.relative_to(REPO)), doc, "lab", "rl")
+        stack = set(doc) <= {"asymptote", "nats"}
+        chart = STACK_CHART if stack else CHART
+        values = merged({"asymptote": images} if stack else images, doc)
+        objects = render_chart(str(chart.relative_to(REPO)), values, "lab", "rl")
         assert objects, where

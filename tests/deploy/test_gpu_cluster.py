@@ -12,7 +12,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, parse_manifests, render
+from chart_render import CHART, NAMESPACE, RELEASE, parse_manifests, render, with_images
 from test_chart_contents import allowed
 
 FULLNAME = f"{RELEASE}-asymptote"
@@ -24,7 +24,7 @@ SWAP_PEAK_RATIO = 436.5 / 396.5
 
 def render_values(values: dict[str, Any]) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
-        return parse_manifests(chart.render(values, name=RELEASE, namespace=NAMESPACE))
+        return parse_manifests(chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE))
 
 
 def torchrun_args(args: list[str]) -> argparse.Namespace:

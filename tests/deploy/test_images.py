@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_render import CHART, REPO
+from chart_render import CHART, REPO, render_with
 
 DOCKERFILES = sorted((REPO / "deploy" / "docker").glob("*.Dockerfile"))
 BAKE = (REPO / "docker-bake.hcl").read_text()
@@ -107,18 +107,27 @@ def test_bake_builds_the_five_images_tagged_with_the_charts_app_version() -> Non
     assert re.search(
         r'group "default" \{\n  targets = \["generator", "learner", "broker", "fitter", "sandbox-pool"\]', BAKE
     )
-    values = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
+    # The chart given each image's repository as bake pushes it, its tag left empty.
+    registry = variables["REGISTRY"]
+    images = {IMAGE_VALUES.get(role, role): {"repository": f"{registry}/asymptote-{role}"} for role in ROLES}
+    rendered = render_with({"images": images, "sandboxPool": {"enabled": True}})
+    pulled = {
+        c["image"]
+        for o in rendered.objects
+        if o["kind"] in ("Deployment", "StatefulSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    tags: set[str] = set()
     for role in ROLES:
         target = bake_target(role)
         assert f'dockerfile = "deploy/docker/{role}.Dockerfile"' in target
         (tag,) = re.findall(r'tags += \["([^"]+)"\]', target)
-        # The tag the chart pulls when images.<role>.tag is empty: <repository>:<appVersion>.
-        assert tag.replace("${REGISTRY}", variables["REGISTRY"]).replace("${VERSION}", app_version) == (
-            f"{values[IMAGE_VALUES.get(role, role)]['repository']}:{app_version}"
-        )
+        tags.add(tag.replace("${REGISTRY}", registry).replace("${VERSION}", app_version))
         dockerfile = (REPO / "deploy" / "docker" / f"{role}.Dockerfile").read_text()
         digests = [a for a, default in arg_defaults(dockerfile).items() if a.endswith("_DIGEST")]
         assert digests and all(f"{d} = {d}" in target for d in digests), (role, digests)
+    # The tag the chart pulls when images.<role>.tag is empty: <repository>:<appVersion>, for all five.
+    assert pulled == tags == {f"{registry}/asymptote-{role}:{app_version}" for role in ROLES}
 
 
 def test_the_learner_image_pins_the_torch_that_setup_installs() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-from chart_render import CHART, NAMESPACE, RELEASE, Rendered, parse_manifests
+from chart_render import CHART, NAMESPACE, RELEASE, Rendered, parse_manifests, with_images
 from test_chart_contents import container, load_service_config, pod_spec
 
 from asymptote.tasks import MixtureSettings
@@ -33,7 +33,7 @@ def test_a_mixture_reaches_every_service_and_the_broker_reads_its_files(tmp_path
     values = {"task": MIXTURE, "model": {"path": "/models/qwen3", "cache": {"existingClaim": "qwen3-8b"}}}
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema(values)
-        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE)
     rendered = Rendered(files, parse_manifests(files))
     broker = load_service_config(rendered, "broker", tmp_path)
     assert isinstance(broker.task, MixtureSettings) and broker.task.names == ("math", "code")

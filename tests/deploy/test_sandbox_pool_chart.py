@@ -16,7 +16,7 @@ from typing import Any
 
 import helm_python as helm
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, parse_manifests, render
+from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, parse_manifests, render, with_images
 from test_chart_contents import PODS, allowed
 
 from services.generator.config import GeneratorConfig
@@ -111,6 +111,7 @@ def test_configs_point_the_generators_at_the_pool() -> None:
     pool = SandboxPoolConfig.model_validate(config(rendered, NAME))
     assert (pool.grpc.host, pool.grpc.port, pool.http.port) == ("0.0.0.0", 50091, 9105)
     assert (pool.max_concurrent_runs, pool.max_runs, pool.log_format) == (8, 5000, "json")
+    assert pool.sandbox.unsafe_no_sandbox  # under gVisor no backend passes: the runtime class is the boundary
     assert pool.grpc_tls.require_client_cert and pool.grpc_tls.cert_file is not None
     endpoint = f"{NAME}.{NAMESPACE}.svc:50091"
     generators = generator_configs(rendered)
@@ -142,7 +143,7 @@ def test_runtime_class_and_security_contexts_follow_the_values() -> None:
         },
     }
     with helm.Chart.load(CHART) as chart:
-        rendered = parse_manifests(chart.render(values, name=RELEASE, namespace=NAMESPACE))
+        rendered = parse_manifests(chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE))
     (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME]
     spec = deployment["spec"]["template"]["spec"]
     assert spec["runtimeClassName"] == "kata-qemu"
@@ -151,6 +152,28 @@ def test_runtime_class_and_security_contexts_follow_the_values() -> None:
     assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     no_class = {**VALUE_SETS["defaults"], "sandboxPool": {"enabled": True}}
     with helm.Chart.load(CHART) as chart:
-        rendered = parse_manifests(chart.render(no_class, name=RELEASE, namespace=NAMESPACE))
+        rendered = parse_manifests(chart.render(with_images(no_class), name=RELEASE, namespace=NAMESPACE))
     (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME]
     assert "runtimeClassName" not in deployment["spec"]["template"]["spec"]
+
+
+def test_notes_warn_of_a_runtime_class_under_which_no_backend_may_pass() -> None:
+    """A pool under a runtime class becomes ready only if a backend passes there (under gVisor none
+    does, and the pods exit 2): the notes say so, and what to set, unless unsafe_no_sandbox is set."""
+
+    def notes(pool: dict[str, Any]) -> str:
+        with helm.Chart.load(CHART) as chart:
+            files = chart.render(with_images({"sandboxPool": pool}), name=RELEASE, namespace=NAMESPACE)
+        return files["asymptote/templates/NOTES.txt"]
+
+    warned = notes({"enabled": True, "runtimeClassName": "gvisor"})
+    assert "The sandbox pool runs under runtime class gvisor" in warned
+    assert "set sandboxPool.config.sandbox.unsafe_no_sandbox: true" in warned
+    assert f"kubectl logs deploy/{NAME} --namespace {NAMESPACE}" in warned
+    for quiet in (
+        {"enabled": True, "runtimeClassName": "gvisor", "config": {"sandbox": {"unsafe_no_sandbox": True}}},
+        {"enabled": True},  # the node's runtime: Landlock or bubblewrap, as the docs give them
+        {"enabled": False, "runtimeClassName": "gvisor"},
+    ):
+        assert "runtime class" not in notes(quiet), quiet
+    assert "runtime class" not in render("sandbox-pool-gvisor").files["asymptote/templates/NOTES.txt"]

@@ -18,7 +18,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, dashboard, parse_manifests
+from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, Rendered, dashboard, parse_manifests, with_images
 from pydantic import BaseModel
 
 from asymptote.jetstream.names import Names
@@ -38,7 +38,7 @@ MODELS: dict[str, type[BaseModel]] = {
 
 def render_with(values: dict[str, Any], release: str = RELEASE) -> Rendered:
     with helm.Chart.load(CHART) as chart:
-        files = chart.render(values, name=release, namespace=NAMESPACE)
+        files = chart.render(with_images(values), name=release, namespace=NAMESPACE)
     return Rendered(files, parse_manifests(files))
 
 

@@ -7,13 +7,17 @@ creates or changes something in a namespace names it.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import yaml
-from chart_render import CHART, REPO, STACK_CHART, parse_manifests
+from chart_render import CHART, REPO, STACK_CHART, parse_manifests, render_with
+from test_chart_contents import load_service_config, pod_spec
 from test_chart_validity import validate_object
+from test_deploying_commands import read_page
 
 from asymptote.tasks import ArithmeticSettings, DatasetSettings, task_digest
 from services.broker.config import BrokerConfig
@@ -104,3 +108,47 @@ def test_every_namespaced_kubectl_command_names_its_namespace() -> None:
         assert re.search(r"(^| )-n \S+", command), command
     helm_installs = re.findall(r"^\s*(helm (?:install|upgrade|test)\b.*)$", joined, flags=re.M)
     assert helm_installs and all(" -n " in c for c in helm_installs), helm_installs
+
+
+def _fill_pod_volume() -> tuple[str, str, str]:
+    """(claim, mount path, model folder) of the page's throwaway fill pod and its ``hf download``."""
+    page = read_page(REPO / "docs" / "deploying.md")
+    (run,) = [a for _, a in page.commands if a[:2] == ["kubectl", "run"]]
+    overrides = json.loads(next(a.split("=", 1)[1] for a in run if a.startswith("--overrides=")))
+    (volume,) = overrides["spec"]["volumes"]
+    (mount,) = overrides["spec"]["containers"][0]["volumeMounts"]
+    assert mount["name"] == volume["name"]
+    (download,) = [a for _, a in page.commands if a[:2] == ["hf", "download"] and "Qwen/Qwen3-8B" in a]
+    local_dir = download[download.index("--local-dir") + 1]
+    return volume["persistentVolumeClaim"]["claimName"], mount["mountPath"], local_dir
+
+
+def test_the_example_values_read_the_model_where_the_walkthrough_puts_it(tmp_path: Path) -> None:
+    """The page's own values file, installed as the Install section says (and as the README does),
+    mounts the claim the walkthrough fills and loads the model from the folder it fills, at the
+    walkthrough's own model path; the task's files are on the same claim."""
+    claim, fill_mount, local_dir = _fill_pod_volume()
+    assert (claim, fill_mount, local_dir) == ("qwen3-8b", "/models", "/models/qwen3-8b")
+    example = yaml.safe_load((REPO / "examples" / "helm" / "qwen3-gsm8k-values.yaml").read_text())
+    walkthrough = yaml.safe_load(heredoc("lab-values.yaml"))["asymptote"]
+    for values in (example, walkthrough):
+        assert values["model"]["cache"]["existingClaim"] == claim
+        assert values["model"]["path"] == local_dir
+    images = yaml.safe_load(heredoc("images.yaml"))
+    rendered = render_with(merged(example, images))
+    chart_mount = yaml.safe_load((CHART / "values.yaml").read_text())["model"]["cache"]["mountPath"]
+    assert chart_mount == fill_mount  # the same folders on the claim, seen at the same paths
+    for component in ("generator", "learner"):
+        spec = pod_spec(rendered, component)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "model-cache"]
+        assert volume["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
+        config = load_service_config(rendered, component, tmp_path)
+        model_dir = config.engine.model_dir if component == "generator" else config.model_dir
+        assert model_dir == Path(local_dir)
+    broker = load_service_config(rendered, "broker", tmp_path)
+    assert isinstance(broker.task, DatasetSettings)
+    assert {str(broker.task.path), str(broker.task.eval_path)} == {
+        "/models/data/gsm8k_train.jsonl",
+        "/models/data/gsm8k_test.jsonl",
+    }
+    assert "will find no model" not in rendered.files["asymptote/templates/NOTES.txt"]

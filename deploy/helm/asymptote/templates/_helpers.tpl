@@ -125,13 +125,35 @@ tls.key, ca.crt) here; one certificate serves and dials for every service.
   readOnly: true
 {{- end }}
 
-{{/* image reference of a role: repository, then @digest or :tag */}}
+{{/*
+image reference of a role: repository, then @digest or :tag. The images have
+no default repository: a release that forgot one is refused here, naming every
+image it deploys and lacks, not at pull time.
+*/}}
 {{- define "asymptote.image" -}}
+{{- include "asymptote.imagesSet" .ctx }}
 {{- $image := index .ctx.Values.images .component }}
 {{- if $image.digest }}
 {{- printf "%s@%s" $image.repository $image.digest }}
 {{- else }}
 {{- printf "%s:%s" $image.repository (default .ctx.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Fails, naming each images.<role>.repository the release deploys and leaves empty. */}}
+{{- define "asymptote.imagesSet" -}}
+{{- $roles := list "generator" "learner" "broker" "fitter" }}
+{{- if .Values.sandboxPool.enabled }}
+{{- $roles = append $roles "sandboxPool" }}
+{{- end }}
+{{- $missing := list }}
+{{- range $role := $roles }}
+{{- if not (trim (index $.Values.images $role).repository) }}
+{{- $missing = append $missing (printf "images.%s.repository" $role) }}
+{{- end }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "%s %s not set: the chart has no default image; build and push them (docker buildx bake, docs/deploying.md \"The images\") and say where, e.g. %s=registry.example.com/you/asymptote-%s" (join ", " $missing) (ternary "is" "are" (eq (len $missing) 1)) (first $missing) (first $missing | trimPrefix "images." | trimSuffix ".repository" | kebabcase)) }}
 {{- end }}
 {{- end }}
 
