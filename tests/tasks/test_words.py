@@ -106,3 +106,19 @@ def test_the_expression_keeps_precedence_and_the_problems_numbers(solution: str,
 def test_text_that_is_not_worked_steps_is_refused(solution: str) -> None:
     with pytest.raises(ValueError, match="not a worked step"):
         words.solution_expression(solution)
+
+
+def test_math_verify_s_disabled_timeout_warning_is_not_printed() -> None:
+    # Its time limits are off on purpose (the scoring pool's kill is the limit): without the guard the parser
+    # and the grader each log "Timeout is disabled" at a generator's start.
+    import subprocess
+    import sys
+
+    code = (
+        "import logging; logging.basicConfig(level='INFO')\n"
+        "from asymptote.tasks.verifiers.math import MathSettings, MathVerifier\n"
+        "print(MathVerifier(MathSettings()).verdict('<think>x</think> \\\\boxed{2}', '2').correct)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "True"
+    assert "Timeout is disabled" not in done.stderr, done.stderr

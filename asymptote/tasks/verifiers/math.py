@@ -34,8 +34,19 @@ class MathSettings(Frozen):
 BOXED = "\\boxed"
 
 
+@functools.cache
+def _math_verify() -> None:
+    """Import math-verify with its "Timeout is disabled" warnings already given: its time limits are off on
+    purpose (the scoring pool's kill is the limit), and its parser and its grader would each warn once."""
+    from math_verify import grader, parser
+
+    parser.TIMEOUT_WARNING_SHOWN = True
+    grader.TIMEOUT_WARNING_SHOWN = True
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_reference(reference: str) -> tuple[Any, ...]:
+    _math_verify()
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
@@ -61,6 +72,7 @@ class MathVerifier:
         return ref
 
     def verdict(self, completion: str, reference: str) -> Verdict:
+        _math_verify()
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
         text = strip_think(completion)
