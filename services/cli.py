@@ -46,6 +46,10 @@ local and offline:
 
 
 def _up(argv: list[str]) -> int:
+    if "--dry-run" in argv:  # the planner's: it prints what up would run, and starts nothing
+        from services.ops.plan import up_dry_run
+
+        return up_dry_run(argv)
     from services.local.up import main as up_main
 
     return up_main(argv)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from badinput import BAD_INPUTS
+
+from tests.helpers.badinput import BAD_INPUTS
 
 # Child processes (subprocess tests, services) inherit this: the test machine
 # has few cores shared with other work.

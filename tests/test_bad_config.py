@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from badinput import BAD_INPUTS, BadInputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -18,6 +17,7 @@ from services.fitter.config import FitterConfig
 from services.generator.config import GeneratorConfig
 from services.learner.config import LearnerConfig
 from services.local.config import StackConfig
+from tests.helpers.badinput import BAD_INPUTS, BadInputs
 
 SERVICES: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
     "ASY_BROKER": (BrokerConfig, {}),

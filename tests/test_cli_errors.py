@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from badinput import BAD_INPUTS
+
+from tests.helpers.badinput import BAD_INPUTS
 
 REPO = Path(__file__).resolve().parents[1]
 INTERFACE = "command line"

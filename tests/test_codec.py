@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from badinput import BAD_INPUTS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from asymptote.codec import (
 )
 from asymptote.contracts.v1 import tensors_pb2
 from asymptote.errors import WeightsError
+from tests.helpers.badinput import BAD_INPUTS
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}

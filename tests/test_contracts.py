@@ -354,3 +354,24 @@ def test_the_ledgers_event_names_are_every_ledger_event() -> None:
     assert names == dict(rollout_pb2.LedgerEvent.items())
     assert TERMINAL == {rollout_pb2.LEDGER_EVENT_TRAINED, rollout_pb2.LEDGER_EVENT_FILTERED, 4}
     assert rollout_pb2.LedgerEvent.Name(4) == "LEDGER_EVENT_DEADLETTERED"
+
+
+TESTED_ELSEWHERE = {
+    "ops": ("tests/deploy/test_kube_cli.py", "tests/learner/test_plan.py"),
+}
+"""Folders of services/ whose tests live beside what they read: ``asymptote kube`` against the fake Kubernetes
+API with the chart it operates (tests/deploy/), ``asymptote plan`` with the memory planner it prints."""
+
+
+def test_the_tests_mirror_the_code() -> None:
+    """Each folder of services/ has its tests in the folder of the same name under tests/, and the modules
+    many tests share are the package tests/helpers/ (imported by name), not loose files beside the tests."""
+    tests = ROOT / "tests"
+    for folder in (*DEPLOYABLES, *COMPOSERS):
+        if folder in TESTED_ELSEWHERE:
+            assert all((ROOT / path).exists() for path in TESTED_ELSEWHERE[folder]), folder
+            continue
+        assert list((tests / folder).glob("test_*.py")), f"tests/{folder}/ holds no test of services/{folder}/"
+    loose = sorted(p.name for p in tests.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py")
+    assert loose == []
+    assert (tests / "helpers" / "__init__.py").is_file()

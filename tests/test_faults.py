@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
 from asymptote.faults import Armed, arm, parse
+from tests.helpers.waiting import wait_until
 
 SCRIPT = """
 import sys

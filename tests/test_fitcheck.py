@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fitcheck import check_fit, known_eval_rows
 
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
+from tests.helpers.fitcheck import check_fit, known_eval_rows
 
 A, B, C_MID, R0 = 0.7, 1.6, 3000.0, 0.25
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=20)

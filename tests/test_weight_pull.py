@@ -24,7 +24,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from badinput import BAD_INPUTS, raw_stream_server
 from safetensors import safe_open
 
 from asymptote.codec import (
@@ -50,6 +49,7 @@ from services.generator.weights import (
 )
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore
+from tests.helpers.badinput import BAD_INPUTS, raw_stream_server
 
 PULL_WEIGHTS = "/asymptote.contracts.v1.Learner/PullWeights"
 

@@ -287,47 +287,13 @@ def with_preset(config: StackConfig, user_set: set[str], flag: str) -> StackConf
 
 
 def main(argv: list[str]) -> int:
-    """``asymptote up ARGV``: the run the flags describe, end to end (``--dry-run``: its plan, then exit)."""
-    dry = DRY_RUN in argv
-    config = up_config([a for a in argv if a != DRY_RUN])
-    if dry:
-        return dry_run(config)
+    """``asymptote up ARGV``: the run the flags describe, end to end. (``--dry-run`` is the planner's:
+    services/ops/plan.py ``up_dry_run``, which the command line calls instead.)"""
+    assert DRY_RUN not in argv, "the command line hands a dry run to services.ops.plan.up_dry_run"
+    config = up_config(argv)
     from services.local.stack import LocalStack
 
     return LocalStack(config).run()
 
 
 DRY_RUN = "--dry-run"
-DRY_RUN_GPU = "h100"
-"""The card a dry run plans for when the GPUs it is given are not on this machine (``asymptote plan --gpu``
-plans for another)."""
-
-
-def dry_run(config: StackConfig) -> int:
-    """Print what ``asymptote up`` would run: the preset (printed by ``up_config``), where each process goes,
-    the memory plan of a run on GPUs (``asymptote plan``'s, from the same functions) and the resolved config;
-    exit 0, or ConfigError in one line for what does not fit."""
-    import yaml
-
-    from services.learner.memory import DEFAULT_PROMPT_TOKENS
-    from services.local.placement import visible_gpus
-    from services.local.planning import described_gpus
-    from services.ops.cost import ACCELERATORS
-    from services.ops.plan import report, stack_plan_inputs
-
-    found = [] if config.gpus == 0 else visible_gpus()
-    if config.gpus == 0 or (config.gpus is None and not found):
-        generators = config.num_generators or 1
-        print(f"placement: the CPU: {generators} generator(s), {config.learner_ranks} learner rank(s) (gloo)")
-    elif config.model_dir is None:
-        print("placement: GPUs; the tiny model is built at start, so there is nothing to plan its memory by")
-    else:
-        wanted = config.gpus or len(found)
-        if len(found) < wanted:
-            card = ACCELERATORS[DRY_RUN_GPU]
-            print(f"({len(found)} GPUs visible here: planned for {wanted} x {card.name}, {card.memory_gib:g} GiB each)")
-            found = described_gpus(wanted, card.memory_gib)
-        report(stack_plan_inputs(config, found[:wanted], DRY_RUN_GPU, DEFAULT_PROMPT_TOKENS))
-    print("resolved config (asymptote up --config takes it as it is):")
-    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
-    return 0

@@ -556,3 +556,35 @@ def print_cost(console: Console, run: RunPlan, inputs: PlanInputs) -> None:
             f"({other.gpu_hours_per_100_steps:,.1f} GPU-hours), if the learner's ranks fit",
         )
     console.print(t)
+
+
+DRY_RUN_CARD = "h100"
+"""The card ``asymptote up --dry-run`` plans for when the GPUs it is given are not on this machine
+(``asymptote plan --gpu`` plans for another)."""
+
+
+def up_dry_run(argv: list[str]) -> int:
+    """Print what ``asymptote up`` would run: the preset (printed by ``up_config``), where each process goes,
+    the memory plan of a run on GPUs (``asymptote plan``'s, from the same functions) and the resolved config;
+    exit 0, or ConfigError in one line for what does not fit."""
+    from services.local.placement import visible_gpus
+    from services.local.planning import described_gpus
+    from services.local.up import DRY_RUN, up_config
+
+    config = up_config([a for a in argv if a != DRY_RUN])
+    found = [] if config.gpus == 0 else visible_gpus()
+    if config.gpus == 0 or (config.gpus is None and not found):
+        generators = config.num_generators or 1
+        print(f"placement: the CPU: {generators} generator(s), {config.learner_ranks} learner rank(s) (gloo)")
+    elif config.model_dir is None:
+        print("placement: GPUs; the tiny model is built at start, so there is nothing to plan its memory by")
+    else:
+        wanted = config.gpus or len(found)
+        if len(found) < wanted:
+            card = ACCELERATORS[DRY_RUN_CARD]
+            print(f"({len(found)} GPUs visible here: planned for {wanted} x {card.name}, {card.memory_gib:g} GiB each)")
+            found = described_gpus(wanted, card.memory_gib)
+        report(stack_plan_inputs(config, found[:wanted], DRY_RUN_CARD, DEFAULT_PROMPT_TOKENS))
+    print("resolved config (asymptote up --config takes it as it is):")
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    return 0

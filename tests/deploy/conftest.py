@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from chart_render import REPO, VALUE_SETS, Rendered, render, render_stack
 from filelock import FileLock
-from venvs import install_venv
+
+from tests.helpers.venvs import install_venv
 
 
 @pytest.fixture(params=sorted(VALUE_SETS), scope="session")

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 from chart_render import EXAMPLES, Rendered, render
-from families import QWEN3_8B
 
 from services.generator.config import GeneratorConfig
 from services.learner.memory import GIB, RunPlan
 from services.ops.plan import PlanInputs, plan_inputs
+from tests.helpers.families import QWEN3_8B
 
 EXAMPLE = "example-qwen3-gsm8k"
 BASE_GIB = 32

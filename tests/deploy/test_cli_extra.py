@@ -17,7 +17,8 @@ import test_kube_cli
 from chart_render import REPO
 from kube_fake import RELEASE, FakeApi
 from test_kube_cli import RUN_FILES
-from venvs import install_venv
+
+from tests.helpers.venvs import install_venv
 
 pytestmark = pytest.mark.slow
 

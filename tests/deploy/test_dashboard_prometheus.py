@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 import yaml
 from chart_render import REPO, dashboard
-from fitcheck import check_fit, known_eval_rows
-from waiting import wait_until
 
 from services.local.progress import read_jsonl
+from tests.helpers.fitcheck import check_fit, known_eval_rows
+from tests.helpers.waiting import wait_until
 
 # The e2e tests' stack launcher (tests/e2e/conftest.py), reused as a fixture here.
 _spec = importlib.util.spec_from_file_location("e2e_stack_launcher", REPO / "tests" / "e2e" / "conftest.py")

@@ -1,7 +1,7 @@
 """The embedded default end to end: nats-server, broker, learner, fitter and
 a vLLM generator as separate processes on loopback, trained for a few steps,
 with hundreds of malformed and invalid messages published on every subject
-mid-run (tests/poison.py).
+mid-run (tests/helpers/poison.py).
 
 Asserts what the run directory and the services' endpoints say, never
 log text: the learner consumed generator-produced groups, the policy version
@@ -31,14 +31,14 @@ from typing import Any
 
 import psutil
 import pytest
-from badinput import BAD_INPUTS
-from fitcheck import check_fit
-from poison import INTERFACE, deadletters, inject
-from waiting import wait_until
 
 from asymptote.jetstream.names import Names
 from services.local.progress import read_jsonl
 from services.local.stack import LocalStack
+from tests.helpers.badinput import BAD_INPUTS
+from tests.helpers.fitcheck import check_fit
+from tests.helpers.poison import INTERFACE, deadletters, inject
+from tests.helpers.waiting import wait_until
 
 MAX_STEPS = 10
 EVAL_PROMPTS = 64
@@ -185,7 +185,7 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
             assert [computes[v] for v in sorted(computes)] == sorted(computes.values())
         fit = json.loads((stack.run_dir / "fit.json").read_text())
         assert fit["num_points"] == 3
-        # Fitted or refused, fit.json must be the fitter's verdict on these rows (tests/fitcheck.py).
+        # Fitted or refused, fit.json must be the fitter's verdict on these rows (tests/helpers/fitcheck.py).
         check_fit(fit, evals)
         assert sorted(p.name for p in (stack.run_dir / "checkpoints").glob("ckpt-*")) == [
             "ckpt-00000005",

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from waiting import wait_until
 
 from services.local.progress import read_jsonl
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "ASY_TEST_STOP_MARKER"

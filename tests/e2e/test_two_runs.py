@@ -49,8 +49,6 @@ from typing import Any
 
 import pytest
 import yaml
-from exposition import gauge
-from families import build
 
 from asymptote.config import NatsSettings
 from asymptote.jetstream.connect import connect
@@ -60,6 +58,8 @@ from services.local.config import StackConfig
 from services.local.progress import length_rates, read_jsonl
 from services.local.stack import NATS_PASSWORD_ENV, NATS_USER_ENV, LocalStack
 from services.local.workloads import workload_task
+from tests.helpers.exposition import gauge
+from tests.helpers.families import build
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 4

@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
 from asymptote.envs import EnvironmentPool, EnvironmentSettings, EnvTask
 from asymptote.envs.config import OpenEnvSettings, VerifiersSettings
 from asymptote.envs.pool import worker_path
 from asymptote.nats_local import free_port
 from tests.envs.tool_classes import ENVS_PYTHON
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GUESS = "tests.envs.openenv_guess"

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from fitcheck import check_fit
 
 from asymptote.contracts.v1 import rollout_pb2
 from services.fitter.collector import Collector
@@ -52,6 +51,7 @@ from services.fitter.decision import (
 )
 from services.fitter.offline import fit_run, load_run
 from services.local.progress import a_text
+from tests.helpers.fitcheck import check_fit
 
 NUM_PROMPTS, NUM_SAMPLES = 200, 4
 EVERY_VERSIONS = 10

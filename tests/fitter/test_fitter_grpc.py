@@ -21,11 +21,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from badinput import send_bad_request, send_bad_requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
 
 from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
@@ -37,6 +35,8 @@ from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.holdout import project_from_half
 from services.fitter.metrics import ProjectionCollector, registry_with
 from services.fitter.server import FitterServicer
+from tests.helpers.badinput import send_bad_request, send_bad_requests
+from tests.helpers.waiting import wait_until
 
 A, B, C_MID, R0 = 0.61, 1.92, 2542.0, 0.2
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=50)

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fitcheck import known_eval_rows
 
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
@@ -20,6 +19,7 @@ from services.fitter.holdout import half_run_projection, project_from_half
 from services.local.config import StackConfig
 from services.local.progress import fit_text
 from services.local.stack import LocalStack
+from tests.helpers.fitcheck import known_eval_rows
 
 A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
 SETTINGS = CurveFitSettings(num_bootstrap_resamples=100)

@@ -18,7 +18,6 @@ from typing import Any, cast
 
 import pytest
 from test_multiturn_group import offline_loop
-from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.envs import EnvTask
@@ -26,6 +25,7 @@ from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
 from services.generator.mixing import Scorer
 from services.generator.rollout import RolloutLoop
+from tests.helpers.waiting import wait_until_async
 
 
 @dataclass

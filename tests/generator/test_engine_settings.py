@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from refusals import refusal
 
 from asymptote.errors import ConfigError
 from services.generator.config import EngineSettings
 from services.generator.engine import Engine, check_platform, engine_args
+from tests.helpers.refusals import refusal
 
 REPO = Path(__file__).resolve().parents[2]
 # Importing vLLM's engine arguments takes ~20 s here: the slow tier.

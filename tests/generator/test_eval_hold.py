@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
 from services.generator.engine import SwapReport
 from services.generator.metrics import GeneratorMetrics
 from services.generator.swapper import EvalHold, Swapper
 from services.generator.weights import GrpcWeightSource
+from tests.helpers.waiting import wait_until_async
 
 
 class Recorded:

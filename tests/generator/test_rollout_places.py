@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from waiting import wait_until_async
-
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names
@@ -25,6 +23,7 @@ from asymptote.sample import Sample
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.swapper import EvalHold
+from tests.helpers.waiting import wait_until_async
 
 
 class Engine:

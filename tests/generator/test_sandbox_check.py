@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from refusals import refusal
 
 from asymptote.errors import ConfigError
 from asymptote.sandbox import PoolClientSettings, SandboxSettings
 from asymptote.tasks import MixtureEntry, MixtureSettings
 from services.generator.scoring import check_sandboxes
 from services.local.workloads import workload_task
+from tests.helpers.refusals import refusal
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = SandboxSettings(backend="bubblewrap", bwrap_path=Path("/nonexistent/bwrap"))

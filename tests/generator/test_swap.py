@@ -31,8 +31,6 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from badinput import BAD_INPUTS, send_bad_request, send_bad_requests
-from waiting import wait_until_async
 
 from asymptote.codec import DecodedWeights, WireTensor, read_signature, signature_num_bytes, version_digest
 from asymptote.compute import ComputeMeter
@@ -54,6 +52,8 @@ from services.generator.weights import SPARE_FILE, GrpcWeightSource, stage
 from services.learner.model import load_model
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore, to_wire
+from tests.helpers.badinput import BAD_INPUTS, send_bad_request, send_bad_requests
+from tests.helpers.waiting import wait_until_async
 
 pytestmark = [pytest.mark.vllm]
 

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 import pytest
-from badinput import send_bad_request, send_bad_requests
 
 from asymptote.codec import WireTensor
 from asymptote.config import ListenSettings, NatsSettings
@@ -28,6 +27,7 @@ from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.broker.main import serve
 from services.learner.server import LearnerServicer, add_learner_to_server
 from services.learner.weights import Version, WeightStore
+from tests.helpers.badinput import send_bad_request, send_bad_requests
 
 SEED = 8
 ALLOWED = {

@@ -22,7 +22,6 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
-from waiting import wait_until_async
 
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
@@ -35,6 +34,7 @@ from asymptote.tasks import ArithmeticSettings
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings, ZeroVariance
 from services.broker.main import serve
 from services.broker.pipeline import STATE_KEY
+from tests.helpers.waiting import wait_until_async
 
 _prefixes = itertools.count()
 Event = rollout_pb2.LedgerEvent

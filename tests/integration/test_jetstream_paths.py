@@ -20,13 +20,13 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
-from waiting import wait_until_async
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.names import Names, ensure_bucket, ensure_streams, stream_configs
 from asymptote.jetstream.publish import Outgoing, Publisher, Stored
 from asymptote.jetstream.pull import durable_puller
 from asymptote.nats_local import NatsServer
+from tests.helpers.waiting import wait_until_async
 
 Event = rollout_pb2.LedgerEvent
 _ids = itertools.count()

@@ -45,7 +45,6 @@ import pytest
 import torch
 from test_broker_nats import Harness, next_batch, running, stream_count
 from transformers import AutoTokenizer
-from waiting import wait_until_async
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
@@ -63,6 +62,7 @@ from services.generator.scoring import TaskScorer
 from services.learner.model import completion_logprobs, load_model
 from services.learner.trainer import collate
 from tests.envs.tool_classes import GATE_ENV, Counter
+from tests.helpers.waiting import wait_until_async
 
 pytestmark = [pytest.mark.vllm]
 

@@ -14,7 +14,6 @@ import asyncio
 from pathlib import Path
 
 from test_broker_nats import Harness, running, stream_count
-from waiting import wait_until_async
 
 from asymptote.compute import ComputeMeter
 from asymptote.contracts.v1 import rollout_pb2
@@ -26,6 +25,7 @@ from services.generator.engine import Engine
 from services.generator.metrics import GeneratorMetrics
 from services.generator.rollout import RolloutLoop
 from services.generator.scoring import TaskScorer
+from tests.helpers.waiting import wait_until_async
 
 NUM_REFUSED_TRAIN = 8
 

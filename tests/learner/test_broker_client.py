@@ -11,12 +11,11 @@ import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
-from badinput import BAD_INPUTS, corrupted, raw_stream_server
-
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import PayloadError
 from asymptote.health import Health
 from services.learner.loop import BrokerClient
+from tests.helpers.badinput import BAD_INPUTS, corrupted, raw_stream_server
 
 INTERFACE = "gRPC Broker replies (learner)"
 

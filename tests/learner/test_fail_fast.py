@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
 from services.local import torchrun as launcher
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = "tests.learner.failfast_worker"

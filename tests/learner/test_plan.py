@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from families import QWEN3_8B
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -56,6 +55,7 @@ from services.learner.memory import (
 from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
 from services.learner.sharding import checkpoint_activations, decoder_layers, shard
 from services.ops.plan import plan_inputs
+from tests.helpers.families import QWEN3_8B
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "helm" / "qwen3-gsm8k-values.yaml"

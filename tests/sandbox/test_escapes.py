@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 import pytest
 from backends import AVAILABLE
-from waiting import wait_until
 
 from asymptote.sandbox import Limits, RunResult, Sandbox
 from asymptote.sandbox.bubblewrap import PROGRAM_NAME
+from tests.helpers.waiting import wait_until
 
 BACKENDS = sorted(AVAILABLE)
 LIMITS = Limits(timeout_s=1.0, memory_mib=512, num_processes=16, file_size_mib=8, open_files=32, output_bytes=1 << 16)

@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
 
 from asymptote.contracts.v1 import sandbox_pb2_grpc
 from asymptote.lifecycle import die_with_parent
 from asymptote.nats_local import free_port
 from asymptote.sandbox import PoolClientSettings
+from tests.helpers.waiting import wait_until
 
 START_TIMEOUT_S = 60.0
 """The self-test and imports on a loaded 2-core machine."""

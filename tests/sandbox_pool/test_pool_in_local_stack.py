@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
 from asymptote.config import load_config
 from asymptote.sandbox import SandboxSettings
@@ -16,6 +15,7 @@ from services.generator.config import GeneratorConfig
 from services.local.config import StackConfig
 from services.local.stack import LocalStack
 from services.sandbox_pool.config import SandboxPoolConfig
+from tests.helpers.waiting import wait_until
 
 ROW = {
     "id": "1",

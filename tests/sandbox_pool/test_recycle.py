@@ -12,11 +12,11 @@ from pathlib import Path
 
 import grpc
 from pool_process import PoolProcess, running_pool, spawn, stop, wait_ready
-from waiting import wait_until
 
 from asymptote.contracts.v1 import sandbox_pb2
 from asymptote.sandbox import Limits, RunResult
 from asymptote.sandbox.remote import PoolSandbox
+from tests.helpers.waiting import wait_until
 
 LIMITS = Limits(timeout_s=10.0, memory_mib=512)
 SLOW = "import time\ntime.sleep(1.5)\nprint('slow done')"

@@ -19,11 +19,11 @@ from pathlib import Path
 import grpc
 import pytest
 from pool_process import PoolProcess, running_pool
-from waiting import wait_until
 
 from asymptote.contracts.v1 import sandbox_pb2
 from asymptote.sandbox import Limits, RunResult, SandboxSettings, sandbox_for
 from asymptote.sandbox.remote import PoolSandbox, SandboxPoolError, limits_to_proto
+from tests.helpers.waiting import wait_until
 
 CONFIG = {
     "max_concurrent_runs": 2,

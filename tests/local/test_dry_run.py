@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from families import QWEN3_8B
 
 from services.cli import main as cli
 from services.local.config import StackConfig
+from tests.helpers.families import QWEN3_8B
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen3-gsm8k.yaml"
 QWEN3_1_7B = {
     **QWEN3_8B,

@@ -7,10 +7,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from waiting import wait_until
-
 from services.local.config import StackConfig
 from services.local.stack import LocalStack
+from tests.helpers.waiting import wait_until
 
 
 def supervise_until(stack: LocalStack, done: Callable[[], bool], timeout_s: float, what: str) -> list[str]:

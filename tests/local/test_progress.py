@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fitcheck import known_eval_rows
 from rich.console import Console
 
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings
 from services.local.progress import Progress, a_text, fit_text
+from tests.helpers.fitcheck import known_eval_rows
 
 READY = {"nats-server": True, "broker": True, "learner": True, "generator-0": True, "fitter": True}
 

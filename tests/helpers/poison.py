@@ -11,12 +11,11 @@ import random
 import time
 from collections import Counter
 
-from badinput import BAD_INPUTS
-
 from asymptote.config import NatsSettings
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.jetstream.connect import connect
 from asymptote.jetstream.names import Names
+from tests.helpers.badinput import BAD_INPUTS
 
 INTERFACE = "NATS subjects"
 RANDOM_PER_SUBJECT = 60

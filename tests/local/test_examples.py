@@ -7,6 +7,7 @@ sets (chart_render.VALUE_SETS), where every chart test checks them.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from services.embedded.warmstart import tiny_model_settings
 from services.local.config import StackConfig
 from services.local.up import up_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 STACK_EXAMPLES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -68,6 +69,32 @@ def test_the_arithmetic_workload_fills_only_what_the_config_leaves(tmp_path: Pat
     assert (in_file.task.name, in_file.batch_prompts, in_file.max_tokens) == ("arithmetic", 8, 7)
     spec, _ = tiny_model_settings(quick.task, quick.model, quick.warmstart)
     assert spec.family == "llama"  # the character-level model the arithmetic task has always had
+
+
+def test_a_workload_is_one_file_that_up_lists_and_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Adding a workload is adding a file to examples/workloads/: --workload lists it and reads it, its
+    # relative paths against the checkout, whatever the working directory.
+    from services.local import up, workloads
+
+    folder = tmp_path / "workloads"
+    shutil.copytree(workloads.WORKLOADS_DIR, folder)
+    (folder / "words-short.yaml").write_text((folder / "words.yaml").read_text() + "max_steps: 40\nmax_tokens: 80\n")
+    monkeypatch.setattr(workloads, "WORKLOADS_DIR", folder)
+    monkeypatch.setattr(up, "WORKLOADS_DIR", folder)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        up_config(["--help"])
+    assert "words-short" in capsys.readouterr().out
+    mine = up_config(["--workload", "words-short"])
+    assert (mine.workload, mine.max_steps, mine.max_tokens) == ("words-short", 40, 80)
+    assert mine.task == up_config([]).task and isinstance(mine.task, DatasetSettings)
+    assert mine.task.path == REPO / "data" / "words" / "train.jsonl"
+    assert "max_steps" not in mine.model_fields_set  # the workload's, so a preset may still fill it
+    with pytest.raises(SystemExit):
+        up_config(["--workload", "nope"])
+    assert "words-short" in capsys.readouterr().err
 
 
 def test_a_users_dataset_does_not_inherit_the_word_problems_held_out_file(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from families import QWEN3_8B
 from pydantic import ValidationError
 
 from asymptote.config import load_config
@@ -25,6 +24,7 @@ from services.generator.config import GeneratorConfig
 from services.learner.config import LearnerConfig
 from services.local.config import StackConfig
 from services.local.stack import LocalStack
+from tests.helpers.families import QWEN3_8B
 
 RECIPE: dict[str, dict[str, Any]] = {
     "learner": {

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from families import QWEN3_8B
 
 from asymptote.errors import ConfigError
 from services.local.config import StackConfig
 from services.local.placement import Gpu, narrow, parse_smi, place
 from services.local.stack import LocalStack
+from tests.helpers.families import QWEN3_8B
 
 GIB = 1024**3
 
