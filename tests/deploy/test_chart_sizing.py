@@ -12,7 +12,6 @@ their KV cache by memory fraction.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from chart_render import EXAMPLES, Rendered, render
 from services.generator.config import GeneratorConfig
 from services.learner.memory import GIB, RunPlan
 from services.ops.plan import PlanInputs, plan_inputs
-from tests.helpers.families import QWEN3_8B
+from tests.helpers.families import QWEN3_8B, config_only
 
 EXAMPLE = "example-qwen3-gsm8k"
 BASE_GIB = 32
@@ -33,8 +32,7 @@ SLOWEST_VOLUME_BYTES_S = 100e6
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[PlanInputs, RunPlan]:
-    model_dir = tmp_path_factory.mktemp("Qwen3-8B")
-    (model_dir / "config.json").write_text(json.dumps(QWEN3_8B))
+    model_dir = config_only(tmp_path_factory.mktemp("Qwen3-8B"), QWEN3_8B)
     inputs = plan_inputs(["--model", str(model_dir), "--config", str(EXAMPLES / "qwen3-gsm8k-values.yaml")])
     return inputs, inputs.plan()
 

@@ -10,7 +10,9 @@ from ``build.create_test_model_dir``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 TIED = {"llama": False, "qwen2": True, "qwen3": False}
 
@@ -50,3 +52,10 @@ QWEN3_8B = {
     "torch_dtype": "bfloat16",
 }
 """Qwen3-8B's config.json (Qwen/Qwen3-8B on the hub): planning needs its shape, never its weights."""
+
+
+def config_only(out: Path, config: dict[str, Any]) -> Path:
+    """A model directory ``out`` holding only ``config``'s config.json: what planning reads, and no weights."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config))
+    return out

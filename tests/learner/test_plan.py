@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from services.learner.memory import (
 from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
 from services.learner.sharding import checkpoint_activations, decoder_layers, shard
 from services.ops.plan import plan_inputs
-from tests.helpers.families import QWEN3_8B
+from tests.helpers.families import QWEN3_8B, config_only
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "helm" / "qwen3-gsm8k-values.yaml"
@@ -307,10 +306,7 @@ def test_saved_activations_match_under_fsdp2_bf16_sdpa(family: str, checkpointin
 
 @pytest.fixture
 def qwen3_8b(tmp_path: Path) -> Path:
-    model_dir = tmp_path / "Qwen3-8B"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(QWEN3_8B))
-    return model_dir
+    return config_only(tmp_path / "Qwen3-8B", QWEN3_8B)
 
 
 def test_qwen3_8b_shape() -> None:

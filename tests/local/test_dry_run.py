@@ -10,7 +10,6 @@ disagree; these tests say they do not, on GPUs described rather than found
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import yaml
 
 from services.cli import main as cli
 from services.local.config import StackConfig
-from tests.helpers.families import QWEN3_8B
+from tests.helpers.families import QWEN3_8B, config_only
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen3-gsm8k.yaml"
@@ -34,10 +33,7 @@ QWEN3_1_7B = {
 
 @pytest.fixture
 def qwen3_1_7b(tmp_path: Path) -> Path:
-    out = tmp_path / "qwen3-1.7b"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(QWEN3_1_7B))
-    return out
+    return config_only(tmp_path / "qwen3-1.7b", QWEN3_1_7B)
 
 
 def lines_of(text: str, *starts: str) -> list[str]:

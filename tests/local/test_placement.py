@@ -9,7 +9,6 @@ writes. Starting vLLM's GPU build and the learner on CUDA is untested here
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from asymptote.errors import ConfigError
 from services.local.config import StackConfig
 from services.local.placement import Gpu, narrow, parse_smi, place
 from services.local.stack import LocalStack
-from tests.helpers.families import QWEN3_8B
+from tests.helpers.families import QWEN3_8B, config_only
 
 GIB = 1024**3
 
@@ -77,10 +76,7 @@ def test_a_split_that_does_not_add_up_names_the_setting() -> None:
 
 
 def model_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "Qwen3-8B"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(QWEN3_8B))
-    return out
+    return config_only(tmp_path / "Qwen3-8B", QWEN3_8B)
 
 
 def written(paths: dict[str, Path]) -> dict[str, dict[str, object]]:
@@ -175,9 +171,7 @@ QWEN3_0_6B = {
 
 
 def test_one_gpu_runs_a_small_model_with_the_engine_and_the_learner_side_by_side(tmp_path: Path) -> None:
-    small = tmp_path / "Qwen3-0.6B"
-    small.mkdir()
-    (small / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    small = config_only(tmp_path / "Qwen3-0.6B", QWEN3_0_6B)
     stack = LocalStack(StackConfig(run_dir=tmp_path / "run", max_tokens=2048, max_steps=20))
     stack.resolve_placement(gpus(1))
     paths = stack.write_configs(small)

@@ -10,7 +10,6 @@ on, so the recorded configs are the run's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from services.generator.config import GeneratorConfig
 from services.learner.config import LearnerConfig
 from services.local.config import StackConfig
 from services.local.stack import LocalStack
-from tests.helpers.families import QWEN3_8B
+from tests.helpers.families import QWEN3_8B, config_only
 
 RECIPE: dict[str, dict[str, Any]] = {
     "learner": {
@@ -44,10 +43,7 @@ staleness, the engine, the fitter's planned budget."""
 
 
 def model_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "model"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(QWEN3_8B))
-    return out
+    return config_only(tmp_path / "model", QWEN3_8B)
 
 
 def read_back(path: Path, model: type[Any]) -> dict[str, Any]:
