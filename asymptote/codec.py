@@ -1,6 +1,6 @@
 """Tensor codec: named tensors <-> 1 MiB protobuf chunks, with a digest.
 
-Owns the wire format of weights (ARCHITECTURE "Contracts"): tensors travel
+Owns the wire format of weights (docs/architecture.md, "Streams, subjects and RPCs"): tensors travel
 as ``TensorChunk{name, dtype, shape, offset, data}`` of at most
 ``CHUNK_BYTES``, in name order, after one ``WeightsHeader`` carrying the
 version's digest. Works on numpy arrays (torch-free); bfloat16 travels as

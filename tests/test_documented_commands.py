@@ -75,7 +75,7 @@ COMMANDS_SHOWN = documented()
 
 
 def test_the_documents_show_the_commands_a_user_runs() -> None:
-    # The extraction finds what the README's quick start and sections name (a guard on the parser above).
+    # The extraction finds what the README and the docs pages name (a guard on the parser above).
     assert {
         "asymptote up",
         "asymptote fit",

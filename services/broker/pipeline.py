@@ -573,7 +573,7 @@ class BrokerPipeline:
     def desired_generators(self) -> int:
         """Generators the pipeline wants: more while the learner starves, one fewer
         while two batches or more wait for it (the learner is the bottleneck).
-        None once the learner's final version is out and its tasks (the final
+        0 once the learner's final version is out and its tasks (the final
         eval round) are answered, so an autoscaler can give the GPUs back."""
         if self.run_finished and self.pending_tasks == 0:
             return 0

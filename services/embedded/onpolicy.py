@@ -86,9 +86,9 @@ class OnPolicySettings(Frozen):
     eps_max: float = Field(default=4.0, gt=0)
     """CISPO cap on the IS weight itself (ScaleRL convention)."""
     normalization: Literal["batch", "group", "none"] = "batch"
-    """Advantage normalisation (RECIPE 1)."""
+    """Advantage normalisation (docs/recipe.md, "Advantages")."""
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
-    """Token-loss aggregation (RECIPE 2)."""
+    """Token-loss aggregation (docs/recipe.md, "Losses")."""
     eval_every_steps: int = Field(default=50, ge=1)
     """Steps between held-out evaluations (step 0 and the last step always)."""
     eval_samples_per_prompt: int = Field(default=4, ge=1)

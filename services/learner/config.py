@@ -11,7 +11,7 @@ from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
 
 
 class LossSettings(Frozen):
-    """The policy-gradient loss (RECIPE.md section 2)."""
+    """The policy-gradient loss (docs/recipe.md, "Losses")."""
 
     name: Literal["cispo", "grpo", "dapo", "gspo"] = "cispo"
     """Loss function: CISPO (ScaleRL), GRPO (PPO clip), DAPO (asymmetric PPO clip), GSPO (sequence ratio)."""
@@ -22,7 +22,7 @@ class LossSettings(Frozen):
     """Upper clip of PPO-style losses; None: GRPO 0.2, DAPO 0.28, GSPO 4e-3."""
     tis_cap: float | None = Field(default=None, gt=0.0)
     """GRPO/DAPO: truncated importance sampling, weight sg(min(pi_learner / pi_gen, tis_cap)) with the PPO
-    ratio then taken against the learner's pre-step log-probs (RECIPE default 2). None: the PPO ratio is
+    ratio then taken against the learner's pre-step log-probs (docs/recipe.md, "Losses"). None: the PPO ratio is
     taken against the generator's log-probs. CISPO folds this correction in already."""
     eps_max: float = Field(default=4.0, gt=0.0)
     """CISPO: cap on the IS weight itself, w = sg(min(rho, eps_max)). ScaleRL's convention;

@@ -2,11 +2,11 @@
 
 Owns ``HostBuffers``. A copy between GPU and pageable host memory goes
 through the driver's bounce buffers and each waits for the host: an H200
-copied to the device at 5.8-7.4 GB/s from pageable memory against
-54.5-55.3 GB/s from page-locked (docs/benchmarks.md, "The learner on one
-GPU"). Into page-locked buffers a version's copies queue on the stream with
-one wait at the end; at 8B that would be about 0.3 s instead of 2.5 s on
-the step's path each version.
+copied to the device at 5.8 GB/s from pageable memory against 54.5 GB/s
+from page-locked (docs/benchmarks.md, "The learner on one GPU"). Into
+page-locked buffers a version's copies queue on the stream with one wait
+at the end; at 8B that would be about 0.3 s instead of 2.5 s on the step's
+path each version.
 
 Locking pages is slow (the kernel pins each one), so a buffer is locked
 once, sized for a whole version, and reused. A version's tensors are

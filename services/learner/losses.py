@@ -1,6 +1,6 @@
 """RL losses and advantages as small pure functions.
 
-Owns the maths of RECIPE.md sections 1 and 2: group-centred advantages with
+Owns the maths of docs/recipe.md ("Advantages", "Losses"): group-centred advantages with
 their normalisation, the zero-variance mask, and the policy-gradient losses
 with their token aggregation. Knows nothing about batching, models or the
 wire: inputs are padded tensors, outputs a scalar loss and float metrics.
@@ -44,7 +44,7 @@ def zero_variance_mask(*, rewards: torch.Tensor) -> torch.Tensor:
 def group_advantages(
     *, rewards: torch.Tensor, normalization: Normalization = "batch", keep_zero_variance: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL, RECIPE 1).
+    """Group-centred advantages ``A_i = r_i - mean_j r_j`` (ScaleRL; docs/recipe.md, "Advantages").
 
     ``normalization``: "batch" divides by the std of all advantages of the
     kept prompts (ScaleRL default), "group" by each group's own std (GRPO),
@@ -81,7 +81,7 @@ def aggregation_weights(
     prompt_index: torch.Tensor,
     aggregation: Aggregation = "prompt",
 ) -> torch.Tensor:
-    """[N, T] weight of each token's loss in the batch's scalar loss (RECIPE 2).
+    """[N, T] weight of each token's loss in the batch's scalar loss (docs/recipe.md, "Losses").
 
     Every aggregation is a weighted sum ``sum_{n,t} w[n,t] * loss[n,t]`` whose
     weights depend only on the mask and the prompt layout, never on the
@@ -114,7 +114,7 @@ def aggregate(
     aggregation: Aggregation = "prompt",
     weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce masked per-token losses [N, T] to a scalar (RECIPE 2).
+    """Reduce masked per-token losses [N, T] to a scalar (docs/recipe.md, "Losses").
 
     "prompt": per prompt, sum over all its completions' tokens divided by the
     prompt's token count, then mean over prompts with loss tokens (ScaleRL
@@ -276,11 +276,12 @@ def gspo_loss(
 
 @dataclass(frozen=True, eq=False)
 class RatioStats(Mapping[str, float]):
-    """IS-ratio metrics over loss tokens (namespaced as in RECIPE 4), kept as tensors where the loss ran.
+    """IS-ratio metrics over loss tokens, kept as tensors where the loss ran.
 
-    Read as a mapping (``is/capped_frac``, ``is/rho_max``, ``is/rho_min``)
-    it gives floats, which waits for the device; the trainer adds the
-    tensors up over micro-batches instead and reads them once a step.
+    Read as a mapping (``is/capped_frac``, ``is/rho_max``, ``is/rho_min``:
+    the names of docs/recipe.md, "The learner's step") it gives floats,
+    which waits for the device; the trainer adds the tensors up over
+    micro-batches instead and reads them once a step.
     With no loss tokens the fraction is 0 and both extremes 1.
     """
 

@@ -3,8 +3,8 @@
 Owns turning a batch of ``RolloutGroup`` messages into padded tensors
 (never re-tokenising: the generator's token ids are used as they are), the
 forward pass (``model.PolicyForward``: FP32 LM head), the loss call, the
-optimizer and scheduler, and the step metrics of RECIPE.md section 4. Knows nothing about
-gRPC or NATS.
+optimizer and scheduler, and the step metrics of docs/recipe.md, "The learner's step". Knows
+nothing about gRPC or NATS.
 """
 
 from __future__ import annotations
@@ -505,7 +505,7 @@ class Trainer:
         )
         per_completion_adv = advantages.reshape(-1)[inputs.reward_index]
         # Prompts not kept (flat ones, unless the batch keeps them) are out of
-        # the loss (RECIPE 1): masking their tokens keeps them out of the
+        # the loss (docs/recipe.md, "Advantages"): masking their tokens keeps them out of the
         # aggregation's denominators too.
         all_loss_mask = inputs.loss_mask * keep[inputs.prompt_index, None].to(inputs.loss_mask.dtype)
         counts = batch_counts(rewards=inputs.rewards, keep=keep, loss_mask=all_loss_mask, num_taken=inputs.num_taken)

@@ -127,7 +127,7 @@ class ServiceSections(Frozen):
 
 
 class StackConfig(Frozen):
-    """``asymptote up``: nats-server plus the four services on loopback."""
+    """``asymptote up``: nats-server plus the four services on loopback, and the sandbox pool for a code task."""
 
     workload: str = Field(default=DEFAULT_WORKLOAD, pattern=r"^[a-z][a-z0-9+_-]*$")
     """The embedded workload whose file, examples/workloads/<name>.yaml, sets the fields this config does
