@@ -1,6 +1,6 @@
 """The sigmoid compute-performance curve: fit and uncertainty.
 
-Owns the maths of RECIPE.md section 5 (ScaleRL, Khatri, Madaan et al. 2025,
+Owns the maths of docs/recipe.md, "The compute-performance curve" (ScaleRL, Khatri, Madaan et al. 2025,
 arXiv 2510.13786, Eq. 1 and Appendix on fitting):
 
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)

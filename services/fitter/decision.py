@@ -1,6 +1,6 @@
 """What a fit lets one decide: continue, stop or compare a run; rank recipes or not.
 
-Owns the decisions of RECIPE.md section 5 built on ``curve.py``'s fits and
+Owns the decisions of docs/recipe.md, "The compute-performance curve", built on ``curve.py``'s fits and
 bootstrap intervals (ScaleRL, arXiv 2510.13786): whether a fit is
 determined (``determination``: the one rule every reader of a fit uses), a
 run's recommendation at its planned compute budget, and the recipe
