@@ -158,8 +158,8 @@ def small_run(tmp_path: Path) -> Path:
     every EVAL_EVERY versions (the rounds are what the curve's continuity is checked on, not a pass rate)."""
     path = tmp_path / "up.yaml"
     path.write_text(
-        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\neval_every_versions: {EVAL_EVERY}\n"
-        "services:\n  broker:\n    eval: {num_prompts: 32, num_samples: 1}\n"
+        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\neval_every_versions: {EVAL_EVERY}\neval_num_samples: 1\n"
+        "services:\n  broker:\n    eval: {num_prompts: 32}\n"
     )
     return path
 
