@@ -220,7 +220,14 @@ def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
         raise PayloadError("compute telemetry lacks service or instance_id")
     if t.service not in TELEMETRY_SERVICES:
         raise PayloadError(f"compute telemetry from unknown service {t.service!r}; accepted: {TELEMETRY_SERVICES}")
-    for name in ("device_seconds_total", "busy_seconds_total", "eval_device_seconds_total", "unix_s"):
+    for name in (
+        "device_seconds_total",
+        "busy_seconds_total",
+        "eval_device_seconds_total",
+        "unix_s",
+        "flops_total",
+        "eval_flops_total",
+    ):
         value = getattr(t, name)
         if not math.isfinite(value) or value < 0:
             raise PayloadError(f"compute telemetry {name} is {value}")
@@ -228,6 +235,10 @@ def decode_telemetry(data: bytes) -> rollout_pb2.ComputeTelemetry:
         raise PayloadError(
             f"compute telemetry eval_device_seconds_total {t.eval_device_seconds_total} exceeds "
             f"device_seconds_total {t.device_seconds_total}"
+        )
+    if t.eval_flops_total > t.flops_total:
+        raise PayloadError(
+            f"compute telemetry eval_flops_total {t.eval_flops_total:g} exceeds flops_total {t.flops_total:g}"
         )
     return t
 

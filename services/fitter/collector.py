@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from asymptote.compute import ComputeUnit, compute_text
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
-from services.fitter.compute_axis import ComputeAxis
+from services.fitter.compute_axis import AxisValue, ComputeAxis
 from services.fitter.curve import CurveFit, CurveFitSettings, FitError, Intervals, bootstrap_intervals, fit_curve
 from services.fitter.decision import Determination, determination, recommend
 from services.fitter.holdout import project_from_half
-from services.fitter.plot import PlotSeries, plot_curves
+from services.fitter.plot import PlotSeries, compute_axis_label, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ class Point:
     """Those versions' compute; ``compute`` is their token-weighted mean."""
     task: str | None = None
     """The mixture's sub-task the point belongs to; None (and no ``task`` key in the row) in a single-task run."""
+    compute_unit: ComputeUnit = "device_seconds"
+    """The unit of ``compute`` and ``compute_by_version``: "flops" (the axis), or "device_seconds" (what rows
+    written before the FLOPs axis hold, which have no ``compute_unit``)."""
+    device_seconds: float | None = None
+    """Device-seconds held by then (token-weighted as ``compute``): the run's cost, not its axis; None in
+    rows written before the FLOPs axis."""
 
     def row(self) -> dict[str, Any]:
         """The point as a line of ``eval.jsonl`` (without ``task`` in a single-task run)."""
@@ -93,7 +100,7 @@ class Snapshot:
     num_points: int
     """Validation points collected, R0's included."""
     last_compute: float
-    """Compute of the latest point (accelerator-seconds); 0 without points."""
+    """Compute of the latest point (in the curve's axis unit, ``projection.compute_unit``); 0 without points."""
     last_pass_rate: float
     """Pass rate of the latest point; 0 without points."""
     half_run_projected: float | None = None
@@ -166,6 +173,7 @@ class Collector:
         planned_compute: float | None = None,
         task: str | None = None,
         on_fit: Callable[[str, dict[str, Any]], None] | None = None,
+        compute_unit: ComputeUnit = "flops",
     ) -> None:
         self.run_dir = run_dir
         self.run_name = run_name
@@ -180,6 +188,22 @@ class Collector:
         self.plot = plot
         self.eval_path = run_dir / "eval.jsonl"
         self.points: list[Point] = load_points(self.eval_path, task)
+        self.compute_unit: ComputeUnit = self.points[0].compute_unit if self.points else compute_unit
+        """The unit of the curve's compute axis: ``compute_unit``, or that of the points of a previous life (a run
+        begun on device-seconds continues on them: one curve has one axis)."""
+        if self.compute_unit != compute_unit:
+            log.warning(
+                "%s holds points on the %s axis: the curve continues on it, not on %s",
+                self.eval_path,
+                self.compute_unit,
+                compute_unit,
+            )
+        other = [p for p in self.points if p.compute_unit != self.compute_unit]
+        if other:
+            log.warning(
+                "skipping %d curve points of %s on another axis than %s", len(other), self.eval_path, self.compute_unit
+            )
+            self.points = [p for p in self.points if p.compute_unit == self.compute_unit]
         self._rounds: dict[str, _Round] = {}
         self._done = {p.policy_version for p in self.points}
         self._lock = threading.Lock()
@@ -223,11 +247,14 @@ class Collector:
                 tokens[int(v)] = tokens.get(int(v), 0) + int(n)
         if not any(tokens.values()):  # no tokens, or a generator that does not say: the issued version
             tokens = {version: 1}
-        computes = {v: self.axis.at_version(v, finished) for v in sorted(tokens)}
+        values: dict[int, AxisValue] = {v: self.axis.at_version(v, finished) for v in sorted(tokens)}
+        computes = {v: value.of(self.compute_unit) for v, value in values.items()}
         point = Point(
             step=version,
             policy_version=version,
             compute=sampled_compute(tokens, computes.__getitem__),
+            compute_unit=self.compute_unit,
+            device_seconds=sampled_compute(tokens, lambda v: values[v].device_seconds),
             sampled_version=sum(v * n for v, n in tokens.items()) / sum(tokens.values()),
             tokens_by_version={str(v): n for v, n in sorted(tokens.items())},
             compute_by_version={str(v): c for v, c in computes.items()},
@@ -245,10 +272,10 @@ class Collector:
         with self.eval_path.open("a") as f:
             f.write(json.dumps(point.row()) + "\n")
         log.info(
-            "eval point%s: version %d, compute %.1f, pass rate %.3f (%d prompts)",
+            "eval point%s: version %d, compute %s, pass rate %.3f (%d prompts)",
             f" of {self.task}" if self.task else "",
             point.policy_version,
-            point.compute,
+            compute_text(point.compute, self.compute_unit),
             point.pass_rate,
             point.num_prompts,
         )
@@ -277,7 +304,7 @@ class Collector:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
         else:
             proj, fitted = fit_projection(
-                compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute
+                compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute, self.compute_unit
             )
             judged = determination(*fitted) if fitted is not None else None
         last = self.points[-1] if self.points else None
@@ -300,6 +327,7 @@ class Collector:
                     [PlotSeries(self.series_name, compute, pass_rate, *(fitted or (None, None)))],
                     self.run_dir / (f"curve-{self.task}.png" if self.task else "curve.png"),
                     target_compute=max((v.compute for v in proj.projections), default=None),
+                    compute_label=compute_axis_label(self.compute_unit),
                 )
             except Exception as exc:  # a plot must never stop the fitter
                 log.warning("curve plot not written: %s", exc)
@@ -318,8 +346,9 @@ class Collector:
         """``fit.json``: the Projection's fields by name, plus ``run``, ``num_points``, ``determined``,
         ``why_not_determined`` (for an attempt that failed, its reason), ``not_determined`` (the
         kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt) and
-        ``compute_by_service`` (device-seconds reported so far: generator and learner training, and
-        ``eval``, the eval rounds' sampling, which the curve's compute axis leaves out)."""
+        ``compute_by_service`` (device-seconds held so far, the run's cost: generator and learner
+        training, and ``eval``, the eval rounds' sampling, which the curve's compute axis leaves out),
+        ``flops_by_service`` (the same in FLOPs, the axis) and ``num_params`` (N by service)."""
         from google.protobuf.json_format import MessageToDict
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -330,6 +359,8 @@ class Collector:
         body["why_not_determined"] = judged.why_not if judged is not None else proj.reason
         body["not_determined"] = [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else []
         body["compute_by_service"] = self.axis.by_service()
+        body["flops_by_service"] = self.axis.flops_by_service()
+        body["num_params"] = self.axis.num_params()
         if self.on_fit is not None and self.task is not None:
             self.on_fit(self.task, body)
             return
@@ -361,6 +392,7 @@ class RunCollectors:
         axis: ComputeAxis,
         plot: bool,
         planned_compute: float | None = None,
+        compute_unit: ComputeUnit = "flops",
     ) -> None:
         self.run_dir = run_dir
         self.run_name = run_name
@@ -369,6 +401,7 @@ class RunCollectors:
         self.axis = axis
         self.plot = plot
         self.planned_compute = planned_compute
+        self.compute_unit: ComputeUnit = compute_unit
         self.by_task: dict[str, Collector] = {}
         """A mixture's collectors, by sub-task (empty in a single-task run)."""
         self._fits: dict[str, dict[str, Any]] = {}
@@ -400,6 +433,7 @@ class RunCollectors:
             self.planned_compute,
             task=task,
             on_fit=self._task_fit,
+            compute_unit=self.compute_unit,
         )
 
     @property
@@ -429,6 +463,8 @@ class RunCollectors:
                 "run": self.run_name,
                 "num_points": sum(body["num_points"] for body in tasks.values()),
                 "compute_by_service": self.axis.by_service(),
+                "flops_by_service": self.axis.flops_by_service(),
+                "num_params": self.axis.num_params(),
                 "tasks": tasks,
             },
         )
@@ -441,6 +477,7 @@ def fit_projection(
     settings: CurveFitSettings,
     target_multiples: tuple[float, ...],
     planned_compute: float | None = None,
+    compute_unit: ComputeUnit = "flops",
 ) -> tuple[services_pb2.Projection, tuple[CurveFit, Intervals] | None]:
     """Fit, bootstrap and recommend; a refusal becomes ``ok=False`` with the reason.
 
@@ -459,7 +496,10 @@ def fit_projection(
             targets.append(planned_compute)
         iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
     except FitError as exc:
-        return services_pb2.Projection(ok=False, reason=str(exc), r0=r0, num_points_used=len(compute)), None
+        failed = services_pb2.Projection(
+            ok=False, reason=str(exc), r0=r0, num_points_used=len(compute), compute_unit=compute_unit
+        )
+        return failed, None
     if fit.params_at_bounds:
         log.warning(
             "curve fit ended on the bound of %s: the points so far do not pin it down", ", ".join(fit.params_at_bounds)
@@ -490,5 +530,6 @@ def fit_projection(
         recommendation=advice.action,
         recommendation_reason=advice.reason,
         planned_compute=planned_compute or 0.0,
+        compute_unit=compute_unit,
     )
     return proj, (fit, iv)

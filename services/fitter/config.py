@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from asymptote.compute import ComputeUnit
 from asymptote.config import ListenSettings, ServiceSettings
 from services.fitter.curve import CurveFitSettings
 
@@ -25,8 +26,12 @@ class FitterConfig(ServiceSettings):
     """How the curve is fitted and its uncertainty estimated."""
     target_compute_multiples: tuple[float, ...] = (2.0, 10.0)
     """Project the pass rate at these multiples of the compute spent so far."""
+    compute_axis: ComputeUnit = "flops"
+    """The curve's compute axis: FLOPs of the tokens trained and generated (alike under any machine load), or
+    device-seconds held (the cost, which stretches with load). A run whose eval.jsonl began on one keeps it."""
     planned_compute: float | None = Field(default=None, gt=0.0)
-    """The run's compute budget (accelerator-seconds): projected and recommended against; None looks to the asymptote."""
+    """The run's compute budget, in the axis's unit (FLOPs by default): projected and recommended against; None
+    looks to the asymptote."""
     telemetry_stale_s: float = Field(default=30.0, gt=0.0)
     """An instance silent for this long is treated as gone (its compute stops growing)."""
     plot: bool = True

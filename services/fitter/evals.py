@@ -1,13 +1,15 @@
 """The eval log: validated records of a run's evaluation passes.
 
 Owns the format of ``eval.jsonl`` as the offline tools read it (one JSON
-object per line with at least ``step``, ``policy_version``, ``compute`` in
-cumulative accelerator-seconds and ``pass_rate``; a mixture's rows also
-name their sub-task in ``task``, one curve per sub-task; other keys are
-ignored),
+object per line with at least ``step``, ``policy_version``, ``compute`` and
+``pass_rate``; ``compute_unit`` says what ``compute`` counts, "flops" (the
+FLOPs axis) or, in rows that lack it (those written before it),
+"device_seconds"; a mixture's rows also name their sub-task in ``task``,
+one curve per sub-task; other keys are ignored),
 the checks a run's records must pass (values in range, compute never
-decreasing as the steps grow), and which record is R0. Knows nothing about
-fitting; the live fitter writes the file (``collector.py``).
+decreasing as the steps grow, one unit throughout), and which record is R0.
+Knows nothing about fitting; the live fitter writes the file
+(``collector.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from asymptote.compute import ComputeUnit
 from asymptote.errors import AsymptoteError
 
 
@@ -36,7 +39,9 @@ class EvalRecord(BaseModel):
     policy_version: int = Field(ge=0)
     """Policy version that was evaluated."""
     compute: float = Field(ge=0.0, allow_inf_nan=False)
-    """Cumulative training compute at that version (accelerator-seconds)."""
+    """Cumulative training compute at that version, in ``compute_unit``."""
+    compute_unit: ComputeUnit = "device_seconds"
+    """What ``compute`` counts: FLOPs, or device-seconds held (rows written before the FLOPs axis)."""
     pass_rate: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     """Mean pass rate over the held-out prompts and samples."""
     task: str | None = None
@@ -67,6 +72,13 @@ def _in_run_order(located: Iterable[tuple[str, EvalRecord]], source: str) -> lis
     if not by_step:
         raise EvalFileError(f"{source}: no evaluation records")
     ordered = [by_step[step] for step in sorted(by_step)]
+    first_where, first = ordered[0]
+    for where, record in ordered[1:]:
+        if record.compute_unit != first.compute_unit:
+            raise EvalFileError(
+                f"{where}: compute in {record.compute_unit} where {first_where} has it in {first.compute_unit}; "
+                "one curve has one compute axis"
+            )
     for (where_before, before), (where, record) in pairwise(ordered):
         if record.compute < before.compute:
             raise EvalFileError(

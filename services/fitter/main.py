@@ -115,9 +115,12 @@ async def serve(config: FitterConfig, stop: asyncio.Event) -> None:
         axis,
         config.plot,
         config.planned_compute,
+        config.compute_axis,
     )
     registry = registry_with(
-        RunCollector(lambda: [(name, c.snapshot) for name, c in collector.series()], axis.by_service)
+        RunCollector(
+            lambda: [(name, c.snapshot) for name, c in collector.series()], axis.by_service, axis.flops_by_service
+        )
     )
     async with service_runtime("fitter", config.nats, config.prefix, config.http, registry) as rt:
         servicer = FitterServicer(collector)

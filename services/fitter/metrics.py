@@ -37,10 +37,14 @@ class ProjectionCollector(Collector):
         run: str,
         snapshot: Callable[[], Snapshot],
         compute: Callable[[], dict[str, float]],
+        flops: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self.run = run
         self.snapshot = snapshot
         self.compute = compute
+        """Device-seconds held by service (the run's cost)."""
+        self.flops = flops
+        """FLOPs by service (the curve's axis)."""
 
     def _gauge(self, name: str, doc: str, value: float, extra: dict[str, str] | None = None) -> GaugeMetricFamily:
         keys = ["run", *sorted(extra or {})]
@@ -54,9 +58,25 @@ class ProjectionCollector(Collector):
         yield gauge("fit_ok", "1 if the latest fit attempt succeeded, 0 if it was refused", float(snap.projection.ok))
         yield gauge("points", "Validation points collected (R0's included)", float(snap.num_points))
         yield gauge("last_pass_rate", "Latest validation pass rate", snap.last_pass_rate)
-        yield gauge("last_compute", "Compute (accelerator-seconds) of the latest point", snap.last_compute)
+        yield gauge(
+            "last_compute",
+            "Compute of the latest point, in the curve's axis unit (FLOPs unless the run began on device-seconds)",
+            snap.last_compute,
+        )
         for service, seconds in sorted(self.compute().items()):
-            yield gauge("compute_seconds", "Cumulative accelerator-seconds by service", seconds, {"service": service})
+            yield gauge(
+                "compute_seconds",
+                "Cumulative accelerator-seconds held by service (the run's cost; eval: eval rounds' sampling)",
+                seconds,
+                {"service": service},
+            )
+        for service, flops in sorted(self.flops().items()):
+            yield gauge(
+                "compute_flops",
+                "Cumulative FLOPs of the tokens processed by service (the curve's axis; eval: eval rounds')",
+                flops,
+                {"service": service},
+            )
         if snap.half_run_projected is not None and snap.half_run_measured is not None:
             yield gauge(
                 "half_run_projected_pass_rate",
@@ -147,14 +167,16 @@ class RunCollector(Collector):
         self,
         series: Callable[[], list[tuple[str, Callable[[], Snapshot]]]],
         compute: Callable[[], dict[str, float]],
+        flops: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self.series = series
         self.compute = compute
+        self.flops = flops
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families: dict[str, GaugeMetricFamily] = {}
         for run, snapshot in self.series():
-            for family in ProjectionCollector(run, snapshot, self.compute).collect():
+            for family in ProjectionCollector(run, snapshot, self.compute, self.flops).collect():
                 if family.name in families:
                     families[family.name].samples.extend(family.samples)
                 else:

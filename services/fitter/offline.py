@@ -9,8 +9,10 @@ nothing about NATS or the live fitter service; the log format is
 
 R0 is the pass rate at step 0, or at the first step when there is no step
 0; that point defines R0 and is not itself a point of the curve. Compute is
-cumulative accelerator-seconds as the live fitter writes it (any positive
-unit works if all runs share it).
+the cumulative training compute as the live fitter writes it: FLOPs, or
+device-seconds held in logs written before the FLOPs axis (their rows have
+no ``compute_unit``). Each fit says which axis it used, and runs are
+compared only on the same one.
 
 A mixture's eval log (rows tagged with their sub-task) is one curve per
 sub-task, named ``run/sub-task`` and fitted as if alone; runs are compared
@@ -35,7 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
-from asymptote.compute import device_time
+from asymptote.compute import COMPUTE_UNIT_LABELS, ComputeUnit, compute_text
 from asymptote.config import load_config, log_resolved
 from asymptote.logs import setup_logging
 from services.fitter.curve import (
@@ -60,7 +62,7 @@ from services.fitter.decision import (
 )
 from services.fitter.evals import EvalFileError, eval_log_tasks, read_eval_log, split_baseline
 from services.fitter.holdout import project_from_half
-from services.fitter.plot import PlotSeries, plot_curves
+from services.fitter.plot import PlotSeries, compute_axis_label, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,8 @@ class RunData:
     r0: float
     task: str | None = None
     """The mixture's sub-task this curve is of; None for a single-task run."""
+    compute_unit: ComputeUnit = "flops"
+    """The axis ``compute`` is on: FLOPs, or device-seconds held (logs written before the FLOPs axis)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,8 @@ def load_run(path: Path, name: str, task: str | None = None) -> RunData:
     """Read a run's eval log (with ``task``, that sub-task's rows) and split off the R0 point (step 0,
     else the first step)."""
     eval_path = resolve_eval_path(path)
-    baseline, rest = split_baseline(read_eval_log(eval_path, task))
+    records = read_eval_log(eval_path, task)
+    baseline, rest = split_baseline(records)
     return RunData(
         name=name,
         eval_path=eval_path,
@@ -128,6 +133,7 @@ def load_run(path: Path, name: str, task: str | None = None) -> RunData:
         pass_rate=np.array([record.pass_rate for record in rest], dtype=np.float64),
         r0=baseline.pass_rate,
         task=task,
+        compute_unit=records[0].compute_unit,
     )
 
 
@@ -189,7 +195,11 @@ def _interval_json(interval: Interval) -> list[float]:
 
 def run_summary(result: RunResult) -> dict[str, Any]:
     """The JSON object ``fit.json`` holds for one run."""
-    summary: dict[str, Any] = {"eval_path": str(result.data.eval_path), "r0": result.data.r0}
+    summary: dict[str, Any] = {
+        "eval_path": str(result.data.eval_path),
+        "compute_unit": result.data.compute_unit,
+        "r0": result.data.r0,
+    }
     if result.half_run is not None:
         summary["half_run_projection"] = result.half_run
     if result.fit is None or result.intervals is None:
@@ -250,11 +260,17 @@ def _print_notes(console: Console, notes: Sequence[tuple[str, str]]) -> None:
         console.print(f"[bold]{escape(name)}[/bold]: {text}", highlight=False)
 
 
+def _unit_label(results: Sequence[RunResult]) -> str:
+    """The compute unit of the runs' axis for a table header: one unit, or each run's own."""
+    units = {r.data.compute_unit for r in results}
+    return COMPUTE_UNIT_LABELS[units.pop()] if len(units) == 1 else "each run's unit"
+
+
 def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
     """The fitted parameters, and per run its projections and advice (or why it failed)."""
     table = _table(
         "Sigmoid fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
-        ("run", "A [95% interval]", "B", "C_mid (device-s)", "R0", "points", "RMSE"),
+        ("run", "A [95% interval]", "B", f"C_mid ({_unit_label(results)})", "R0", "points", "RMSE"),
         caption="* at the bound of its search range: not pinned down by the data",
     )
     notes: list[tuple[str, str]] = []
@@ -268,7 +284,7 @@ def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, st
         advice = result.recommendation
         if judged.determined:
             said = "; ".join(
-                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {device_time(target)}"
+                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {compute_text(target, result.data.compute_unit)}"
                 for target, interval in zip(intervals.target_compute, intervals.projection)
             )
             if advice is not None:
@@ -294,7 +310,7 @@ def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, st
 def _half_run_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
     table = _table(
         "Half-run check: fit on the first half of the compute, projected to the end",
-        ("run", "half compute (device-s)", "points", "projected", "measured", "error"),
+        ("run", f"half compute ({_unit_label(results)})", "points", "projected", "measured", "error"),
     )
     notes: list[tuple[str, str]] = []
     for result in results:
@@ -368,6 +384,7 @@ def plot_run(run_dir: Path, run_name: str, settings: CurveFitSettings, targets: 
         [PlotSeries(run_name, result.data.compute, result.data.pass_rate, result.fit, result.intervals)],
         run_dir / PLOT_FILE_NAME,
         target_compute=max(result.targets, default=None),
+        compute_label=compute_axis_label(result.data.compute_unit),
     )
 
 
@@ -424,11 +441,12 @@ def main_fit(
         _print_notes(console, notes)
     comparison: list[RunComparison] = []
     verdicts: list[str] = []
-    for task in dict.fromkeys(r.data.task for r in results):  # runs are compared on the same sub-task only
+    # Runs are compared on the same sub-task and the same compute axis only.
+    for task, unit in dict.fromkeys((r.data.task, r.data.compute_unit) for r in results):
         fitted = {
             r.data.name: (r.data.compute, r.data.pass_rate, r.data.r0)
             for r in results
-            if r.fit is not None and r.data.task == task
+            if r.fit is not None and r.data.task == task and r.data.compute_unit == unit
         }
         if len(fitted) < 2:
             continue
@@ -459,6 +477,7 @@ def main_fit(
             [PlotSeries(r.data.name, r.data.compute, r.data.pass_rate, r.fit, r.intervals) for r in results],
             out / PLOT_FILE_NAME,
             target_compute=target_compute,
+            compute_label=compute_axis_label(results[0].data.compute_unit),
         )
     except OSError as error:
         return refuse(f"cannot write the report to {out}: {error}")

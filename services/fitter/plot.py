@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from asymptote.compute import ComputeUnit
 from services.fitter.curve import CurveFit, Intervals
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,11 @@ class PlotSeries:
     intervals: Intervals | None = None
 
 
+def compute_axis_label(unit: ComputeUnit) -> str:
+    """The x-axis label of a curve on ``unit``."""
+    return "cumulative training compute (FLOPs)" if unit == "flops" else "cumulative compute (device-seconds held)"
+
+
 def _legend_label(series: PlotSeries) -> str:
     fit = series.fit
     if fit is None:
@@ -51,7 +57,7 @@ def plot_curves(
     path: Path,
     target_compute: float | None = None,
     title: str | None = None,
-    compute_label: str = "cumulative compute (accelerator-seconds)",
+    compute_label: str = compute_axis_label("flops"),
 ) -> Path:
     """Draw the runs into a PNG at ``path`` and return the path.
 

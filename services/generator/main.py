@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from asymptote.cli_args import service_parser
-from asymptote.compute import ComputeMeter
+from asymptote.compute import ComputeMeter, flop_params
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
 from asymptote.envs import EnvironmentPool
@@ -56,7 +56,13 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
                 engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics, relay, hold
             )
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
-            meter = ComputeMeter("generator", rt.instance_id, config.device_kind, config.num_devices)
+            meter = ComputeMeter(
+                "generator",
+                rt.instance_id,
+                config.device_kind,
+                config.num_devices,
+                num_params=flop_params(config.engine.model_dir),
+            )
             scorer = make_scorer(config.task, config.engine.model_dir, metrics, config.sandbox_pool)
             episodes = None
             if multiturn is not None and envs is not None:

@@ -98,6 +98,17 @@ def completion(
     )
 
 
+def processed_tokens(prompt_ids: list[int] | None, samples: list[Sample], episodes: list[Episode]) -> int:
+    """The tokens a task ran through the model once each, what its FLOPs are counted from: a single-turn
+    task's prompt once (its G samples share the prefill) and every sample's tokens (an interruption's phrase
+    included); an episode's every training sample with its prompt (the environment's tokens, prefilled,
+    included). Prefix-cache hits are not subtracted: what the cache saves depends on what else the engine
+    held, and the axis must not."""
+    if episodes:
+        return sum(len(t.prompt_ids) + len(t.sample.token_ids) for e in episodes for t in e.samples)
+    return len(prompt_ids or ()) + sum(len(x.token_ids) for x in samples)
+
+
 class NoSequence(ValueError):
     """None of a task's episodes produced a sequence to train on."""
 
@@ -380,6 +391,7 @@ class RolloutLoop:
                 completions = [completion(x, r) for x, r in zip(samples, rewards)]
             # Tokens the engine sampled: an episode's environment tokens were tokenised, not generated.
             num_tokens = sum(len(x.token_ids) for x in samples) - sum(e.num_env_tokens for e in episodes)
+            num_processed = processed_tokens(prompt_ids if self.episodes is None else None, samples, episodes)
             if task.kind == rollout_pb2.TASK_KIND_TRAIN:
                 group = self._group(task, prompt_ids, completions, samples, started)
                 payload, subject = group.SerializeToString(), self.names.rollouts
@@ -393,7 +405,7 @@ class RolloutLoop:
             self.metrics.completions_interrupted.labels(kind).inc(sum(x.interrupted for x in samples))
             self.metrics.completions_truncated.labels(kind).inc(sum(x.truncated for x in samples))
             self.metrics.groups.labels(kind).inc()
-            self.meter.add_tokens(num_tokens, eval=kind == "eval")
+            self.meter.add_tokens(num_tokens, eval=kind == "eval", num_processed=num_processed)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # engine or NATS trouble: hand the task back

@@ -25,7 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from asymptote.codec import read_signature
-from asymptote.compute import ComputeMeter
+from asymptote.compute import ComputeMeter, flop_params
 from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.errors import PayloadError
@@ -208,7 +208,9 @@ class Learner:
         # Groups trained into the current weights, newest last: a redelivered
         # copy (the broker restarted before it saw the ack) is not trained again.
         self.trained_ids: OrderedDict[str, None] = OrderedDict()
-        self.meter = ComputeMeter("learner", rt.instance_id, config.device_kind, config.num_devices)
+        self.meter = ComputeMeter(
+            "learner", rt.instance_id, config.device_kind, config.num_devices, num_params=flop_params(config.model_dir)
+        )
         self.metrics_path = config.run_dir / "metrics.jsonl"
         self.done = asyncio.Event()
         self.acking: list[services_pb2.AckedBatch] = []
@@ -293,7 +295,9 @@ class Learner:
         )
         await publish_policy(self.kv, self.rt.names, policy)
         self.metrics.policy_version.set(v.version)
-        self.meter.policy_version = v.version
+        # The steps in these weights are in the meter already (``_train_step`` counts a step before the next
+        # one can announce): the fitter reads the compute of this version off this report.
+        await self.meter.publish_version(self.rt.js, self.rt.names, v.version, policy.published_unix_s)
 
     def _meta(self) -> checkpoint.Meta:
         return self.trainer.meta(self.version, self.step, self.samples_trained, list(self.trained_ids))
@@ -405,6 +409,9 @@ class Learner:
         if announce:
             await self.serve()
         self.meter.add_busy(step["time/compute_s"], int(step["batch/tokens"]))
+        # The FLOPs of the step's real tokens, prompts with completions (padding is the packing's loss, not
+        # work the recipe asks for); a step whose loss held nothing ran its forward only.
+        self.meter.add_trained(int(inputs.batch.attention_mask.sum()), backward=step["batch/kept_prompts"] > 0)
         record = {
             "step": self.step,
             "policy_version": self.version,

@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asymptote.compute import device_time
+from asymptote.compute import ComputeUnit, device_time, flops_text
+from asymptote.compute import compute_text as unit_text
 from services.fitter.holdout import half_run_projection
 
 
@@ -60,6 +61,7 @@ FIT_SUMMARY_KEYS = (
     "why_not_determined",
     "not_determined",
     "planned_compute",
+    "compute_unit",
     "projections",
     "recommendation",
     "recommendation_reason",
@@ -102,23 +104,36 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
-def compute_text(by_service: Mapping[str, float]) -> str | None:
-    """The run's compute: training (the curve's axis) by service, and the eval rounds' sampling apart."""
-    if not by_service:
+def compute_text(by_service: Mapping[str, float], flops_by_service: Mapping[str, float] | None = None) -> str | None:
+    """The run's compute: the FLOPs of training (the curve's axis) by service, then the device time held (the
+    run's cost) by service, each with the eval rounds' share apart (off the axis)."""
+    parts = []
+    for values, shown in ((flops_by_service or {}, flops_text), (by_service, device_time)):
+        if not values:
+            continue
+        train = {k: v for k, v in values.items() if k != "eval"}
+        evals = values.get("eval", 0.0)
+        generation = values.get("generator", 0.0) + evals
+        services = ", ".join(f"{k} {shown(v)}" for k, v in sorted(train.items()))
+        text = f"{shown(sum(train.values()))} ({services}); eval sampling {shown(evals)}"
+        if generation > 0:
+            text += f", {evals / generation:.0%} of generation, off the curve's axis"
+        parts.append(text)
+    if not parts:
         return None
-    train = {k: v for k, v in by_service.items() if k != "eval"}
-    evals = by_service.get("eval", 0.0)
-    generation = by_service.get("generator", 0.0) + evals
-    parts = ", ".join(f"{k} {device_time(v)}" for k, v in sorted(train.items()))
-    text = f"training {device_time(sum(train.values()))} ({parts}); eval sampling {device_time(evals)}"
-    if generation > 0:
-        text += f", {evals / generation:.0%} of generation, off the curve's axis"
-    return text
+    if len(parts) == 1 and not flops_by_service:
+        return f"training {parts[0]}"
+    return f"training {parts[0]}" + (f"; held {parts[1]} (the cost)" if len(parts) > 1 else "")
 
 
 def _interval(interval: Mapping[str, Any] | None) -> str:
     iv = interval or {}
     return f"[{iv.get('low', 0.0):.3f}, {iv.get('high', 0.0):.3f}]"
+
+
+def fit_unit(fit: Mapping[str, Any]) -> ComputeUnit:
+    """The compute axis of a fit.json fit (one written before the FLOPs axis: device-seconds)."""
+    return "flops" if fit.get("compute_unit") == "flops" else "device_seconds"
 
 
 def budget_projection(fit: Mapping[str, Any]) -> str | None:
@@ -130,7 +145,7 @@ def budget_projection(fit: Mapping[str, Any]) -> str | None:
     for projection in fit.get("projections") or ():
         if math.isclose(float(projection.get("compute", 0.0)), budget, rel_tol=1e-9):
             shown = f"{projection['pass_rate']:.3f} {_interval(projection.get('interval'))}"
-            return f"at budget {device_time(budget)}: {shown}"
+            return f"at budget {unit_text(budget, fit_unit(fit))}: {shown}"
     return None
 
 
@@ -181,7 +196,8 @@ def fit_text(fit: Mapping[str, Any]) -> str | None:
     c_mid = fit.get("c_mid_interval") or {}
     text = (
         f"A {fit['a']:.3f} {_interval(fit.get('a_interval'))}  B {fit['b']:.2f}  "
-        f"C_mid {device_time(fit['c_mid'], c_mid.get('low', 0.0), c_mid.get('high', 0.0))}  R0 {fit['r0']:.3f}"
+        f"C_mid {unit_text(fit['c_mid'], fit_unit(fit), c_mid.get('low', 0.0), c_mid.get('high', 0.0))}  "
+        f"R0 {fit['r0']:.3f}"
     )
     at_budget = budget_projection(fit)
     if at_budget:
@@ -397,6 +413,7 @@ class Progress:
             "ledger": read_json(self.run_dir / "ledger.json"),
             "length": length_rates(read_jsonl(self.run_dir / "metrics.jsonl")),
             "compute_by_service": fit.get("compute_by_service") or {},
+            "flops_by_service": fit.get("flops_by_service") or {},
         }
         if mixed:
             summary["heldout_by_task"] = gains
@@ -439,7 +456,7 @@ class Progress:
                 f"interrupted {rates['interruption_rate']:.3f}  truncated {rates['truncation_rate']:.3f} "
                 f"of all completions; truncated {rates['trained_truncation_rate'] or 0.0:.3f} of those trained",
             )
-        compute = compute_text(summary["compute_by_service"])
+        compute = compute_text(summary["compute_by_service"], summary["flops_by_service"])
         if compute is not None:
             t.add_row("compute", compute)
         ledger = summary["ledger"]

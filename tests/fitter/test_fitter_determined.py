@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from asymptote.compute import compute_text
 from asymptote.contracts.v1 import rollout_pb2
 from services.fitter.collector import Collector
 from services.fitter.compute_axis import ComputeAxis
@@ -237,11 +238,16 @@ def replay(stream: Stream, run_dir: Path) -> list[dict[str, Any]]:
     collector = Collector(run_dir, stream.name, SETTINGS, TARGET_MULTIPLES, axis, plot=False, planned_compute=BUDGET_S)
     fits = []
     for version, correct in stream.rounds():
-        # One device since t = 0: the compute axis reads one accelerator-second per second.
+        # One device since t = 0, its tokens one FLOP a second: both axes read one unit per second.
         now = version * COMPUTE_PER_VERSION_S
         axis.observe(
             rollout_pb2.ComputeTelemetry(
-                service="generator", instance_id="g", num_devices=1, device_seconds_total=now, unix_s=now
+                service="generator",
+                instance_id="g",
+                num_devices=1,
+                device_seconds_total=now,
+                unix_s=now,
+                flops_total=now,
             )
         )
         axis.mark_version(version, now)
@@ -307,7 +313,10 @@ def test_replayed_streams_keep_the_stability_rule_and_end_determined_or_say_why(
         interval = f"[{fit['a_interval']['low']:.3f}, {fit['a_interval']['high']:.3f}]"
         if fit["determined"]:
             (at_budget,) = [p for p in fit["projections"] if p["compute"] == BUDGET_S]
-            budget = f"at budget {BUDGET_S / 3600:,.2f} device-hours: {at_budget['pass_rate']:.3f} [{at_budget['interval']['low']:.3f}, "
+            budget = (
+                f"at budget {compute_text(BUDGET_S, 'flops')}: "
+                f"{at_budget['pass_rate']:.3f} [{at_budget['interval']['low']:.3f}, "
+            )
             assert line.startswith(f"A {fit['a']:.3f} {interval}") and budget in line
         elif shows_interval(fit):
             assert line == f"A in {interval}, not yet determined: {fit['why_not_determined']}"

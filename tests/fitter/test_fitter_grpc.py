@@ -282,12 +282,17 @@ async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: P
         t = 10.0 * v + 1.0
         axis.observe(
             rollout_pb2.ComputeTelemetry(
-                service="generator", instance_id="g", num_devices=1, device_seconds_total=t, unix_s=t
+                service="generator", instance_id="g", num_devices=1, device_seconds_total=t, unix_s=t, flops_total=t
             )
         )
         axis.observe(
             rollout_pb2.ComputeTelemetry(
-                service="learner", instance_id="l", num_devices=2, device_seconds_total=2 * t, unix_s=t
+                service="learner",
+                instance_id="l",
+                num_devices=2,
+                device_seconds_total=2 * t,
+                unix_s=t,
+                flops_total=2 * t,
             )
         )
         axis.mark_version(v, t)
@@ -322,7 +327,12 @@ async def test_an_eval_round_sits_at_the_compute_of_the_versions_that_sampled_it
     for v in (0, 10, 16, 18):
         axis.observe(
             rollout_pb2.ComputeTelemetry(
-                service="learner", instance_id="l", num_devices=1, device_seconds_total=5.0 * v, unix_s=5.0 * v
+                service="learner",
+                instance_id="l",
+                num_devices=1,
+                device_seconds_total=5.0 * v,
+                unix_s=5.0 * v,
+                flops_total=5.0 * v,
             )
         )
         axis.mark_version(v, 5.0 * v)

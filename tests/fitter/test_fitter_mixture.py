@@ -83,7 +83,7 @@ def observe(axis: ComputeAxis, version: int) -> None:
     now = version * COMPUTE_PER_VERSION_S
     axis.observe(
         rollout_pb2.ComputeTelemetry(
-            service="generator", instance_id="g", num_devices=1, device_seconds_total=now, unix_s=now
+            service="generator", instance_id="g", num_devices=1, device_seconds_total=now, unix_s=now, flops_total=now
         )
     )
     axis.mark_version(version, now)

@@ -438,3 +438,30 @@ def test_command_line_says_a_young_run_is_young_and_exits_0(tmp_path: Path) -> N
     assert result.returncode == EXIT_OK, result.stderr
     said = " ".join(result.stdout.split())
     assert "is too young to fit" in said and expected in said and "Traceback" not in result.stderr
+
+
+def test_each_fit_says_its_axis_and_old_device_second_logs_still_read(tmp_path: Path) -> None:
+    """Rows without ``compute_unit`` (written before the FLOPs axis) are device-seconds; a log whose rows change
+    unit mid-run is refused naming the line; runs on different axes are not compared."""
+    old = tmp_path / "old"
+    _write_run(old)
+    new = tmp_path / "new"
+    path = _write_run(new)
+    rows = [{**json.loads(line), "compute_unit": "flops"} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    console, output = _console()
+    assert main_fit([old, new], tmp_path / "out", SETTINGS, [], console=console) == EXIT_OK
+    report = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert report["runs"]["old"]["compute_unit"] == "device_seconds"
+    assert report["runs"]["new"]["compute_unit"] == "flops"
+    assert report["comparison"] == []  # one run on each axis: nothing to compare
+    text = " ".join(output.getvalue().split())
+    assert "C_mid (each run's unit)" in text
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    lines = path.read_text().splitlines()
+    lines[5] = json.dumps({**json.loads(lines[5]), "compute_unit": "device_seconds"})
+    (mixed / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    errors, said = _console()
+    assert main_fit([mixed], tmp_path / "out2", SETTINGS, [], console=errors) == EXIT_BAD_INPUT
+    assert "eval.jsonl:6: compute in device_seconds where" in " ".join(said.getvalue().split())

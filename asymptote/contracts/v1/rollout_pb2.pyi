@@ -211,7 +211,7 @@ class PolicyVersion(_message.Message):
     def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., digest: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ComputeTelemetry(_message.Message):
-    __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total", "eval_device_seconds_total")
+    __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total", "eval_device_seconds_total", "flops_total", "eval_flops_total", "num_params")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +222,9 @@ class ComputeTelemetry(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     EVAL_DEVICE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FLOPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMS_FIELD_NUMBER: _ClassVar[int]
     service: str
     instance_id: str
     device_kind: str
@@ -232,7 +235,10 @@ class ComputeTelemetry(_message.Message):
     policy_version: int
     num_tokens_total: int
     eval_device_seconds_total: float
-    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ..., eval_device_seconds_total: _Optional[float] = ...) -> None: ...
+    flops_total: float
+    eval_flops_total: float
+    num_params: int
+    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., num_devices: _Optional[int] = ..., device_seconds_total: _Optional[float] = ..., busy_seconds_total: _Optional[float] = ..., unix_s: _Optional[float] = ..., policy_version: _Optional[int] = ..., num_tokens_total: _Optional[int] = ..., eval_device_seconds_total: _Optional[float] = ..., flops_total: _Optional[float] = ..., eval_flops_total: _Optional[float] = ..., num_params: _Optional[int] = ...) -> None: ...
 
 class CurriculumState(_message.Message):
     __slots__ = ("epoch", "cursor", "pass_rates", "num_issued", "seed", "last_eval_version", "eval_issued", "epoch_order", "ledger_seq", "sub_tasks")
