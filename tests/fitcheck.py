@@ -54,6 +54,13 @@ def _interval(fit: Mapping[str, Any], name: str) -> tuple[float, float]:
     return low, high
 
 
+def point_estimates(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """A fit.json fit's ``a``, ``b`` and ``c_mid``: stated bare by a determined fit, kept apart under
+    ``not_determined_point_estimates`` by one that is not."""
+    where = fit if fit.get("determined") else fit.get("not_determined_point_estimates") or {}
+    return {name: where.get(name) for name in ("a", "b", "c_mid")}
+
+
 def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> None:
     """Raise AssertionError unless ``fit`` (fit.json) is the fitter's fit of ``evals`` (eval.jsonl rows).
 
