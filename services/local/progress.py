@@ -47,26 +47,34 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 FIT_SUMMARY_KEYS = (
+    "determined",
+    "why_not_determined",
+    "not_determined",
     "ok",
+    "reason",
     "a",
     "b",
     "c_mid",
     "r0",
     "a_interval",
     "c_mid_interval",
-    "reason",
     "at_bound",
     "identifiable",
-    "determined",
-    "why_not_determined",
-    "not_determined",
     "planned_compute",
     "compute_unit",
     "projections",
+    "not_determined_point_estimates",
     "recommendation",
     "recommendation_reason",
 )
-"""What ``summary.json`` keeps of the fitter's ``fit.json``."""
+"""What ``summary.json`` keeps of the fitter's ``fit.json``, in this order (led by whether the fit is
+determined) and only those it has: a fit not determined has no bare ``a``, ``b``, ``c_mid`` (its point values
+are under ``not_determined_point_estimates``), a run without a budget no ``planned_compute``."""
+
+
+def fit_summary(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """``FIT_SUMMARY_KEYS`` of one fit.json fit, those it has."""
+    return {k: fit[k] for k in FIT_SUMMARY_KEYS if k in fit}
 
 
 def eval_tasks(evals: list[dict[str, Any]]) -> list[str]:
@@ -138,7 +146,7 @@ def fit_unit(fit: Mapping[str, Any]) -> ComputeUnit:
 
 def budget_projection(fit: Mapping[str, Any]) -> str | None:
     """The projected pass rate at the planned budget with its interval, e.g. "at budget 5.00 device-hours: 0.571
-    [0.560, 0.590]"; None without a budget (``planned_compute`` 0) or its projection."""
+    [0.560, 0.590]"; None without a budget (no ``planned_compute``) or its projection."""
     budget = float(fit.get("planned_compute") or 0.0)
     if budget <= 0:
         return None
@@ -404,9 +412,9 @@ class Progress:
             **overall,
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
-            "fit": {k: fit.get(k) for k in FIT_SUMMARY_KEYS}
+            "fit": fit_summary(fit)
             if not mixed
-            else {"tasks": {task: {k: f.get(k) for k in FIT_SUMMARY_KEYS} for task, f in curve_fits(fit).items()}},
+            else {"tasks": {task: fit_summary(f) for task, f in curve_fits(fit).items()}},
             "half_run_projection": half_run_projection(evals) if evals and not mixed else None,
             "restarts": {name: n for name, n in restarts.items() if n},
             "killed_at_stop": list(killed_at_stop),
@@ -441,14 +449,12 @@ class Progress:
         for task, task_fit in curve_fits(fit).items():
             text = fit_text(task_fit)
             if text is not None:
-                t.add_row(f"fit ({task})" if task else "fit", text)
-        hp = summary["half_run_projection"]
-        if hp and hp["projected"] is not None:
-            t.add_row(
-                "half-run projection",
-                f"{hp['projected']:.3f} (interval {hp['interval'][0]:.3f}-{hp['interval'][1]:.3f}) vs measured "
-                f"{hp['measured']:.3f}: error {hp['error']:+.3f}",
-            )
+                said = "determined" if task_fit.get("determined") else "not determined"
+                t.add_row(f"fit ({task}, {said})" if task else f"fit ({said})", text)
+        checks = summary.get("half_run_projection_by_task") or {"": summary["half_run_projection"]}
+        for task, hp in checks.items():
+            if hp:
+                t.add_row(f"half-run check ({task})" if task else "half-run check", hp["verdict_text"])
         rates = summary["length"]
         if rates["truncation_rate"] is not None:
             t.add_row(
