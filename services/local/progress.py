@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,25 +113,29 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def compute_text(by_service: Mapping[str, float], flops_by_service: Mapping[str, float] | None = None) -> str | None:
-    """The run's compute: the FLOPs of training (the curve's axis) by service, then the device time held (the
-    run's cost) by service, each with the eval rounds' share apart (off the axis)."""
-    parts = []
-    for values, shown in ((flops_by_service or {}, flops_text), (by_service, device_time)):
-        if not values:
-            continue
+    """The run's compute: training (the curve's axis) by service with the eval rounds' sampling apart, in FLOPs
+    where the fitter counted them; then the device time held, the run's cost. A fit.json written before the
+    FLOPs axis has device time only, and that is the axis."""
+
+    def spent(values: Mapping[str, float], shown: Callable[[float], str]) -> tuple[str, str]:
         train = {k: v for k, v in values.items() if k != "eval"}
         evals = values.get("eval", 0.0)
         generation = values.get("generator", 0.0) + evals
         services = ", ".join(f"{k} {shown(v)}" for k, v in sorted(train.items()))
-        text = f"{shown(sum(train.values()))} ({services}); eval sampling {shown(evals)}"
-        if generation > 0:
-            text += f", {evals / generation:.0%} of generation, off the curve's axis"
-        parts.append(text)
-    if not parts:
+        share = f", {evals / generation:.0%} of generation" if generation > 0 else ""
+        return f"{shown(sum(train.values()))} ({services})", f"{shown(evals)}{share}"
+
+    if flops_by_service:
+        train, evals = spent(flops_by_service, flops_text)
+        text = f"training {train}; eval sampling {evals}, off the curve's axis"
+        if by_service:
+            held, held_evals = spent(by_service, device_time)
+            text += f"; held {held} and {held_evals.split(',')[0]} sampling evals: the run's cost"
+        return text
+    if not by_service:
         return None
-    if len(parts) == 1 and not flops_by_service:
-        return f"training {parts[0]}"
-    return f"training {parts[0]}" + (f"; held {parts[1]} (the cost)" if len(parts) > 1 else "")
+    train, evals = spent(by_service, device_time)
+    return f"training {train}; eval sampling {evals}, off the curve's axis"
 
 
 def _interval(interval: Mapping[str, Any] | None) -> str:
