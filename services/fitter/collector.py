@@ -302,6 +302,16 @@ class Collector:
         judged: Determination | None = None
         if r0 is None:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
+        elif self.compute_unit == "flops" and compute.size and not np.any(compute > 0):
+            # The services count FLOPs with N from the model's safetensors headers; without them N is 0.
+            reason = (
+                f"no FLOPs counted (N by service: {self.axis.num_params() or 'no telemetry yet'}): the model "
+                "directory holds no safetensors weights, or telemetry has not come in; or set the fitter's "
+                "compute_axis: device_seconds"
+            )
+            proj = services_pb2.Projection(
+                ok=False, reason=reason, r0=r0, num_points_used=len(pts), compute_unit="flops"
+            )
         else:
             proj, fitted = fit_projection(
                 compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute, self.compute_unit
