@@ -112,6 +112,12 @@ def compute_text(value: float, unit: ComputeUnit, *more: float) -> str:
     return flops_text(value, *more) if unit == "flops" else device_time(value, *more)
 
 
+def compute_interval_text(low: float, high: float, unit: ComputeUnit) -> str:
+    """An interval of compute in its axis's unit, scaled by its lower end: "[0.57, 0.61] device-hours"."""
+    text = compute_text(low, unit, low, high)
+    return text[text.index("[") :]
+
+
 COMPUTE_UNIT_LABELS: dict[ComputeUnit, str] = {"flops": "FLOP", "device_seconds": "device-s"}
 """A unit's name in a table header or an axis label."""
 

@@ -302,6 +302,16 @@ class Collector:
         judged: Determination | None = None
         if r0 is None:
             proj = services_pb2.Projection(ok=False, reason="no eval at policy version 0 yet (R0)")
+        elif self.compute_unit == "flops" and compute.size and not np.any(compute > 0):
+            # The services count FLOPs with N from the model's safetensors headers; without them N is 0.
+            reason = (
+                f"no FLOPs counted (N by service: {self.axis.num_params() or 'no telemetry yet'}): the model "
+                "directory holds no safetensors weights, or telemetry has not come in; or set the fitter's "
+                "compute_axis: device_seconds"
+            )
+            proj = services_pb2.Projection(
+                ok=False, reason=reason, r0=r0, num_points_used=len(pts), compute_unit="flops"
+            )
         else:
             proj, fitted = fit_projection(
                 compute, pass_rate, r0, self.settings, self.target_multiples, self.planned_compute, self.compute_unit
@@ -322,11 +332,12 @@ class Collector:
             )
         self._write(proj, judged)
         if self.plot and len(pts):
+            fit, intervals = fitted if fitted is not None else (None, None)
             try:
                 plot_curves(
-                    [PlotSeries(self.series_name, compute, pass_rate, *(fitted or (None, None)))],
+                    [PlotSeries(self.series_name, compute, pass_rate, fit, intervals, judged)],
                     self.run_dir / (f"curve-{self.task}.png" if self.task else "curve.png"),
-                    target_compute=max((v.compute for v in proj.projections), default=None),
+                    target_compute=self.planned_compute,  # the horizon `asymptote fit` draws to as well
                     compute_label=compute_axis_label(self.compute_unit),
                 )
             except Exception as exc:  # a plot must never stop the fitter
@@ -343,28 +354,58 @@ class Collector:
         return f"{self.run_name}/{self.task}" if self.task else self.run_name
 
     def _write(self, proj: services_pb2.Projection, judged: Determination | None) -> None:
-        """``fit.json``: the Projection's fields by name, plus ``run``, ``num_points``, ``determined``,
-        ``why_not_determined`` (for an attempt that failed, its reason), ``not_determined`` (the
-        kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt) and
-        ``compute_by_service`` (device-seconds held so far, the run's cost: generator and learner
-        training, and ``eval``, the eval rounds' sampling, which the curve's compute axis leaves out),
-        ``flops_by_service`` (the same in FLOPs, the axis) and ``num_params`` (N by service)."""
-        from google.protobuf.json_format import MessageToDict
-
+        """``fit.json`` (``fit_json``), with ``run``, ``num_points``, ``compute_by_service`` (device-seconds held
+        so far, the run's cost: generator and learner training, and ``eval``, the eval rounds' sampling, which
+        the curve's compute axis leaves out), ``flops_by_service`` (the same in FLOPs, the axis) and
+        ``num_params`` (N by service)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        body = MessageToDict(proj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        body["run"] = self.run_name
-        body["num_points"] = len(self.points)
-        body["determined"] = judged is not None and judged.determined
-        body["why_not_determined"] = judged.why_not if judged is not None else proj.reason
-        body["not_determined"] = [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else []
-        body["compute_by_service"] = self.axis.by_service()
-        body["flops_by_service"] = self.axis.flops_by_service()
-        body["num_params"] = self.axis.num_params()
+        body = fit_json(proj, judged)
+        body.update(
+            run=self.run_name,
+            num_points=len(self.points),
+            compute_by_service=self.axis.by_service(),
+            flops_by_service=self.axis.flops_by_service(),
+            num_params=self.axis.num_params(),
+        )
         if self.on_fit is not None and self.task is not None:
             self.on_fit(self.task, body)
             return
         write_fit_json(self.run_dir, body)
+
+
+def fit_json(proj: services_pb2.Projection, judged: Determination | None) -> dict[str, Any]:
+    """A fit attempt as ``fit.json`` states it, led by whether it is determined.
+
+    ``determined``, ``why_not_determined`` (for an attempt that failed, its reason) and ``not_determined``
+    (the kinds of reason, ``decision.NOT_DETERMINED_KINDS``; empty for a failed attempt) come first. A
+    determined fit then has the Projection's fields by name. An undetermined one has them too except its
+    point values: ``a``, ``b``, ``c_mid`` and each projection's ``pass_rate`` are kept apart under
+    ``not_determined_point_estimates`` (they are not a forecast), the intervals stay where they are. A
+    failed attempt has ``ok``, ``reason``, ``r0``, ``num_points_used`` and ``compute_unit`` only. Absent
+    values are absent: no ``planned_compute`` without a budget.
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    determined = judged is not None and judged.determined
+    head: dict[str, Any] = {
+        "determined": determined,
+        "why_not_determined": judged.why_not if judged is not None else proj.reason,
+        "not_determined": [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else [],
+    }
+    fields = MessageToDict(proj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    for name in ("determined", "why_not_determined", "not_determined"):
+        fields.pop(name, None)
+    if not proj.ok:
+        kept = ("ok", "reason", "r0", "num_points_used", "compute_unit")
+        return {**head, **{name: fields[name] for name in kept if name in fields}}
+    if not determined:
+        fields["not_determined_point_estimates"] = {
+            "a": fields.pop("a"),
+            "b": fields.pop("b"),
+            "c_mid": fields.pop("c_mid"),
+            "projected_pass_rates": [projection.pop("pass_rate") for projection in fields["projections"]],
+        }
+    return {**head, **fields}
 
 
 def write_fit_json(run_dir: Path, body: dict[str, Any]) -> None:
@@ -497,7 +538,12 @@ def fit_projection(
         iv = bootstrap_intervals(compute, pass_rate, r0, settings, fit, targets)
     except FitError as exc:
         failed = services_pb2.Projection(
-            ok=False, reason=str(exc), r0=r0, num_points_used=len(compute), compute_unit=compute_unit
+            ok=False,
+            reason=str(exc),
+            r0=r0,
+            num_points_used=len(compute),
+            why_not_determined=str(exc),
+            compute_unit=compute_unit,
         )
         return failed, None
     if fit.params_at_bounds:
@@ -505,6 +551,7 @@ def fit_projection(
             "curve fit ended on the bound of %s: the points so far do not pin it down", ", ".join(fit.params_at_bounds)
         )
     advice = recommend(fit, iv, current, planned_compute)
+    judged = determination(fit, iv)
     proj = services_pb2.Projection(
         ok=True,
         a=fit.a,
@@ -529,7 +576,10 @@ def fit_projection(
         identifiable=fit.identifiable,
         recommendation=advice.action,
         recommendation_reason=advice.reason,
-        planned_compute=planned_compute or 0.0,
+        planned_compute=planned_compute,
+        determined=judged.determined,
+        why_not_determined=judged.why_not,
+        not_determined=[shortfall.kind for shortfall in judged.shortfalls],
         compute_unit=compute_unit,
     )
     return proj, (fit, iv)

@@ -4,9 +4,11 @@ Owns the decisions of docs/recipe.md, "The compute-performance curve", built on 
 bootstrap intervals (ScaleRL, arXiv 2510.13786): whether a fit is
 determined (``determination``: the one rule every reader of a fit uses), a
 run's recommendation at its planned compute budget, and the recipe
-comparison, which ranks only fits the data pin down and answers
-"undecided: run longer" when the intervals do not order two runs. Knows
-nothing about files, NATS or Prometheus. Torch-free.
+comparison (``decide``: two fits, their intervals, a margin and an error
+rate in, "a_higher", "b_higher", "equivalent" or "undecided" out, with the
+interval that settled it), which ranks only determined fits and decides
+only what the intervals decide. Knows nothing about files, NATS or
+Prometheus. Torch-free.
 
 The margin is the paper's +-0.02 on A, measured between repeated runs of
 one recipe: gains and differences within it are not told apart.
@@ -22,6 +24,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 import numpy.typing as npt
 
+from asymptote.compute import ComputeUnit, compute_text
 from services.fitter.curve import (
     CurveFit,
     CurveFitSettings,
@@ -30,15 +33,11 @@ from services.fitter.curve import (
     Intervals,
     bootstrap_intervals,
     fit_curve,
+    predict,
 )
 
 MARGIN = 0.02
 """The paper's run-to-run spread of A (pass rate): differences within it are noise."""
-COMPUTE_MULTIPLES = (1.5, 2.0, 3.0, 5.0, 10.0)
-"""Longer runs tried, as multiples of a run's compute, when estimating what would decide a comparison."""
-# Points added to a simulated longer run at most, so an estimate stays cheap.
-_MAX_EXTRA_POINTS = 400
-
 A_BOUND_TOLERANCE = 0.005
 """An end of A's interval within this of a bound of A's search range reaches it (pass rate): one step of
 the paper's A grid, the finest the fit resolves A, so an end that close cannot be told from the bound."""
@@ -152,11 +151,6 @@ class Recommendation:
     determined (no gain is read off an interval that reaches a bound)."""
 
 
-def _at_bound_reason(fit: CurveFit) -> str:
-    names = ", ".join(fit.params_at_bounds)
-    return f"not yet identifiable: {names} at the bound of the search range; run longer before projecting"
-
-
 def recommend(
     fit: CurveFit,
     intervals: Intervals,
@@ -174,7 +168,7 @@ def recommend(
       computed: the end of its interval is the search range's, not the
       data's.
     - Another recipe's A within ``margin`` of this one (``rival_asymptotes``,
-      by name): compare (refit both with a shared A and compare B).
+      by name): compare (``decide`` says whether the data tell them apart).
     - The gain left, from the fitted pass rate at ``current_compute`` to the
       upper end of the projection's interval at ``planned_compute`` (the
       asymptote's interval when no budget is given), within ``margin``:
@@ -201,7 +195,7 @@ def recommend(
     if close:
         return Recommendation(
             "compare",
-            f"A {fit.a:.3f} is within {margin} of {', '.join(close)}: refit with a shared A and compare B",
+            f"A {fit.a:.3f} is within {margin} of {', '.join(close)}: compare them (asymptote fit with both runs)",
             gain_left,
         )
     if gain_left <= margin:
@@ -211,16 +205,133 @@ def recommend(
     return Recommendation("continue", f"up to {gain_left:.3f} left to gain by {where}", gain_left)
 
 
+Outcome = Literal["a_higher", "b_higher", "equivalent", "undecided"]
+"""What two runs' fits decide: the first run ("a") higher, the second ("b") higher, the two within the margin
+of each other, or none of these at the stated error rate."""
+DecidedBy = Literal["asymptote", "pass_rate", "determination"]
+"""What settled an outcome: the asymptotes' difference, the difference of the pass rates projected at the target
+compute, or (always "undecided") a fit that is not determined."""
+ALPHA = 0.05
+"""The comparison's error rate: two runs of one recipe come out "a_higher" or "b_higher" at most this often."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of comparing run "a" with run "b" (``decide``), with the interval that settled it."""
+
+    outcome: Outcome
+    decided_by: DecidedBy
+    difference: float | None
+    """a minus b of the quantity that settled it (A, or the pass rate at ``target_compute``); None when a fit is
+    not determined."""
+    interval: Interval | None
+    """That difference's ``1 - alpha`` interval; None when a fit is not determined."""
+    a_difference: Interval | None
+    """A's difference's interval (a minus b), whatever settled it; None when a fit is not determined."""
+    target_compute: float
+    margin: float
+    alpha: float
+    reason: str
+    """One line: what was compared, its difference with its interval, and how that stands to the margin."""
+
+    @property
+    def decided(self) -> bool:
+        """One run is placed above the other."""
+        return self.outcome in ("a_higher", "b_higher")
+
+
+def _difference(first: npt.NDArray[np.float64], second: npt.NDArray[np.float64], level: float) -> Interval:
+    """The ``level`` percentile interval of first - second over every pair of their bootstrap samples: the
+    runs are independent, so any draw of one goes with any draw of the other."""
+    low, high = np.quantile(np.subtract.outer(first, second).ravel(), [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(low), float(high))
+
+
+def _signed(interval: Interval) -> str:
+    return f"[{interval.low:+.3f}, {interval.high:+.3f}]"
+
+
+def decide(
+    first: tuple[CurveFit, Intervals],
+    second: tuple[CurveFit, Intervals],
+    target_compute: float,
+    margin: float = MARGIN,
+    alpha: float = ALPHA,
+    compute_unit: ComputeUnit = "flops",
+) -> Decision:
+    """Compare run "a" (``first``: its fit and bootstrap intervals) with run "b" (``second``): the one rule
+    ``asymptote fit``, the live fitter and a sweep share.
+
+    ScaleRL (arXiv 2510.13786, section 5) orders recipes by A and, for asymptotes within the margin (0.02, the
+    run-to-run spread of A it measured), by efficiency; here each step is taken only where the data decide it:
+
+    1. Both fits must be determined (``determination``); otherwise "undecided", saying which is not.
+    2. The ``1 - alpha`` interval of A_a - A_b (over every pair of the two bootstraps' samples) lies beyond
+       the margin: the run with the higher A is higher, by its asymptote.
+    3. Otherwise (A's difference is not shown beyond the margin) the pass rates projected at
+       ``target_compute`` are compared the same way: their difference's interval beyond the margin places
+       one run higher; inside ``[-margin, margin]``, "equivalent"; neither, "undecided".
+
+    The projected rate is the efficiency comparison in the margin's own unit (a difference of B has no
+    margin to be equivalent within); at the compute both runs reached it is an interpolation of their fits.
+    Decisions need an interval beyond the margin, not merely clear of 0: the bootstrap covers the eval
+    rounds' noise, the margin the seed-to-seed spread it does not see. Simulated pairs of one curve (200
+    prompts x 4 samples a round, 31 rounds) came out decided in 4 of 200 pairs (the rule it replaces, B's
+    point estimate within the margin: 125), and pairs 0.06 apart in A decided the right way in 187 of 200,
+    never the wrong way (``tests/fitter/test_fitter_compare.py``).
+    """
+    if not (0.0 < alpha < 1.0):
+        raise ValueError(f"alpha must be an error rate in (0, 1), got {alpha}")
+    if not (math.isfinite(target_compute) and target_compute > 0):
+        raise ValueError(f"target_compute must be a finite compute > 0, got {target_compute}")
+    level = 1.0 - alpha
+    shortfalls = [
+        f"{name} not determined: {judged.why_not}"
+        for name, judged in (("a", determination(*first)), ("b", determination(*second)))
+        if not judged.determined
+    ]
+    if shortfalls:
+        reason = "; ".join(shortfalls)
+        return Decision("undecided", "determination", None, None, None, target_compute, margin, alpha, reason)
+    (fit_a, iv_a), (fit_b, iv_b) = first, second
+    a_diff = _difference(iv_a.a_samples, iv_b.a_samples, level)
+    a_said = f"A {fit_a.a - fit_b.a:+.3f} {_signed(a_diff)}"
+    if a_diff.low > margin or a_diff.high < -margin:
+        outcome: Outcome = "a_higher" if a_diff.low > margin else "b_higher"
+        reason = f"{a_said} at {level:.0%}, beyond the margin {margin:g}"
+        return Decision(outcome, "asymptote", fit_a.a - fit_b.a, a_diff, a_diff, target_compute, margin, alpha, reason)
+
+    def at_target(fit: CurveFit, iv: Intervals) -> npt.NDArray[np.float64]:
+        return predict(target_compute, iv.a_samples, iv.b_samples, iv.c_mid_samples, fit.r0)
+
+    rate_diff = _difference(at_target(fit_a, iv_a), at_target(fit_b, iv_b), level)
+    difference = float(fit_a.predict(target_compute) - fit_b.predict(target_compute))
+    said = f"pass rate at {compute_text(target_compute, compute_unit)} {difference:+.3f} {_signed(rate_diff)} at {level:.0%}"
+    if rate_diff.low > margin or rate_diff.high < -margin:
+        outcome = "a_higher" if rate_diff.low > margin else "b_higher"
+        reason = f"{said}, beyond the margin {margin:g} ({a_said} is not)"
+    elif -margin <= rate_diff.low and rate_diff.high <= margin:
+        outcome, reason = "equivalent", f"{said}, within the margin {margin:g} ({a_said})"
+    else:
+        outcome = "undecided"
+        reason = f"{said}: neither within the margin {margin:g} nor beyond it ({a_said}); run longer or evaluate more"
+    return Decision(outcome, "pass_rate", difference, rate_diff, a_diff, target_compute, margin, alpha, reason)
+
+
 @dataclass(frozen=True)
 class RunComparison:
-    """One row of a recipe comparison, best first; runs not yet identifiable come last, unranked."""
+    """One row of a recipe comparison: determined runs by rank, then the runs that are not, unranked."""
 
     rank: int | None
-    """Place in the order; runs the intervals cannot order share one; None when not identifiable."""
+    """1 + the number of runs decided above this one; runs not ordered against each other can share one. None:
+    the fit is not determined, so it is not ranked."""
     name: str
+    determined: bool
+    why_not_determined: str
     a: float
     a_interval: Interval
     b: float
+    b_interval: Interval
     c_mid: float
     r0: float
     rmse: float
@@ -228,18 +339,14 @@ class RunComparison:
     identifiable: bool
     """No parameter at the bound of its search range."""
     params_at_bounds: tuple[str, ...]
-    tie_group: int | None
-    """Runs sharing a group have asymptotes within the margin of each other."""
-    shared_a: float | None
-    """Mean A of the group the run was refitted with, if it was tied."""
-    b_at_shared_a: float | None
-    """B refitted with A fixed at ``shared_a``; decides the order within a group."""
-    c_mid_at_shared_a: float | None
-    decided_by: Literal["asymptote", "efficiency", "undecided"]
+    target_compute: float
+    """Where the pass rates were compared: the budget, else the compute every run reached."""
+    pass_rate_at_target: float
+    pass_rate_interval: Interval
+    decisions: dict[str, Decision]
+    """This run ("a") against each other run ("b"), by the other's name."""
     verdict: str
-    """One line on what placed this run, e.g. "undecided: run longer ..."."""
-    compute_multiple_to_decide: float | None = None
-    """For an undecided run: the multiple of the runs' compute at which a longer run would decide, if estimated."""
+    """One line on where this run stands, e.g. "below hi (A ...)", "equivalent to x (...)", "not ranked: ..."."""
 
 
 RunData = tuple[npt.ArrayLike, npt.ArrayLike, float]
@@ -247,201 +354,134 @@ RunData = tuple[npt.ArrayLike, npt.ArrayLike, float]
 
 @dataclass(frozen=True)
 class _Fitted:
-    compute: npt.NDArray[np.float64]
-    pass_rate: npt.NDArray[np.float64]
-    r0: float
     fit: CurveFit
     intervals: Intervals
+    compute_max: float
 
 
-def _fit(name: str, data: RunData, settings: CurveFitSettings) -> _Fitted:
+def _fit(name: str, data: RunData, settings: CurveFitSettings, targets: Sequence[float] = ()) -> _Fitted:
     compute = np.asarray(data[0], dtype=np.float64)
     pass_rate = np.asarray(data[1], dtype=np.float64)
     try:
         fit = fit_curve(compute, pass_rate, data[2], settings)
-        intervals = bootstrap_intervals(compute, pass_rate, data[2], settings, fit)
+        intervals = bootstrap_intervals(compute, pass_rate, data[2], settings, fit, targets)
     except FitError as error:
         raise FitError(f"run {name!r}: {error}") from error
-    return _Fitted(compute, pass_rate, data[2], fit, intervals)
+    return _Fitted(fit, intervals, float(compute.max()))
 
 
-def extended_run(
-    compute: npt.NDArray[np.float64], pass_rate: npt.NDArray[np.float64], fit: CurveFit, multiple: float
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """The run continued to ``multiple`` x its compute, as its fit expects it to go.
-
-    New points keep the run's mean spacing of evaluations (at most
-    ``_MAX_EXTRA_POINTS``), at the fitted curve plus the run's own residuals
-    taken in turn, so the longer run is as noisy as this one: no random draw.
-    """
-    c, y = compute, pass_rate
-    last = float(c.max())
-    spacing = max((last - float(c.min())) / max(c.size - 1, 1), last * 1e-3)
-    num_extra = min(max(1, math.ceil((multiple - 1.0) * last / spacing)), _MAX_EXTRA_POINTS)
-    extra = np.linspace(last, multiple * last, num_extra + 1)[1:]
-    residual = y - fit.predict(c)
-    noise = residual[np.arange(num_extra) % residual.size]
-    return np.concatenate([c, extra]), np.clip(np.concatenate([y, fit.predict(extra) + noise]), 0.0, 1.0)
-
-
-def _separated(upper: _Fitted, lower: _Fitted, margin: float) -> bool:
-    """Whether the asymptotes order the two: both identifiable, and A within the margin
-    (the shared-A comparison decides) or the A intervals apart."""
-    if not (upper.fit.identifiable and lower.fit.identifiable):
-        return False
-    hi, lo = (upper, lower) if upper.fit.a >= lower.fit.a else (lower, upper)
-    return hi.fit.a - lo.fit.a <= margin or lo.intervals.a.high < hi.intervals.a.low
-
-
-def compute_multiple_to_decide(
-    upper: _Fitted, lower: _Fitted, settings: CurveFitSettings, margin: float
-) -> float | None:
-    """The smallest of ``COMPUTE_MULTIPLES`` at which both runs, continued as
-    their fits expect, would be ordered; None when none would or a fit is
-    not identifiable (its expectation is not to be trusted)."""
-    if not (upper.fit.identifiable and lower.fit.identifiable):
-        return None
-    for multiple in COMPUTE_MULTIPLES:
-        longer = []
-        for run in (upper, lower):
-            compute, pass_rate = extended_run(run.compute, run.pass_rate, run.fit, multiple)
-            try:
-                longer.append(_fit("simulated", (compute, pass_rate, run.r0), settings))
-            except FitError:
-                return None
-        if _separated(longer[0], longer[1], margin):
-            return multiple
-    return None
-
-
-def _undecided_verdict(other: str, multiple: float | None, why: str) -> str:
-    if multiple is None:
-        return f"undecided: run longer ({why}; no estimate of how much longer up to {COMPUTE_MULTIPLES[-1]:g}x)"
-    return f"undecided: run longer ({why}; about {multiple:g}x the compute would decide against {other})"
+_RELATION = {"a_higher": "above", "b_higher": "below", "equivalent": "equivalent to", "undecided": "undecided against"}
 
 
 def compare_runs(
     runs: Mapping[str, RunData],
     settings: CurveFitSettings | None = None,
     margin: float = MARGIN,
-    estimate: bool = True,
+    alpha: float = ALPHA,
+    target_compute: float | None = None,
+    compute_unit: ComputeUnit = "flops",
 ) -> list[RunComparison]:
-    """Rank runs by fitted asymptote A where the fits and their intervals allow it.
+    """Compare every pair of runs with ``decide`` and rank the determined ones by what was decided.
 
-    The paper's procedure on identifiable fits: runs whose asymptotes lie
-    within ``margin`` are refitted with A fixed at the group's mean and
-    ordered by B (higher B reaches the shared asymptote with less compute).
-    Groups are formed greedily down the A ranking. A run whose A interval
-    overlaps the group above it is not ordered against it: it shares that
-    group's rank, decided by "undecided". A run with a parameter at its
-    bound is not ranked at all. Undecided runs say, with ``estimate``, how
-    many times their compute would decide (``compute_multiple_to_decide``).
-    ``runs`` maps a name to (compute, pass_rate, r0). Raises FitError naming
-    the run that failed.
+    ``runs`` maps a name to (compute, pass_rate, r0). The pass rates are compared at ``target_compute`` (the
+    budget), else at the largest compute every run reached. A run's rank is 1 plus the number of runs decided
+    above it; a run whose fit is not determined is never ranked (it comes last, saying why). Raises FitError
+    naming the run that could not be fitted.
     """
     settings = settings or CurveFitSettings()
     fitted = {name: _fit(name, data, settings) for name, data in runs.items()}
-    ordered = sorted((n for n in fitted if fitted[n].fit.identifiable), key=lambda n: -fitted[n].fit.a)
-    groups: list[list[str]] = []
-    for name in ordered:
-        if groups and fitted[groups[-1][0]].fit.a - fitted[name].fit.a <= margin + 1e-12:
-            groups[-1].append(name)
-        else:
-            groups.append([name])
-
-    rows: list[RunComparison] = []
-    rank = 0
-    for group_index, group in enumerate(groups):
-        refits: dict[str, CurveFit] = {}
-        shared_a: float | None = None
-        if len(group) > 1:
-            shared_a = float(np.mean([fitted[name].fit.a for name in group]))
-            for name in group:
-                compute, pass_rate, r0 = runs[name]
-                try:
-                    refits[name] = fit_curve(compute, pass_rate, r0, settings, fixed_a=shared_a)
-                except FitError as error:
-                    raise FitError(f"run {name!r} at shared A {shared_a:.4f}: {error}") from error
-            group = sorted(group, key=lambda name: -refits[name].b)
-        # The group above is ordered against this one only if every A interval there
-        # lies above every A interval here.
-        above = groups[group_index - 1] if group_index else []
-        overlapping = [
-            other
-            for other in above
-            if any(fitted[name].intervals.a.high >= fitted[other].intervals.a.low for name in group)
-        ]
-        undecided = bool(overlapping)
-        multiple = None
-        if undecided and estimate:
-            rival = fitted[overlapping[0]]
-            multiple = compute_multiple_to_decide(rival, fitted[group[0]], settings, margin)
-        for name in group:
-            run = fitted[name]
-            refit = refits.get(name)
-            if undecided:
-                decided_by: Literal["asymptote", "efficiency", "undecided"] = "undecided"
-                verdict = _undecided_verdict(
-                    overlapping[0], multiple, f"A intervals overlap with {', '.join(overlapping)}"
-                )
-            else:
-                rank = len(rows) + 1
-                if refit is not None:
-                    decided_by = "efficiency"
-                    verdict = f"A within {margin} of its group: B {refit.b:.2f} at the shared A {shared_a:.3f}"
-                else:
-                    decided_by = "asymptote"
-                    verdict = "highest A" if not rows else f"A interval below {', '.join(above)}'s"
-            rows.append(_row(name, run, rank, group_index + 1, shared_a, refit, decided_by, verdict, multiple))
-    for name, run in fitted.items():
-        if run.fit.identifiable:
-            continue
-        verdict = f"undecided: run longer ({_at_bound_reason(run.fit)})"
-        rows.append(_row(name, run, None, None, None, None, "undecided", verdict, None))
-    return rows
-
-
-def _row(
-    name: str,
-    run: _Fitted,
-    rank: int | None,
-    tie_group: int | None,
-    shared_a: float | None,
-    refit: CurveFit | None,
-    decided_by: Literal["asymptote", "efficiency", "undecided"],
-    verdict: str,
-    multiple: float | None,
-) -> RunComparison:
-    fit = run.fit
-    return RunComparison(
-        rank=rank,
-        name=name,
-        a=fit.a,
-        a_interval=run.intervals.a,
-        b=fit.b,
-        c_mid=fit.c_mid,
-        r0=fit.r0,
-        rmse=fit.rmse,
-        num_points_used=fit.num_points_used,
-        identifiable=fit.identifiable,
-        params_at_bounds=fit.params_at_bounds,
-        tie_group=tie_group,
-        shared_a=shared_a,
-        b_at_shared_a=refit.b if refit else None,
-        c_mid_at_shared_a=refit.c_mid if refit else None,
-        decided_by=decided_by,
-        verdict=verdict,
-        compute_multiple_to_decide=multiple,
+    target = (
+        target_compute if target_compute is not None else min((f.compute_max for f in fitted.values()), default=1.0)
     )
+    pairs = {
+        (a, b): decide(
+            (fitted[a].fit, fitted[a].intervals),
+            (fitted[b].fit, fitted[b].intervals),
+            target,
+            margin,
+            alpha,
+            compute_unit,
+        )
+        for a in fitted
+        for b in fitted
+        if a != b
+    }
+    judged = {name: determination(f.fit, f.intervals) for name, f in fitted.items()}
+    rows = []
+    for name, run in fitted.items():
+        decisions = {b: pairs[(a, b)] for a, b in pairs if a == name}
+        level = 1.0 - alpha
+        at_target = predict(
+            target, run.intervals.a_samples, run.intervals.b_samples, run.intervals.c_mid_samples, run.fit.r0
+        )
+        low, high = np.quantile(at_target, [(1 - level) / 2, (1 + level) / 2])
+        if judged[name].determined:
+            rank: int | None = 1 + sum(d.outcome == "b_higher" for d in decisions.values())
+            verdict = (
+                "; ".join(
+                    f"{_RELATION[d.outcome]} {other}"
+                    + (f" ({d.reason})" if d.decided_by != "determination" else " (not determined)")
+                    for other, d in decisions.items()
+                )
+                or "the only run"
+            )
+        else:
+            rank, verdict = None, f"not ranked: not determined: {judged[name].why_not}"
+        fit = run.fit
+        rows.append(
+            RunComparison(
+                rank=rank,
+                name=name,
+                determined=judged[name].determined,
+                why_not_determined=judged[name].why_not,
+                a=fit.a,
+                a_interval=run.intervals.a,
+                b=fit.b,
+                b_interval=run.intervals.b,
+                c_mid=fit.c_mid,
+                r0=fit.r0,
+                rmse=fit.rmse,
+                num_points_used=fit.num_points_used,
+                identifiable=fit.identifiable,
+                params_at_bounds=fit.params_at_bounds,
+                target_compute=target,
+                pass_rate_at_target=float(fit.predict(target)),
+                pass_rate_interval=Interval(float(low), float(high)),
+                decisions=decisions,
+                verdict=verdict,
+            )
+        )
+    return sorted(rows, key=lambda r: (r.rank is None, r.rank or 0, -r.pass_rate_at_target))
 
 
 def summary_line(rows: Sequence[RunComparison]) -> str:
-    """The comparison's answer in one line: the order it can state, or "undecided: run longer"."""
+    """The comparison's answer in one line: "decided: x > y", "equivalent: x = y", or "undecided" with why."""
     if not rows:
         return "no runs to compare"
-    undecided = [row for row in rows if row.decided_by == "undecided"]
-    if not undecided:
-        return "decided: " + " > ".join(row.name for row in rows)
-    estimates = [row.compute_multiple_to_decide for row in undecided if row.compute_multiple_to_decide is not None]
-    how_long = f"; about {max(estimates):g}x the compute would decide" if estimates else ""
-    return f"undecided: run longer ({', '.join(row.name for row in undecided)} not ordered{how_long})"
+    ranked = [row for row in rows if row.rank is not None]
+    unranked = [row.name for row in rows if row.rank is None]
+    pairs = [
+        (row, other, d)
+        for i, row in enumerate(ranked)
+        for other, d in row.decisions.items()
+        if other in {r.name for r in ranked[i + 1 :]}
+    ]
+    if len(rows) == 2:
+        row, other, d = rows[0], rows[1].name, rows[0].decisions[rows[1].name]
+        if d.outcome == "equivalent":
+            return f"equivalent: {row.name} = {other} ({d.reason})"
+        if d.decided:
+            high, low = (row.name, other) if d.outcome == "a_higher" else (other, row.name)
+            return f"decided: {high} > {low} ({d.reason})"
+        return f"undecided: {row.name} vs {other} ({d.reason})"
+    if not unranked and pairs and all(d.decided for _, _, d in pairs):
+        return "decided: " + " > ".join(row.name for row in ranked)
+    if not unranked and pairs and all(d.outcome == "equivalent" for _, _, d in pairs):
+        return "equivalent: " + " = ".join(row.name for row in ranked) + f" within the margin {pairs[0][2].margin:g}"
+    parts = [
+        f"{row.name} {'>' if d.outcome == 'a_higher' else '<' if d.outcome == 'b_higher' else '=' if d.outcome == 'equivalent' else '?'} {other}"
+        for row, other, d in pairs
+    ]
+    if unranked:
+        parts.append(f"not determined: {', '.join(unranked)}")
+    return f"undecided: {'; '.join(parts) or 'fewer than two determined fits'}"

@@ -3,27 +3,49 @@
 Owns the check users run to decide whether to trust a projection: fit the
 eval points whose compute is at most half the run's final compute, project
 the pass rate at the final compute, and compare it with the pass rate
-measured there. The local stack puts the result in ``summary.json`` and
-``asymptote fit`` reports it for every run. Never raises on bad data: a run
-that cannot be checked gets a ``reason`` instead, so a summary is always
-written.
+measured there. The first half's fit is held to the rule every fit is
+(``decision.determination``: at least 8 points, nothing at a bound, A's and
+C_mid's intervals pinned down), and the check ends in a verdict: the
+projection ``landed`` within the margin of the measured end, ``missed`` it,
+or the first half's fit is ``not_determined`` (too few points, or too
+little of the curve, to say). The local stack puts the result in
+``summary.json`` and on its end screen, and ``asymptote fit`` reports it for
+every run. Never raises on bad data: a run that cannot be checked gets a
+``reason`` instead, so a summary is always written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from services.fitter.curve import CurveFitSettings, FitError, bootstrap_intervals, fit_curve
+from services.fitter.decision import MARGIN, Shortfall, determination
 from services.fitter.evals import EvalFileError, records_from_rows, split_baseline
+
+Verdict = Literal["landed", "missed", "not_determined"]
+"""The half-run check's answer: within the margin of the measured end, beyond it, or too little to say."""
+
+
+def _too_little(shortfalls: Sequence[Shortfall]) -> str:
+    """How a not-determined verdict begins: too few points, or (enough points) too little of the curve."""
+    few = any(shortfall.kind == "few_points" for shortfall in shortfalls)
+    return "too few points to say" if few else "too little of the curve to say"
 
 
 def _result(**values: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
+        "verdict": "not_determined",
+        "verdict_text": "",
+        "determined": False,
+        "why_not_determined": "",
+        "margin": MARGIN,
+        "covered": None,
         "projected": None,
+        "projected_not_determined": None,
         "measured": None,
         "error": None,
         "interval": None,
@@ -35,6 +57,9 @@ def _result(**values: Any) -> dict[str, Any]:
         "reason": "",
     }
     out.update(values)
+    if not out["verdict_text"]:
+        why = out["why_not_determined"] or out["reason"]
+        out["verdict_text"] = f"too few points to say: {why}"
     return out
 
 
@@ -44,12 +69,14 @@ def project_from_half(
     """Fit the points with compute <= half the last point's; project to the last point.
 
     ``compute`` and ``pass_rate`` are a run's curve points in run order (R0's
-    point excluded), ``r0`` its step-0 pass rate. Returns ``projected``,
-    ``measured`` (the last point's pass rate), ``error`` (projected -
-    measured), the bootstrap ``interval`` of the projection at ``level``,
-    ``points_used`` (by the fit, after its early cutoff),
-    ``points_in_first_half``, ``half_compute``, ``final_compute``, and
-    ``reason`` (empty when the projection was made).
+    point excluded), ``r0`` its step-0 pass rate. Returns ``verdict`` (``Verdict``) and ``verdict_text`` (one
+    line saying it), ``determined`` and ``why_not_determined`` (the first half's fit, by
+    ``decision.determination``), ``margin``, ``projected`` (None unless the fit is determined; its value is
+    then ``projected_not_determined``), ``measured`` (the last point's pass rate), ``error`` (projected -
+    measured, None unless determined), the bootstrap ``interval`` of the projection at ``level`` and whether
+    it ``covered`` the measured end, ``points_used`` (by the fit, after its early cutoff),
+    ``points_in_first_half``, ``half_compute``, ``final_compute``, and ``reason`` (empty when a projection was
+    made).
     """
     c = np.asarray(compute, dtype=np.float64)
     y = np.asarray(pass_rate, dtype=np.float64)
@@ -76,12 +103,31 @@ def project_from_half(
         return out
     projected = float(fit.predict(final_compute))
     band = intervals.projection[0]
+    judged = determination(fit, intervals)
+    shown = f"[{band.low:.3f}, {band.high:.3f}]"
     out.update(
-        projected=projected,
-        error=projected - measured,
         interval=[band.low, band.high],
         level=intervals.level,
         points_used=fit.num_points_used,
+        covered=band.low <= measured <= band.high,
+        determined=judged.determined,
+        why_not_determined=judged.why_not,
+    )
+    if not judged.determined:
+        out.update(
+            projected_not_determined=projected,
+            verdict_text=f"{_too_little(judged.shortfalls)}: the first half's fit is not determined ({judged.why_not}); "
+            f"its projection {shown} against the measured {measured:.3f}",
+        )
+        return out
+    miss = projected - measured
+    landed = abs(miss) <= MARGIN
+    out.update(
+        projected=projected,
+        error=miss,
+        verdict="landed" if landed else "missed",
+        verdict_text=f"{'landed' if landed else 'missed'}: projected {projected:.3f} {shown} against the measured "
+        f"{measured:.3f}, error {miss:+.3f}, {'within' if landed else 'beyond'} the margin {MARGIN:g}",
     )
     return out
 

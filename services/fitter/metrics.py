@@ -151,7 +151,8 @@ class ProjectionCollector(Collector):
         )
         for projection in p.projections:
             compute = f"{projection.compute:.6g}"
-            target = "budget" if p.planned_compute and projection.compute == p.planned_compute else "multiple"
+            budget = p.HasField("planned_compute") and projection.compute == p.planned_compute
+            target = "budget" if budget else "multiple"
             projected.add_metric([self.run, compute, "mid", target], projection.pass_rate)
             projected.add_metric([self.run, compute, "low", target], projection.interval.low)
             projected.add_metric([self.run, compute, "high", target], projection.interval.high)

@@ -25,35 +25,29 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
-from asymptote.compute import COMPUTE_UNIT_LABELS, ComputeUnit, compute_text
 from asymptote.config import load_config, log_resolved
 from asymptote.logs import setup_logging
 from services.fitter.curve import (
-    CurveFit,
     CurveFitSettings,
     FitError,
     Interval,
-    Intervals,
     TooFewPointsError,
     bootstrap_intervals,
     fit_curve,
 )
 from services.fitter.decision import (
+    ALPHA,
     MARGIN,
-    Determination,
-    Recommendation,
     RunComparison,
     compare_runs,
     determination,
@@ -63,6 +57,7 @@ from services.fitter.decision import (
 from services.fitter.evals import EvalFileError, eval_log_tasks, read_eval_log, split_baseline
 from services.fitter.holdout import project_from_half
 from services.fitter.plot import PlotSeries, compute_axis_label, plot_curves
+from services.fitter.report import Notes, RunData, RunResult, comparison_table, half_run_table, runs_table
 
 log = logging.getLogger(__name__)
 
@@ -75,40 +70,6 @@ PLOT_FILE_NAME = "curve.png"
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 """An eval log could not be read, or a run's data cannot support a fit."""
-
-
-@dataclass(frozen=True)
-class RunData:
-    """A run's curve points and its R0, read from one eval log."""
-
-    name: str
-    eval_path: Path
-    compute: npt.NDArray[np.float64]
-    pass_rate: npt.NDArray[np.float64]
-    r0: float
-    task: str | None = None
-    """The mixture's sub-task this curve is of; None for a single-task run."""
-    compute_unit: ComputeUnit = "flops"
-    """The axis ``compute`` is on: FLOPs, or device-seconds held (logs written before the FLOPs axis)."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """The outcome of fitting one run: a fit with intervals, or the reason it failed."""
-
-    data: RunData
-    targets: tuple[float, ...]
-    fit: CurveFit | None = None
-    intervals: Intervals | None = None
-    error: str | None = None
-    half_run: dict[str, Any] | None = None
-    """The half-run check (``holdout.project_from_half``): fit on compute <= half the final, projected to it."""
-    recommendation: Recommendation | None = None
-    """Continue, stop or compare at the planned budget (``decision.recommend``)."""
-    determination: Determination | None = None
-    """Whether the fit is determined (``decision.determination``) and if not why; None without a fit."""
-    young: bool = False
-    """Not fitted only because it has too few points yet: a run to continue, not bad input."""
 
 
 def resolve_eval_path(path: Path) -> Path:
@@ -194,164 +155,72 @@ def _interval_json(interval: Interval) -> list[float]:
 
 
 def run_summary(result: RunResult) -> dict[str, Any]:
-    """The JSON object ``fit.json`` holds for one run."""
+    """The JSON object ``fit.json`` holds for one run, led by whether its fit is determined.
+
+    A determined fit states ``a``, ``b``, ``c_mid`` and each projection's ``pass_rate`` beside their
+    intervals; an undetermined one states the intervals only, its point values kept apart under
+    ``not_determined_point_estimates`` (they are not a forecast). A failed fit has its ``error``.
+    """
+    judged = result.determination
     summary: dict[str, Any] = {
+        "determined": judged is not None and judged.determined,
+        "why_not_determined": judged.why_not if judged is not None else result.error,
+        "not_determined": [shortfall.kind for shortfall in judged.shortfalls] if judged is not None else [],
         "eval_path": str(result.data.eval_path),
         "compute_unit": result.data.compute_unit,
         "r0": result.data.r0,
     }
-    if result.half_run is not None:
-        summary["half_run_projection"] = result.half_run
-    if result.fit is None or result.intervals is None:
+    if result.fit is None or result.intervals is None or judged is None:
         summary["error"] = result.error
-        summary["determined"] = False
-        summary["why_not_determined"] = result.error
-        summary["not_determined"] = []
+        if result.half_run is not None:
+            summary["half_run_projection"] = result.half_run
         return summary
     fit, intervals = result.fit, result.intervals
-    judged = determination(fit, intervals)
+    summary["intervals"] = {
+        "level": intervals.level,
+        "a": _interval_json(intervals.a),
+        "b": _interval_json(intervals.b),
+        "c_mid": _interval_json(intervals.c_mid),
+    }
+    projected = [float(fit.predict(target)) for target in intervals.target_compute]
+    if judged.determined:
+        summary.update(a=fit.a, b=fit.b, c_mid=fit.c_mid)
+        summary["projections"] = [
+            {"compute": target, "pass_rate": rate, "interval": _interval_json(interval)}
+            for target, rate, interval in zip(intervals.target_compute, projected, intervals.projection)
+        ]
+    else:
+        summary["projections"] = [
+            {"compute": target, "interval": _interval_json(interval)}
+            for target, interval in zip(intervals.target_compute, intervals.projection)
+        ]
+        summary["not_determined_point_estimates"] = {
+            "a": fit.a,
+            "b": fit.b,
+            "c_mid": fit.c_mid,
+            "projected_pass_rates": projected,
+        }
     summary.update(
-        a=fit.a,
-        b=fit.b,
-        c_mid=fit.c_mid,
         rmse=fit.rmse,
         sse=fit.sse,
         num_points_used=fit.num_points_used,
         cutoff_compute=fit.cutoff_compute,
-        params_at_bounds=list(fit.params_at_bounds),
         at_bound=list(fit.params_at_bounds),
         identifiable=fit.identifiable,
-        determined=judged.determined,
-        why_not_determined=judged.why_not,
-        not_determined=[shortfall.kind for shortfall in judged.shortfalls],
-        intervals={
-            "level": intervals.level,
-            "a": _interval_json(intervals.a),
-            "b": _interval_json(intervals.b),
-            "c_mid": _interval_json(intervals.c_mid),
-        },
-        projections=[
-            {"compute": target, "pass_rate": float(fit.predict(target)), "interval": _interval_json(interval)}
-            for target, interval in zip(intervals.target_compute, intervals.projection)
-        ],
     )
     if result.recommendation is not None:
         summary["recommendation"] = result.recommendation.action
         summary["recommendation_reason"] = result.recommendation.reason
+    if result.half_run is not None:
+        summary["half_run_projection"] = result.half_run
     return summary
 
 
-def _format_interval(interval: Interval, digits: int) -> str:
-    return f"[{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
-
-
-def _table(title: str, columns: Sequence[str], caption: str | None = None) -> Table:
-    """A compact table (numbers and names only): the long texts go below it as notes, so that nothing is
-    cut at 80 columns."""
-    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1), title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "run" else "right", overflow="fold")
-    return table
-
-
-def _print_notes(console: Console, notes: Sequence[tuple[str, str]]) -> None:
-    """Each run's long text on lines of its own, wrapped at the console's width (never cut)."""
+def _print(console: Console, table: Table, notes: Notes) -> None:
+    """A table, then each row's long text on lines of its own, wrapped at the console's width (never cut)."""
+    console.print(table)
     for name, text in notes:
         console.print(f"[bold]{escape(name)}[/bold]: {text}", highlight=False)
-
-
-def _unit_label(results: Sequence[RunResult]) -> str:
-    """The compute unit of the runs' axis for a table header: one unit, or each run's own."""
-    units = {r.data.compute_unit for r in results}
-    return COMPUTE_UNIT_LABELS[units.pop()] if len(units) == 1 else "each run's unit"
-
-
-def _runs_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
-    """The fitted parameters, and per run its projections and advice (or why it failed)."""
-    table = _table(
-        "Sigmoid fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
-        ("run", "A [95% interval]", "B", f"C_mid ({_unit_label(results)})", "R0", "points", "RMSE"),
-        caption="* at the bound of its search range: not pinned down by the data",
-    )
-    notes: list[tuple[str, str]] = []
-    for result in results:
-        fit, intervals = result.fit, result.intervals
-        if fit is None or intervals is None:
-            table.add_row(result.data.name, "[red]fit failed[/red]", "", "", f"{result.data.r0:.3f}", "", "")
-            notes.append((result.data.name, f"[red]fit failed: {escape(result.error or '')}[/red]"))
-            continue
-        judged = result.determination or determination(fit, intervals)
-        advice = result.recommendation
-        if judged.determined:
-            said = "; ".join(
-                f"projected {float(fit.predict(target)):.3f} {_format_interval(interval, 3)} at {compute_text(target, result.data.compute_unit)}"
-                for target, interval in zip(intervals.target_compute, intervals.projection)
-            )
-            if advice is not None:
-                said += f"; {advice.action}: {advice.reason}"
-        else:
-            # An undetermined fit's projection reads like a real one: show what would determine it instead.
-            action = f"{advice.action}: " if advice is not None else ""
-            said = f"[yellow]{escape(action)}not yet determined: {escape(judged.why_not)}[/yellow]"
-        notes.append((result.data.name, f"B {_format_interval(intervals.b, 2)}; {said}"))
-        bound = {name: "*" if name in fit.params_at_bounds else "" for name in ("A", "B", "C_mid")}
-        table.add_row(
-            result.data.name,
-            f"{fit.a:.3f}{bound['A']} {_format_interval(intervals.a, 3)}",
-            f"{fit.b:.2f}{bound['B']}",
-            f"{fit.c_mid:.4g}{bound['C_mid']}",
-            f"{fit.r0:.3f}",
-            str(fit.num_points_used),
-            f"{fit.rmse:.4f}",
-        )
-    return table, notes
-
-
-def _half_run_table(results: Sequence[RunResult]) -> tuple[Table, list[tuple[str, str]]]:
-    table = _table(
-        "Half-run check: fit on the first half of the compute, projected to the end",
-        ("run", f"half compute ({_unit_label(results)})", "points", "projected", "measured", "error"),
-    )
-    notes: list[tuple[str, str]] = []
-    for result in results:
-        check = result.half_run
-        if check is None:
-            continue
-        if check["projected"] is None:
-            table.add_row(result.data.name, "", "", "-", "", "")
-            notes.append((result.data.name, f"[red]half-run check: {escape(check['reason'])}[/red]"))
-            continue
-        low, high = check["interval"]
-        table.add_row(
-            result.data.name,
-            f"{check['half_compute']:.4g}",
-            str(check["points_used"]),
-            f"{check['projected']:.3f} [{low:.3f}, {high:.3f}]",
-            f"{check['measured']:.3f}",
-            f"{check['error']:+.3f}",
-        )
-    return table, notes
-
-
-def _comparison_table(rows: Sequence[RunComparison], margin: float) -> tuple[Table, list[tuple[str, str]]]:
-    table = _table(
-        f"Recipe comparison (asymptotes within {margin} compared by B at their mean A)",
-        ("rank", "run", "A [95% interval]", "B", "shared A", "B at shared A"),
-    )
-    notes: list[tuple[str, str]] = []
-    for row in rows:
-        table.add_row(
-            "-" if row.rank is None else str(row.rank),
-            row.name,
-            f"{row.a:.3f} {_format_interval(row.a_interval, 3)}",
-            f"{row.b:.2f}",
-            "" if row.shared_a is None else f"{row.shared_a:.3f}",
-            "" if row.b_at_shared_a is None else f"{row.b_at_shared_a:.2f}",
-        )
-        decided = "" if row.decided_by == "undecided" else f"decided by {escape(row.decided_by)}: "
-        notes.append((row.name, f"{decided}{escape(row.verdict)}"))
-    notes.append(("comparison", escape(summary_line(rows))))
-    return table, notes
 
 
 def _with_rivals(results: list[RunResult], budget: float | None, margin: float) -> list[RunResult]:
@@ -381,10 +250,13 @@ def plot_run(run_dir: Path, run_name: str, settings: CurveFitSettings, targets: 
     """
     result = fit_run(load_run(run_dir, run_name), settings, targets, half_run=False)
     return plot_curves(
-        [PlotSeries(run_name, result.data.compute, result.data.pass_rate, result.fit, result.intervals)],
-        run_dir / PLOT_FILE_NAME,
-        target_compute=max(result.targets, default=None),
-        compute_label=compute_axis_label(result.data.compute_unit),
+        [_series(result)], run_dir / PLOT_FILE_NAME, compute_label=compute_axis_label(result.data.compute_unit)
+    )
+
+
+def _series(result: RunResult) -> PlotSeries:
+    return PlotSeries(
+        result.data.name, result.data.compute, result.data.pass_rate, result.fit, result.intervals, result.determination
     )
 
 
@@ -397,6 +269,7 @@ def main_fit(
     margin: float = MARGIN,
     error_console: Console | None = None,
     budget: float | None = None,
+    alpha: float = ALPHA,
 ) -> int:
     """Fit each run's eval log, print the tables, write fit.json and curve.png.
 
@@ -406,12 +279,15 @@ def main_fit(
     to (default: twice each run's largest compute). Every run also gets the
     half-run check and a recommendation (continue, stop, or compare when
     another run's A is within ``margin``) at ``budget`` (None: the
-    asymptote). With several runs the comparison table is printed and
-    stored too. Errors go to ``error_console`` (default: ``console`` if one
-    is given, else stderr). Returns 0 on success and 2 on bad input: an
-    input that could not be read (nothing is written), or a run whose data
-    cannot support a fit (the reason is printed; the other runs are still
-    reported and written).
+    asymptote). With several runs the comparison (``decision.compare_runs``,
+    at the error rate ``alpha``, at ``budget`` or else at the compute every
+    run reached) is printed and stored too. The plot draws to ``budget``,
+    else to twice the largest compute, as the live fitter's does. Errors go
+    to ``error_console`` (default: ``console`` if one is given, else
+    stderr). Returns 0 on success and 2 on bad input: an input that could
+    not be read or holds no curve point after R0 (nothing is written), or a
+    run whose data cannot support a fit (the reason is printed; the other
+    runs are still reported and written).
     """
     if error_console is None:
         # soft_wrap: a refusal is one line however long its path, as every subcommand's is.
@@ -430,15 +306,20 @@ def main_fit(
         return refuse(f"margin must be a finite pass-rate difference >= 0, got {margin}")
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         return refuse(f"--budget must be a finite compute > 0, got {budget}")
+    if not 0.0 < alpha < 1.0:
+        return refuse(f"--alpha must be an error rate in (0, 1), got {alpha}")
     try:
         runs = [data for path, name in zip(paths, _run_names(paths)) for data in load_runs(path, name)]
     except (EvalFileError, OSError) as error:
         return refuse(str(error))
+    for data in runs:
+        if data.compute.size == 0:
+            # R0 alone is no curve: there is nothing to fit, to plot or to report.
+            return refuse(f"{data.eval_path}: only R0's evaluation (step 0), no curve point after it")
 
     results = _with_rivals([fit_run(data, settings, targets, planned_compute=budget) for data in runs], budget, margin)
-    for table, notes in (_runs_table(results), _half_run_table(results)):
-        console.print(table)
-        _print_notes(console, notes)
+    _print(console, *runs_table(results))
+    _print(console, *half_run_table(results))
     comparison: list[RunComparison] = []
     verdicts: list[str] = []
     # Runs are compared on the same sub-task and the same compute axis only.
@@ -451,14 +332,12 @@ def main_fit(
         if len(fitted) < 2:
             continue
         try:
-            rows = compare_runs(fitted, settings, margin=margin)
+            rows = compare_runs(fitted, settings, margin, alpha, budget, unit)
         except FitError as error:
             error_console.print(f"[red]fit: comparison failed: {error}[/red]")
             continue
         if rows:
-            table, notes = _comparison_table(rows, margin)
-            console.print(table)
-            _print_notes(console, notes)
+            _print(console, *comparison_table(rows, unit))
             comparison += rows
             verdicts.append(summary_line(rows))
 
@@ -472,11 +351,10 @@ def main_fit(
             "comparison_verdict": "; ".join(verdicts) if verdicts else None,
         }
         (out / FIT_FILE_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        target_compute = max((t for r in results for t in r.targets), default=None)
         plot_curves(
-            [PlotSeries(r.data.name, r.data.compute, r.data.pass_rate, r.fit, r.intervals) for r in results],
+            [_series(r) for r in results],
             out / PLOT_FILE_NAME,
-            target_compute=target_compute,
+            target_compute=budget,
             compute_label=compute_axis_label(results[0].data.compute_unit),
         )
     except OSError as error:
@@ -515,13 +393,28 @@ def main(argv: list[str]) -> int:
         help="compute to project the pass rate to (repeatable; default: twice each run's largest compute)",
     )
     parser.add_argument("--config", type=Path, help="YAML/JSON curve fit settings (env overrides: ASY_FIT__...)")
-    parser.add_argument("--margin", type=float, default=MARGIN, help="asymptotes closer than this are compared by B")
     parser.add_argument(
-        "--budget", type=float, help="planned compute to recommend continue/stop against (default: the asymptote)"
+        "--margin",
+        type=float,
+        default=MARGIN,
+        help=f"pass-rate differences within this are equivalent, beyond it decided (default {MARGIN})",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help=f"the comparison's error rate: runs of one recipe come out decided at most this often (default {ALPHA})",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="planned compute (the logs' axis unit) to recommend against and compare at (default: the asymptote)",
     )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = parser.parse_args(argv)
     setup_logging("fit", "text", args.log_level)
     settings = load_config(CurveFitSettings, args.config, "ASY_FIT")
     log_resolved(settings, "fit")
-    return main_fit(args.paths, args.output_dir, settings, args.target, margin=args.margin, budget=args.budget)
+    return main_fit(
+        args.paths, args.output_dir, settings, args.target, margin=args.margin, budget=args.budget, alpha=args.alpha
+    )

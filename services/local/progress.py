@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,26 +47,34 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 FIT_SUMMARY_KEYS = (
+    "determined",
+    "why_not_determined",
+    "not_determined",
     "ok",
+    "reason",
     "a",
     "b",
     "c_mid",
     "r0",
     "a_interval",
     "c_mid_interval",
-    "reason",
     "at_bound",
     "identifiable",
-    "determined",
-    "why_not_determined",
-    "not_determined",
     "planned_compute",
     "compute_unit",
     "projections",
+    "not_determined_point_estimates",
     "recommendation",
     "recommendation_reason",
 )
-"""What ``summary.json`` keeps of the fitter's ``fit.json``."""
+"""What ``summary.json`` keeps of the fitter's ``fit.json``, in this order (led by whether the fit is
+determined) and only those it has: a fit not determined has no bare ``a``, ``b``, ``c_mid`` (its point values
+are under ``not_determined_point_estimates``), a run without a budget no ``planned_compute``."""
+
+
+def fit_summary(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """``FIT_SUMMARY_KEYS`` of one fit.json fit, those it has."""
+    return {k: fit[k] for k in FIT_SUMMARY_KEYS if k in fit}
 
 
 def eval_tasks(evals: list[dict[str, Any]]) -> list[str]:
@@ -105,25 +113,29 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def compute_text(by_service: Mapping[str, float], flops_by_service: Mapping[str, float] | None = None) -> str | None:
-    """The run's compute: the FLOPs of training (the curve's axis) by service, then the device time held (the
-    run's cost) by service, each with the eval rounds' share apart (off the axis)."""
-    parts = []
-    for values, shown in ((flops_by_service or {}, flops_text), (by_service, device_time)):
-        if not values:
-            continue
+    """The run's compute: training (the curve's axis) by service with the eval rounds' sampling apart, in FLOPs
+    where the fitter counted them; then the device time held, the run's cost. A fit.json written before the
+    FLOPs axis has device time only, and that is the axis."""
+
+    def spent(values: Mapping[str, float], shown: Callable[[float], str]) -> tuple[str, str]:
         train = {k: v for k, v in values.items() if k != "eval"}
         evals = values.get("eval", 0.0)
         generation = values.get("generator", 0.0) + evals
         services = ", ".join(f"{k} {shown(v)}" for k, v in sorted(train.items()))
-        text = f"{shown(sum(train.values()))} ({services}); eval sampling {shown(evals)}"
-        if generation > 0:
-            text += f", {evals / generation:.0%} of generation, off the curve's axis"
-        parts.append(text)
-    if not parts:
+        share = f", {evals / generation:.0%} of generation" if generation > 0 else ""
+        return f"{shown(sum(train.values()))} ({services})", f"{shown(evals)}{share}"
+
+    if flops_by_service:
+        train, evals = spent(flops_by_service, flops_text)
+        text = f"training {train}; eval sampling {evals}, off the curve's axis"
+        if by_service:
+            held, held_evals = spent(by_service, device_time)
+            text += f"; held {held} and {held_evals.split(',')[0]} sampling evals: the run's cost"
+        return text
+    if not by_service:
         return None
-    if len(parts) == 1 and not flops_by_service:
-        return f"training {parts[0]}"
-    return f"training {parts[0]}" + (f"; held {parts[1]} (the cost)" if len(parts) > 1 else "")
+    train, evals = spent(by_service, device_time)
+    return f"training {train}; eval sampling {evals}, off the curve's axis"
 
 
 def _interval(interval: Mapping[str, Any] | None) -> str:
@@ -138,7 +150,7 @@ def fit_unit(fit: Mapping[str, Any]) -> ComputeUnit:
 
 def budget_projection(fit: Mapping[str, Any]) -> str | None:
     """The projected pass rate at the planned budget with its interval, e.g. "at budget 5.00 device-hours: 0.571
-    [0.560, 0.590]"; None without a budget (``planned_compute`` 0) or its projection."""
+    [0.560, 0.590]"; None without a budget (no ``planned_compute``) or its projection."""
     budget = float(fit.get("planned_compute") or 0.0)
     if budget <= 0:
         return None
@@ -404,9 +416,9 @@ class Progress:
             **overall,
             "rl_wall_s": rl_s,
             "total_wall_s": time.monotonic() - self.started,
-            "fit": {k: fit.get(k) for k in FIT_SUMMARY_KEYS}
+            "fit": fit_summary(fit)
             if not mixed
-            else {"tasks": {task: {k: f.get(k) for k in FIT_SUMMARY_KEYS} for task, f in curve_fits(fit).items()}},
+            else {"tasks": {task: fit_summary(f) for task, f in curve_fits(fit).items()}},
             "half_run_projection": half_run_projection(evals) if evals and not mixed else None,
             "restarts": {name: n for name, n in restarts.items() if n},
             "killed_at_stop": list(killed_at_stop),
@@ -441,14 +453,12 @@ class Progress:
         for task, task_fit in curve_fits(fit).items():
             text = fit_text(task_fit)
             if text is not None:
-                t.add_row(f"fit ({task})" if task else "fit", text)
-        hp = summary["half_run_projection"]
-        if hp and hp["projected"] is not None:
-            t.add_row(
-                "half-run projection",
-                f"{hp['projected']:.3f} (interval {hp['interval'][0]:.3f}-{hp['interval'][1]:.3f}) vs measured "
-                f"{hp['measured']:.3f}: error {hp['error']:+.3f}",
-            )
+                said = "determined" if task_fit.get("determined") else "not determined"
+                t.add_row(f"fit ({task}, {said})" if task else f"fit ({said})", text)
+        checks = summary.get("half_run_projection_by_task") or {"": summary["half_run_projection"]}
+        for task, hp in checks.items():
+            if hp:
+                t.add_row(f"half-run check ({task})" if task else "half-run check", hp["verdict_text"])
         rates = summary["length"]
         if rates["truncation_rate"] is not None:
             t.add_row(

@@ -9,6 +9,7 @@ import pytest
 
 from asymptote.contracts.v1 import rollout_pb2
 from services.fitter.compute_axis import ComputeAxis
+from services.fitter.curve import CurveFitSettings
 
 
 def report(instance: str, service: str, started: float, now: float, devices: int = 1) -> rollout_pb2.ComputeTelemetry:
@@ -260,3 +261,23 @@ def test_telemetry_claiming_more_eval_flops_than_flops_is_refused() -> None:
     bad = flops_report("gen-a", "generator", 10.0, 100.0, eval_flops=101.0)
     with pytest.raises(PayloadError, match="eval_flops_total 101 exceeds flops_total 100"):
         decode_telemetry(bad.SerializeToString())
+
+
+def test_a_run_whose_services_count_no_flops_says_why_instead_of_fitting_zeros(tmp_path: Path) -> None:
+    """A model directory without safetensors weights gives N = 0: the curve's compute would be 0 throughout."""
+    from services.fitter.collector import Collector
+
+    axis = ComputeAxis(stale_s=30.0)
+    collector = Collector(tmp_path, "no-flops", CurveFitSettings(num_bootstrap_resamples=20), (2.0,), axis, plot=False)
+    for version in range(0, 60, 10):
+        axis.observe(report("gen-0", "generator", 0, version))  # device time held, no FLOPs: N was 0
+        axis.mark_version(version, float(version))
+        result = rollout_pb2.EvalResult(
+            eval_id=f"e{version}", task_id=f"e{version}-0", prompt_id="p", num_samples=4, num_correct=1 + version // 20,
+            eval_version=version, min_version=version, max_version=version, eval_num_prompts=1,
+            finished_unix_s=float(version), tokens_by_version={version: 10},
+        )  # fmt: skip
+        collector.add_result(result)
+    fit = collector.projection
+    assert not fit.ok and fit.reason.startswith("no FLOPs counted (N by service: {'generator': 0}): the model")
+    assert fit.reason.endswith("or set the fitter's compute_axis: device_seconds")

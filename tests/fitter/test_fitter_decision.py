@@ -2,9 +2,10 @@
 
 The recommendation's three answers (continue, stop, compare) and its
 refusal to project a fit at its bound, with numbers; the comparison ranks
-only identifiable fits, answers "undecided: run longer" when intervals
-overlap or a fit is at its bound (with how much longer where the fits
-allow), and decides when the intervals separate.
+only determined fits, decides by A where A's difference clears the
+margin, by the pass rate at the target where it does not, and answers
+"equivalent" or "undecided" otherwise (the error rates over simulated pairs
+are in test_fitter_compare.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from services.fitter.curve import (
     fit_curve,
     predict,
 )
-from services.fitter.decision import compare_runs, extended_run, recommend, summary_line
+from services.fitter.decision import compare_runs, recommend, summary_line
 
 PAPER_DENSE = {"a": 0.610, "b": 1.92, "c_mid": 2542.0, "r0": 0.20}
 # The paper's A range (0.450..0.800): a run heading above 0.8 ends on its upper bound.
@@ -75,7 +76,7 @@ def test_recommend_compare_when_a_rival_asymptote_is_within_the_margin() -> None
     fit, intervals = _fitted(compute, _curve(compute, PAPER_DENSE))
     advice = recommend(fit, intervals, 4000.0, 16_000.0, rival_asymptotes={"dapo": 0.625, "gspo": 0.55})
     assert advice.action == "compare"
-    assert "within 0.02 of dapo" in advice.reason and "gspo" not in advice.reason
+    assert "within 0.02 of dapo: compare them" in advice.reason and "gspo" not in advice.reason
     assert recommend(fit, intervals, 4000.0, 16_000.0, rival_asymptotes={"gspo": 0.55}).action == "continue"
 
 
@@ -92,62 +93,60 @@ def test_recommend_does_not_project_a_fit_at_its_bound() -> None:
         recommend(fit, intervals, 20_000.0, -1.0)
 
 
-def test_comparison_is_undecided_when_a_run_is_at_its_bound() -> None:
-    """The case of a run at A's bound ranked above an identifiable one: now neither is ordered."""
+def test_comparison_does_not_rank_a_run_at_its_bound() -> None:
+    """The case of a run at A's bound ranked above a determined one: now it is not ranked at all."""
     compute = np.linspace(500.0, 20_000.0, 40)
     runs = {
         "at-bound": (compute, predict(compute, 0.9, 1.9, 2542.0, 0.2), 0.2),
         "steady": (compute, _noisy(compute, 0.67, 0.005, 1), 0.2),
     }
-    rows = compare_runs(runs, PAPER_A_RANGE)
+    rows = compare_runs(runs, PAPER_A_RANGE, compute_unit="device_seconds")
     by_name = {row.name: row for row in rows}
     assert by_name["at-bound"].a == pytest.approx(0.8) and not by_name["at-bound"].identifiable
-    assert by_name["at-bound"].rank is None and by_name["at-bound"].decided_by == "undecided"
-    assert by_name["at-bound"].verdict.startswith("undecided: run longer (not yet identifiable: A at the bound")
-    assert by_name["steady"].rank == 1 and by_name["steady"].identifiable
+    assert by_name["at-bound"].rank is None and not by_name["at-bound"].determined
+    assert by_name["at-bound"].verdict == ("not ranked: not determined: A at the bound of the search range: run longer")
+    assert by_name["steady"].rank == 1 and by_name["steady"].determined
     assert rows[-1].name == "at-bound"  # unranked runs come last, whatever their A
-    assert summary_line(rows).startswith("undecided: run longer (at-bound not ordered")
+    assert summary_line(rows) == (
+        "undecided: steady vs at-bound (b not determined: A at the bound of the search range: run longer)"
+    )
 
 
-def test_comparison_is_undecided_when_intervals_overlap_and_says_how_much_longer() -> None:
-    # Short, noisy runs 0.05 apart in A: the fits differ by more than the margin, the intervals overlap.
+def test_comparison_is_undecided_when_the_intervals_straddle_the_margin() -> None:
+    # Short, noisy runs 0.05 apart in A: their difference's interval reaches both inside and beyond the margin.
     compute = np.linspace(200.0, 4000.0, 20)
     runs = {"hi": (compute, _noisy(compute, 0.66, 0.01, 2), 0.2), "lo": (compute, _noisy(compute, 0.61, 0.01, 3), 0.2)}
-    rows = compare_runs(runs)
+    rows = compare_runs(runs, compute_unit="device_seconds")
     hi, lo = rows
-    assert (hi.name, lo.name) == ("hi", "lo")
-    assert hi.a - lo.a > 0.02 and lo.a_interval.high >= hi.a_interval.low
-    assert hi.decided_by == "asymptote" and lo.decided_by == "undecided"
-    assert hi.rank == lo.rank == 1
-    # Continued as the fits expect, with the runs' own residuals, the A intervals part at 2x the compute.
-    assert lo.compute_multiple_to_decide == 2.0
-    assert lo.verdict == (
-        "undecided: run longer (A intervals overlap with hi; about 2x the compute would decide against hi)"
-    )
-    assert summary_line(rows) == "undecided: run longer (lo not ordered; about 2x the compute would decide)"
-    # The runs continued to 2x as the estimate continues them are decided; to 1.5x they are not.
-    for multiple, expected in ((2.0, "asymptote"), (1.5, "undecided")):
-        longer = {}
-        for name, (c, y, r0) in runs.items():
-            longer[name] = (*extended_run(c, y, fit_curve(c, y, r0), multiple), r0)
-        assert compare_runs(longer, estimate=False)[1].decided_by == expected
+    assert {hi.name, lo.name} == {"hi", "lo"} and hi.rank == lo.rank == 1
+    decision = hi.decisions[lo.name]
+    assert (decision.outcome, decision.decided_by) == ("undecided", "pass_rate")
+    assert decision.interval is not None and decision.interval.low < 0.02 < decision.interval.high
+    assert decision.a_difference is not None and decision.a_difference.low < 0.02
+    said = summary_line(rows)
+    assert said.startswith(f"undecided: {hi.name} vs {lo.name} (pass rate at 1.11 device-hours ") and "neither" in said
 
 
-def test_comparison_decides_when_intervals_separate() -> None:
+def test_comparison_decides_by_asymptote_when_the_a_difference_clears_the_margin() -> None:
     compute = np.linspace(200.0, 16_000.0, 80)
     runs = {
         "lo": (compute, _noisy(compute, 0.61, 0.005, 3), 0.2),
         "hi": (compute, _noisy(compute, 0.66, 0.005, 2), 0.2),
     }
-    rows = compare_runs(runs)
-    assert [(row.name, row.rank, row.decided_by) for row in rows] == [("hi", 1, "asymptote"), ("lo", 2, "asymptote")]
-    assert rows[1].a_interval.high < rows[0].a_interval.low
+    rows = compare_runs(runs, compute_unit="device_seconds")
+    assert [(row.name, row.rank) for row in rows] == [("hi", 1), ("lo", 2)]
+    decision = rows[0].decisions["lo"]
+    assert (decision.outcome, decision.decided_by) == ("a_higher", "asymptote")
+    assert decision.interval is not None and decision.interval.low > 0.02
     assert rows[0].a == pytest.approx(0.66, abs=0.01) and rows[1].a == pytest.approx(0.61, abs=0.01)
-    assert summary_line(rows) == "decided: hi > lo"
-    assert all(row.compute_multiple_to_decide is None for row in rows)
+    assert summary_line(rows).startswith("decided: hi > lo (A +0.0")
+    assert rows[1].verdict.startswith("below hi (A -0.0")
 
 
-def test_compare_runs_ranks_by_asymptote_then_breaks_ties_by_efficiency() -> None:
+def test_compare_runs_ranks_by_asymptote_then_by_the_pass_rate_reached() -> None:
+    """Noiseless curves: A decides where asymptotes differ by more than the margin, the pass rate at the
+    compute both reached where they do not (0.600 reaches 0.588 by 4x C_mid with B 2.5, 0.610 only 0.564 with
+    B 1.5)."""
     compute = np.linspace(100.0, 12_000.0, 120)
     truths = {
         "slow_high": {"a": 0.610, "b": 1.5, "c_mid": 3000.0, "r0": 0.2},
@@ -159,21 +158,15 @@ def test_compare_runs_ranks_by_asymptote_then_breaks_ties_by_efficiency() -> Non
     rows = compare_runs(runs, CurveFitSettings(), margin=0.02)
     assert [row.name for row in rows] == ["best", "fast_low", "slow_high", "worst"]
     assert [row.rank for row in rows] == [1, 2, 3, 4]
-    assert [row.decided_by for row in rows] == ["asymptote", "efficiency", "efficiency", "asymptote"]
-    assert rows[1].tie_group == rows[2].tie_group == 2
-    assert rows[0].shared_a is None and rows[0].b_at_shared_a is None
-    assert rows[1].shared_a == pytest.approx(0.605, abs=1e-5)
-    assert rows[2].shared_a == rows[1].shared_a
-    assert rows[1].a == pytest.approx(0.600, abs=1e-5)
-    assert rows[2].a == pytest.approx(0.610, abs=1e-5)
-    # With A nudged by 0.005 each, B moves a little but keeps its order.
-    assert rows[1].b_at_shared_a == pytest.approx(2.5, abs=0.2)
-    assert rows[2].b_at_shared_a == pytest.approx(1.5, abs=0.2)
-    assert rows[3].a == pytest.approx(0.450, abs=1e-5)
+    assert rows[1].decisions["slow_high"].decided_by == "pass_rate"
+    assert rows[1].decisions["slow_high"].difference == pytest.approx(0.0235, abs=0.001)
+    assert rows[0].decisions["fast_low"].decided_by == "asymptote"
+    assert rows[1].target_compute == 12_000.0
+    assert summary_line(rows) == "decided: best > fast_low > slow_high > worst"
 
 
-def test_equal_asymptotes_are_ranked_by_efficiency_at_the_shared_a() -> None:
-    """Two ablations with the same A and different B: the paper refits both at the mean A and ranks by B."""
+def test_equal_asymptotes_are_ordered_by_the_pass_rate_they_reach() -> None:
+    """Two ablations with the same A and different B: the faster is ahead at the compute both reached."""
     compute = np.linspace(100.0, 12_000.0, 120)
     rng = np.random.default_rng(11)
     truths = {
@@ -186,21 +179,13 @@ def test_equal_asymptotes_are_ranked_by_efficiency_at_the_shared_a() -> None:
     }
     rows = compare_runs(runs, CurveFitSettings(), margin=0.02)
     assert [row.name for row in rows] == ["recipe-fast", "recipe-slow"]
-    assert [row.decided_by for row in rows] == ["efficiency", "efficiency"]
-    assert rows[0].tie_group == rows[1].tie_group == 1
-    assert abs(rows[0].a - rows[1].a) <= 0.02
-    assert rows[0].shared_a == rows[1].shared_a == pytest.approx((rows[0].a + rows[1].a) / 2.0)
-    assert rows[0].shared_a == pytest.approx(0.65, abs=0.01)
-    assert rows[0].b_at_shared_a == pytest.approx(2.6, rel=0.1)
-    assert rows[1].b_at_shared_a == pytest.approx(1.3, rel=0.1)
-    # The shared-A refit is the fit with A held at the mean: its B is the B of that fit.
-    fixed = fit_curve(*runs["recipe-slow"][:2], 0.2, CurveFitSettings(), fixed_a=rows[0].shared_a)
-    assert rows[1].b_at_shared_a == fixed.b and rows[1].c_mid_at_shared_a == fixed.c_mid
-    # With a margin too small to tie them they are ranked by A alone.
-    # With a margin too small to tie them, A alone cannot order them: their intervals overlap.
-    apart = compare_runs(runs, CurveFitSettings(), margin=0.0)
-    assert [row.decided_by for row in apart] == ["asymptote", "undecided"]
-    assert apart[0].a >= apart[1].a and apart[0].rank == apart[1].rank == 1
+    decision = rows[0].decisions["recipe-slow"]
+    assert (decision.outcome, decision.decided_by) == ("a_higher", "pass_rate")
+    assert decision.difference == pytest.approx(0.052, abs=0.01)
+    # At a budget far past the bend both are at their shared A: equivalent there.
+    far = compare_runs(runs, CurveFitSettings(), margin=0.02, target_compute=1e7)
+    assert far[0].decisions[far[1].name].outcome == "equivalent"
+    assert summary_line(far).startswith("equivalent: ")
 
 
 def test_compare_runs_names_the_run_that_cannot_be_fitted() -> None:

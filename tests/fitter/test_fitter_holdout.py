@@ -202,3 +202,30 @@ def test_fit_text_shows_the_curve_and_recommendation_of_a_determined_fit() -> No
     )
     assert fit_text({"ok": False, "reason": "too few points"}) == "too few points"
     assert fit_text({}) is None
+
+
+def test_the_check_ends_in_a_verdict_by_the_rule_every_fit_is_held_to() -> None:
+    """Landed (within the margin of the measured end), missed (beyond it), or, with fewer than 8 points in the
+    first half's fit, too few points to say: then no projected value is stated, only its interval."""
+    landed = half_run_projection(_rows(), SETTINGS)
+    assert (landed["verdict"], landed["determined"]) == ("landed", True)
+    assert landed["verdict_text"].startswith(f"landed: projected {landed['projected']:.3f} [")
+    assert landed["verdict_text"].endswith("within the margin 0.02") and landed["covered"] is True
+
+    jumped = _rows()
+    for row in jumped[-4:]:  # the last points rise 0.08 above the curve the first half drew
+        row["pass_rate"] += 0.08
+    missed = half_run_projection(jumped, SETTINGS)
+    assert missed["verdict"] == "missed" and missed["error"] < -0.05 and missed["covered"] is False
+    assert missed["verdict_text"].endswith("beyond the margin 0.02")
+
+    few = half_run_projection(_rows(num_evals=13), SETTINGS)  # 6 points in the first half
+    assert (few["verdict"], few["determined"], few["points_used"]) == ("not_determined", False, 6)
+    assert few["projected"] is None and few["error"] is None and few["interval"] is not None
+    assert few["projected_not_determined"] is not None
+    assert few["verdict_text"].startswith(
+        "too few points to say: the first half's fit is not determined (6 points used, at least 8"
+    )
+    none = half_run_projection(_rows()[:2], SETTINGS)
+    assert none["verdict"] == "not_determined"
+    assert none["verdict_text"] == "too few points to say: needs at least two curve points after R0, got 1"

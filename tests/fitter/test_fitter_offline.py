@@ -109,6 +109,8 @@ def test_fit_command_writes_fit_json_and_plot(tmp_path: Path, monkeypatch: pytes
 
 
 def test_fit_command_compares_several_runs(tmp_path: Path) -> None:
+    """Asymptotes within the margin (0.62 and 0.61), efficiencies apart (B 2.4 and 1.4): at the compute both
+    reached the faster is 0.055 ahead, far beyond its interval, so the comparison decides by the pass rate."""
     first = tmp_path / "fast"
     second = tmp_path / "slow"
     _write_run(first, a=0.62, b=2.4, seed=1)
@@ -122,45 +124,59 @@ def test_fit_command_compares_several_runs(tmp_path: Path) -> None:
     # Default target: twice each run's largest compute.
     assert report["runs"]["fast"]["projections"][0]["compute"] == pytest.approx(6.0 * C_MID)
     rows = report["comparison"]
-    assert [row["name"] for row in rows] == ["fast", "slow"]
-    assert rows[0]["decided_by"] == "efficiency"
-    assert rows[0]["b_at_shared_a"] > rows[1]["b_at_shared_a"]
-    assert report["comparison_verdict"] == "decided: fast > slow"
+    assert [(row["name"], row["rank"], row["determined"]) for row in rows] == [("fast", 1, True), ("slow", 2, True)]
+    decision = rows[0]["decisions"]["slow"]
+    assert (decision["outcome"], decision["decided_by"]) == ("a_higher", "pass_rate")
+    assert rows[0]["target_compute"] == pytest.approx(3.0 * C_MID) and decision["interval"][0] > 0.02
+    assert report["comparison_verdict"].startswith("decided: fast > slow (pass rate at 2.12 device-hours +0.05")
     # Each names the other as a rival within the margin: compare, not continue.
     assert report["runs"]["fast"]["recommendation"] == "compare"
-    assert report["runs"]["fast"]["recommendation_reason"].endswith("of slow: refit with a shared A and compare B")
-    assert "Recipe comparison" in output.getvalue()
+    assert report["runs"]["fast"]["recommendation_reason"].endswith(
+        "of slow: compare them (asymptote fit with both runs)"
+    )
+    assert "Recipe comparison at 2.12 device-hours" in output.getvalue()
     assert (out / "curve.png").stat().st_size > 20_000
 
 
 def test_fit_command_leaves_a_fit_at_its_bound_unranked_and_undecided(tmp_path: Path) -> None:
     """A run heading to A = 0.9 over the paper's A range (0.45..0.80) ends at A = 0.800, its bound;
-    it must not be ranked above a run whose A = 0.61 the data pin down."""
-    _write_run(tmp_path / "at-bound", a=0.9, seed=1)
-    _write_run(tmp_path / "steady", a=0.61, seed=2)
+    it must not be ranked above a run whose A = 0.61 the data pin down. Each table row leads with whether
+    its fit is determined, the undetermined one shows A's interval only, and at 80 columns no run name is
+    broken and nothing is cut (issue 51: names wrapped, and a "* at the bound" legend with nothing starred)."""
+    long_names = ("cispo-at-bound-lr2e-4", "cispo-steady-lr1e-4")
+    _write_run(tmp_path / long_names[0], a=0.9, seed=1)
+    _write_run(tmp_path / long_names[1], a=0.61, seed=2)
     out = tmp_path / "out"
     console, output = _console(width=80)
     settings = CurveFitSettings(a_min=0.45, a_max=0.8, num_bootstrap_resamples=100)
-    code = main_fit([tmp_path / "at-bound", tmp_path / "steady"], out, settings, [], console=console)
+    code = main_fit([tmp_path / name for name in long_names], out, settings, [], console=console)
     assert code == EXIT_OK
     report = json.loads((out / "fit.json").read_text())
-    at_bound = report["runs"]["at-bound"]
-    assert at_bound["a"] == pytest.approx(0.8) and at_bound["at_bound"] == ["A"] and at_bound["identifiable"] is False
+    at_bound, steady = (report["runs"][name] for name in long_names)
+    assert list(at_bound)[:3] == ["determined", "why_not_determined", "not_determined"]
+    assert at_bound["determined"] is False and "a" not in at_bound and "b" not in at_bound
+    assert at_bound["not_determined_point_estimates"]["a"] == pytest.approx(0.8)
+    assert at_bound["at_bound"] == ["A"] and at_bound["identifiable"] is False
+    assert all("pass_rate" not in projection for projection in at_bound["projections"])
     assert at_bound["recommendation"] == "continue"
-    assert at_bound["determined"] is False
     assert at_bound["why_not_determined"] == "A at the bound of the search range: run longer"
-    assert report["runs"]["steady"]["determined"] is True and report["runs"]["steady"]["why_not_determined"] == ""
+    assert steady["determined"] is True and steady["why_not_determined"] == "" and "a" in steady
     rows = {row["name"]: row for row in report["comparison"]}
-    assert rows["steady"]["rank"] == 1 and rows["at-bound"]["rank"] is None
-    assert rows["at-bound"]["decided_by"] == "undecided"
-    assert report["comparison_verdict"].startswith("undecided: run longer (at-bound not ordered")
+    assert rows[long_names[1]]["rank"] == 1 and rows[long_names[0]]["rank"] is None
+    assert rows[long_names[0]]["verdict"].startswith("not ranked: not determined: A at the bound")
+    assert report["comparison_verdict"].startswith(f"undecided: {long_names[1]} vs {long_names[0]} (b not determined")
     text = " ".join(output.getvalue().split())
-    assert "continue: not yet determined: A at the bound of the search range: run longer" in text
-    assert "undecided: run longer" in text
-    # Within 80 columns, and nothing cut: the long verdicts are notes wrapped below the tables.
+    assert "not determined: A at the bound of the search range: run longer" in text
+    assert "* at the bound" not in text and "*" not in output.getvalue()
     lines = output.getvalue().splitlines()
     assert not [line for line in lines if len(line) > 80] and "…" not in output.getvalue()
-    assert "at-bound: B [" in text and "0.800* [" in text
+    # Every table row carries its run's whole name on one line; the fit table's lead with the determination.
+    fit_table = lines[: next(i for i, line in enumerate(lines) if line.startswith("Half-run check"))]
+    for name, said in ((long_names[0], "no"), (long_names[1], "yes")):
+        (row,) = [line for line in fit_table if line.strip().startswith(name + " ")]
+        assert row.split()[1] == said, row
+    (row,) = [line for line in fit_table if line.strip().startswith(long_names[0] + " ")]
+    assert row.split()[2:] == ["in", "[0.785,", "0.800]"]  # its A only as an interval
 
 
 def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
@@ -456,7 +472,7 @@ def test_each_fit_says_its_axis_and_old_device_second_logs_still_read(tmp_path: 
     assert report["runs"]["new"]["compute_unit"] == "flops"
     assert report["comparison"] == []  # one run on each axis: nothing to compare
     text = " ".join(output.getvalue().split())
-    assert "C_mid (each run's unit)" in text
+    assert "C in each run's unit" in text
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     lines = path.read_text().splitlines()
@@ -465,3 +481,15 @@ def test_each_fit_says_its_axis_and_old_device_second_logs_still_read(tmp_path: 
     errors, said = _console()
     assert main_fit([mixed], tmp_path / "out2", SETTINGS, [], console=errors) == EXIT_BAD_INPUT
     assert "eval.jsonl:6: compute in device_seconds where" in " ".join(said.getvalue().split())
+
+
+def test_a_log_of_r0_alone_is_refused_in_one_line_with_exit_2_and_nothing_written(tmp_path: Path) -> None:
+    path = tmp_path / "one-row" / "eval.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n')
+    result = fit_command(path, tmp_path / "out")
+    assert result.returncode == EXIT_BAD_INPUT, result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"asymptote fit: {path}: only R0's evaluation (step 0), no curve point after it"
+    ]
+    assert not (tmp_path / "out").exists() and "Traceback" not in result.stderr

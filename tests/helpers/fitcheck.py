@@ -54,6 +54,13 @@ def _interval(fit: Mapping[str, Any], name: str) -> tuple[float, float]:
     return low, high
 
 
+def point_estimates(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """A fit.json fit's ``a``, ``b`` and ``c_mid``: stated bare by a determined fit, kept apart under
+    ``not_determined_point_estimates`` by one that is not."""
+    where = fit if fit.get("determined") else fit.get("not_determined_point_estimates") or {}
+    return {name: where.get(name) for name in ("a", "b", "c_mid")}
+
+
 def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> None:
     """Raise AssertionError unless ``fit`` (fit.json) is the fitter's fit of ``evals`` (eval.jsonl rows).
 
@@ -62,7 +69,8 @@ def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> Non
     (``why_not_determined``). Not ok: a non-empty ``reason``, which is why
     it is not determined; with an R0 row, ``r0`` is its pass rate and
     ``num_points_used`` counts the rows after it (what was offered).
-    Ok: an empty reason; A, B, C_mid, R0 and the RMSE finite, A in [0, 1],
+    Ok: an empty reason; A, B, C_mid (for a fit not determined, under
+    ``not_determined_point_estimates``, and nowhere bare), R0 and the RMSE finite, A in [0, 1],
     B and C_mid > 0, R0 the pass rate of the row at policy version 0; the
     points used at most the rows after R0; the RMSE over those points (the
     cutoff keeps the points of largest compute) and every projected pass
@@ -104,7 +112,19 @@ def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> Non
 
     _require(not reason, f"an ok fit has no reason, got {reason!r}")
     _require(bool(r0_rows), "an ok fit needs R0, an eval row at policy version 0")
-    a, b, c_mid, r0 = (_finite(fit, name) for name in ("a", "b", "c_mid", "r0"))
+    # An undetermined fit's point values are kept apart, labelled: they are not a forecast.
+    estimates = fit if determined else fit.get("not_determined_point_estimates")
+    if not isinstance(estimates, Mapping):
+        raise AssertionError(
+            f"an undetermined fit keeps its point values under not_determined_point_estimates, got {estimates!r}"
+        )
+    if not determined:
+        _require(
+            not any(name in fit for name in ("a", "b", "c_mid")),
+            "an undetermined fit states no bare a, b or c_mid",
+        )
+    a, b, c_mid = (_finite(estimates, name) for name in ("a", "b", "c_mid"))
+    r0 = _finite(fit, "r0")
     _require(0.0 <= a <= 1.0, f"fit.json a = {a}: a pass rate lies in [0, 1]")
     _require(b > 0.0 and c_mid > 0.0, f"fit.json b = {b}, c_mid = {c_mid}: both must be > 0")
     _require(r0 == r0_rows[0]["pass_rate"], f"fit.json r0 {r0} is not the pass rate at version 0 ({r0_rows[0]})")
@@ -131,11 +151,19 @@ def check_fit(fit: Mapping[str, Any], evals: Sequence[Mapping[str, Any]]) -> Non
     projections = fit.get("projections")
     if not (isinstance(projections, list) and projections):
         raise AssertionError(f"an ok fit projects its pass rate, got projections {projections!r}")
+    rates = None if determined else estimates.get("projected_pass_rates")
+    _require(
+        determined or (isinstance(rates, list) and len(rates) == len(projections)),
+        f"an undetermined fit keeps one projected pass rate apart per projection, got {rates!r}",
+    )
     for i, projection in enumerate(projections):
         target = _finite(projection, "compute")
         _require(target > 0, f"projection {i} at compute {target}: must be > 0")
         expected = float(predict(target, a, b, c_mid, r0))
-        got = _finite(projection, "pass_rate")
+        _require(
+            determined or "pass_rate" not in projection, f"an undetermined fit's projection {i} has a bare pass_rate"
+        )
+        got = _finite(projection if determined else {"pass_rate": rates[i]}, "pass_rate")  # type: ignore[index]
         _require(
             math.isclose(got, expected, rel_tol=REL_TOL, abs_tol=1e-12),
             f"projection {i} at compute {target:g} says {got}; the fit's own parameters give {expected}",

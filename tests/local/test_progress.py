@@ -181,3 +181,24 @@ def test_the_summary_shows_training_compute_and_eval_sampling_apart(tmp_path: Pa
     # An interval in its point's unit: C_mid's, in seconds for a short run.
     assert device_time(201.0, 150.0, 173_442.0) == "201 [150, 173,442] device-s"
     assert device_time(5901.0, 201.0, 173_442.0) == "1.64 [0.06, 48.18] device-hours"
+
+
+def test_the_summary_shows_the_flops_axis_and_the_device_time_held_as_the_cost(tmp_path: Path) -> None:
+    from services.local.progress import compute_text
+
+    seconds = {"generator": 3000.0, "learner": 600.0, "eval": 1000.0}
+    flops = {"generator": 2.0e14, "learner": 6.0e14, "eval": 5.0e13}
+    (tmp_path / "fit.json").write_text(json.dumps({"compute_by_service": seconds, "flops_by_service": flops}))
+    progress = Progress(tmp_path, max_steps=12)
+    out = io.StringIO()
+    progress.console = Console(file=out, width=400)
+    progress.finish({})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["compute_by_service"] == seconds and summary["flops_by_service"] == flops
+    # By hand: 800 TFLOP trained, eval 50 of the 250 TFLOP generated; 3,600 s held = 1.00 device-hours.
+    said = (
+        "training 800 TFLOP (generator 200 TFLOP, learner 600 TFLOP); eval sampling 50 TFLOP, 20% of generation, "
+        "off the curve's axis; held 1.00 device-hours (generator 0.83 device-hours, learner 0.17 device-hours) and "
+        "0.28 device-hours sampling evals: the run's cost"
+    )
+    assert compute_text(seconds, flops) == said and said in " ".join(out.getvalue().split())

@@ -170,7 +170,7 @@ class ProjectedValue(_message.Message):
     def __init__(self, compute: _Optional[float] = ..., pass_rate: _Optional[float] = ..., interval: _Optional[_Union[Interval, _Mapping]] = ...) -> None: ...
 
 class Projection(_message.Message):
-    __slots__ = ("ok", "reason", "a", "b", "c_mid", "r0", "a_interval", "b_interval", "c_mid_interval", "num_points_used", "rmse", "projections", "fitted_unix_s", "at_bound", "identifiable", "recommendation", "recommendation_reason", "planned_compute", "compute_unit")
+    __slots__ = ("ok", "reason", "a", "b", "c_mid", "r0", "a_interval", "b_interval", "c_mid_interval", "num_points_used", "rmse", "projections", "fitted_unix_s", "at_bound", "identifiable", "recommendation", "recommendation_reason", "planned_compute", "determined", "why_not_determined", "not_determined", "compute_unit")
     OK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     A_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,9 @@ class Projection(_message.Message):
     RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
     RECOMMENDATION_REASON_FIELD_NUMBER: _ClassVar[int]
     PLANNED_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    DETERMINED_FIELD_NUMBER: _ClassVar[int]
+    WHY_NOT_DETERMINED_FIELD_NUMBER: _ClassVar[int]
+    NOT_DETERMINED_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_UNIT_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     reason: str
@@ -208,8 +211,11 @@ class Projection(_message.Message):
     recommendation: str
     recommendation_reason: str
     planned_compute: float
+    determined: bool
+    why_not_determined: str
+    not_determined: _containers.RepeatedScalarFieldContainer[str]
     compute_unit: str
-    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ..., a_interval: _Optional[_Union[Interval, _Mapping]] = ..., b_interval: _Optional[_Union[Interval, _Mapping]] = ..., c_mid_interval: _Optional[_Union[Interval, _Mapping]] = ..., num_points_used: _Optional[int] = ..., rmse: _Optional[float] = ..., projections: _Optional[_Iterable[_Union[ProjectedValue, _Mapping]]] = ..., fitted_unix_s: _Optional[float] = ..., at_bound: _Optional[_Iterable[str]] = ..., identifiable: _Optional[bool] = ..., recommendation: _Optional[str] = ..., recommendation_reason: _Optional[str] = ..., planned_compute: _Optional[float] = ..., compute_unit: _Optional[str] = ...) -> None: ...
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., c_mid: _Optional[float] = ..., r0: _Optional[float] = ..., a_interval: _Optional[_Union[Interval, _Mapping]] = ..., b_interval: _Optional[_Union[Interval, _Mapping]] = ..., c_mid_interval: _Optional[_Union[Interval, _Mapping]] = ..., num_points_used: _Optional[int] = ..., rmse: _Optional[float] = ..., projections: _Optional[_Iterable[_Union[ProjectedValue, _Mapping]]] = ..., fitted_unix_s: _Optional[float] = ..., at_bound: _Optional[_Iterable[str]] = ..., identifiable: _Optional[bool] = ..., recommendation: _Optional[str] = ..., recommendation_reason: _Optional[str] = ..., planned_compute: _Optional[float] = ..., determined: _Optional[bool] = ..., why_not_determined: _Optional[str] = ..., not_determined: _Optional[_Iterable[str]] = ..., compute_unit: _Optional[str] = ...) -> None: ...
 
 class SubmitPointsRequest(_message.Message):
     __slots__ = ("run", "points")
