@@ -188,17 +188,20 @@ loads the engine's ``worker_extension_cls``), and the file that names them."""
 
 
 def test_every_file_of_a_deployable_is_on_its_code_path() -> None:
-    """The import walk from each deployable's ``main`` reaches every module of its folder, or the module is
-    named in OWN_TOOLS as that service's own tool with the reason: a module nothing of the service runs is
+    """The import walk from each deployable's ``main`` reaches every module of its folder, or the walk from
+    one of its OWN_TOOLS (each named with its reason) does: a module nothing of the service runs is
     something else's (the embedded recipe, a benchmark baseline) and belongs in its own room."""
     graph = import_graph()
     for module, naming in LOADED_BY_NAME.items():
         assert f'"{module}.' in (ROOT / naming).read_text(), f"{naming} no longer names {module}"
     stray = {}
     for service in DEPLOYABLES:
-        starts = [f"services.{service}.main", *(m for m in LOADED_BY_NAME if m.startswith(f"services.{service}."))]
+        starts = [
+            f"services.{service}.main",
+            *(m for m in LOADED_BY_NAME if m.startswith(f"services.{service}.")),
+            *(f"services.{service}.{tool}" for tool in OWN_TOOLS.get(service, {})),
+        ]
         found = set().union(*(reachable(graph, m) for m in starts))
-        found |= {f"services.{service}.{tool}" for tool in OWN_TOOLS.get(service, {})}
         stray[service] = sorted(m for m in graph if m.startswith(f"services.{service}.") and m not in found)
     assert stray == {service: [] for service in DEPLOYABLES}
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from fitcheck import point_estimates
 from rich.console import Console
 
 from asymptote.contracts.v1 import rollout_pb2
@@ -25,6 +24,7 @@ from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.offline import main_fit
 from services.local.progress import Progress
+from tests.helpers.fitcheck import point_estimates
 
 NUM_PROMPTS, NUM_SAMPLES = 60, 4
 EVERY_VERSIONS, LAST_VERSION = 20, 300
