@@ -24,6 +24,11 @@ class SamplingSettings(Frozen):
     """Nucleus truncation; 1.0 is none."""
     max_tokens: int = Field(default=16, ge=1)
     """Completion length cap in tokens."""
+    truncated_reward: float | None = 0.0
+    """What a single-turn completion cut at max_tokens (no end of sequence) earns, whatever its verifier
+    says: 0, a wrong answer's reward, so that not stopping is never rewarded (services/broker/shaping.py).
+    None: the verifier's reward. The curriculum's pass rates use the verifier's rewards; a multi-turn
+    episode's end is its environment's to score."""
     overlong_cache_tokens: int | None = Field(default=None, ge=1)
     """DAPO's soft overlong punishment, the length-penalty alternative to interruptions: L_cache, the
     tokens before max_tokens (L_max) over which a penalty falling linearly from 0 to -1 is added to a

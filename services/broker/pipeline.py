@@ -38,7 +38,7 @@ from services.broker.batcher import ROLLOUT_COUNTS, Ackable, Batcher, pass_rate
 from services.broker.config import BrokerConfig
 from services.broker.curriculum import Curriculum, MixtureCurriculum
 from services.broker.metrics import BrokerMetrics
-from services.broker.shaping import shape_overlong
+from services.broker.shaping import score_truncated, shape_overlong
 
 log = logging.getLogger(__name__)
 
@@ -540,8 +540,8 @@ class BrokerPipeline:
 
     def _on_arrival(self, group: rollout_pb2.RolloutGroup) -> bool:
         """What a group tells before admission: its prompt's pass rate, the generation latency, who is
-        generating; and DAPO's overlong shaping of its rewards, if configured. Returns whether it
-        changed the group (shaped its rewards)."""
+        generating; then what its truncated completions earn and DAPO's overlong shaping of its rewards, as
+        configured. Returns whether it changed the group (shaped its rewards)."""
         assert self.curriculum is not None
         self._generators_seen[group.generator_id] = time.monotonic()
         if group.task.kind == rollout_pb2.TASK_KIND_TRAIN:
@@ -554,10 +554,15 @@ class BrokerPipeline:
             if 0.0 < latency < 3600.0:
                 prev = self.issue_latency_s
                 self.issue_latency_s = latency if prev is None else 0.9 * prev + 0.1 * latency
+            # After the pass rate, which is the verifier's.
             s = self.config.sampling
-            if s.overlong_cache_tokens is not None:  # after the pass rate: that is the verifier's
+            changed = False
+            if s.truncated_reward is not None and self.config.task.name != "multiturn":
+                changed = score_truncated(group, s.truncated_reward)
+            if s.overlong_cache_tokens is not None:
                 shape_overlong(group, s.max_tokens, s.overlong_cache_tokens)
-                return True
+                changed = True
+            return changed
         return False
 
     # -- upkeep ------------------------------------------------------------

@@ -219,34 +219,63 @@ def fit_text(fit: Mapping[str, Any]) -> str | None:
     return text
 
 
-def length_rates(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+TRUNCATION_WINDOW_STEPS = 20
+"""Steps over which a truncation rate is taken for the stability check."""
+UNSTABLE_TRUNCATION = 0.05
+"""A truncation rate (over TRUNCATION_WINDOW_STEPS steps) from which a run is marked unstable: ScaleRL's
+stable runs stayed below 5% and its failed ones climbed to 10-15% (arXiv 2510.13786)."""
+
+
+def _truncation(steps: list[dict[str, Any]]) -> float | None:
+    completions = sum(r.get("rollout/completions", 0.0) for r in steps)
+    return sum(r.get("rollout/truncated", 0.0) for r in steps) / completions if completions else None
+
+
+def length_rates(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the whole run: the interruption and truncation rates of every completion generated (before
-    any filter, as the broker counted them), and the truncation rate of the trained batches (after it)."""
+    any filter, as the broker counted them), the truncation rate of the trained batches (after it), and
+    the highest truncation rate over any TRUNCATION_WINDOW_STEPS steps, with whether it made the run
+    unstable (``unstable``: that rate at UNSTABLE_TRUNCATION or more)."""
     completions = sum(r.get("rollout/completions", 0.0) for r in steps)
     trained = sum(r.get("batch/samples", 0.0) for r in steps)
+    counted = [r for r in steps if r.get("rollout/completions")]
+    windows = [
+        _truncation(counted[i : i + TRUNCATION_WINDOW_STEPS])
+        for i in range(max(1, len(counted) - TRUNCATION_WINDOW_STEPS + 1))
+    ]
+    worst = max((w for w in windows if w is not None), default=None)
     return {
         "interruption_rate": sum(r.get("rollout/interrupted", 0.0) for r in steps) / completions
         if completions
         else None,
-        "truncation_rate": sum(r.get("rollout/truncated", 0.0) for r in steps) / completions if completions else None,
+        "truncation_rate": _truncation(steps),
         "trained_truncation_rate": sum(r.get("batch/truncation_rate", 0.0) * r.get("batch/samples", 0.0) for r in steps)
         / trained
         if trained
         else None,
+        "max_window_truncation_rate": worst,
+        "unstable": worst is not None and worst >= UNSTABLE_TRUNCATION,
     }
 
 
-TRUNCATION_WARNING = 0.9
-"""A share of truncated completions from which the live line warns: max_tokens is too short for the task."""
-
-
-def truncated_share(recent: list[dict[str, Any]]) -> float | None:
-    """The share of the completions generated for the last batch that hit max_tokens (before any filter:
-    a batch whose groups all truncated is mostly flat and dropped); None before the first."""
-    for row in reversed(recent):
-        if row.get("rollout/completions"):
-            return float(row.get("rollout/truncation_rate", 0.0))
-    return None
+def truncation_warning(steps: list[dict[str, Any]]) -> str | None:
+    """What the live line says of the truncation rate over the last TRUNCATION_WINDOW_STEPS steps, when it
+    is UNSTABLE_TRUNCATION or more: a run truncated that much from its first steps has max_tokens too short
+    for its task; one whose rate climbed there is destabilising (the policy stopped ending its answers),
+    which a longer cap would not cure."""
+    counted = [r for r in steps if r.get("rollout/completions")]
+    recent = _truncation(counted[-TRUNCATION_WINDOW_STEPS:])
+    if recent is None or recent < UNSTABLE_TRUNCATION:
+        return None
+    first = _truncation(counted[:TRUNCATION_WINDOW_STEPS]) or 0.0
+    if first >= UNSTABLE_TRUNCATION:
+        return (
+            f"{recent:.0%} of completions hit max_tokens, {first:.0%} from the start: max_tokens is short for the task"
+        )
+    return (
+        f"unstable: truncation rose from {first:.0%} to {recent:.0%} over the last {TRUNCATION_WINDOW_STEPS} steps "
+        "(ScaleRL's stable runs stayed below 5%)"
+    )
 
 
 def duration(seconds: float) -> str:
@@ -290,7 +319,7 @@ class Progress:
             "samples_per_s": samples / span if span > 0 else None,
             "tokens_per_s": tokens / span if span > 0 else None,
             "eta_s": per_step * max(0, self.max_steps - step) if per_step is not None else None,
-            "truncated": truncated_share(recent),
+            "truncation_warning": truncation_warning(steps),
             "staleness": steps[-1].get("staleness/mean") if steps else None,
             "evals": evals,
             "fit": fit,
@@ -331,11 +360,8 @@ class Progress:
             t.add_row("trained tokens/s", f"{snap['tokens_per_s']:,.0f}")
         if snap.get("eta_s") is not None and snap["step"] < self.max_steps:
             t.add_row("time left", f"about {duration(snap['eta_s'])} at this pace")
-        if (snap.get("truncated") or 0.0) >= TRUNCATION_WARNING:
-            t.add_row(
-                "[yellow]warning[/yellow]",
-                f"{snap['truncated']:.0%} of the last batch's completions hit max_tokens: raise max_tokens",
-            )
+        if snap.get("truncation_warning"):
+            t.add_row("[yellow]warning[/yellow]", snap["truncation_warning"])
         if snap["staleness"] is not None:
             t.add_row("mean staleness", f"{snap['staleness']:.2f} versions")
         evals = snap["evals"]
@@ -374,8 +400,8 @@ class Progress:
             parts.append(f"{snap['tokens_per_s']:,.0f} tokens/s")
         if snap.get("eta_s") is not None and snap["step"] < self.max_steps:
             parts.append(f"ETA {duration(snap['eta_s'])}")
-        if (snap.get("truncated") or 0.0) >= TRUNCATION_WARNING:
-            parts.append(f"warning: {snap['truncated']:.0%} of completions truncated: raise max_tokens")
+        if snap.get("truncation_warning"):
+            parts.append(f"warning: {snap['truncation_warning']}")
         for task, fit in curve_fits(snap["fit"]).items():
             a = a_text(fit, brief=True)
             if a is not None:
@@ -464,7 +490,9 @@ class Progress:
             t.add_row(
                 "length",
                 f"interrupted {rates['interruption_rate']:.3f}  truncated {rates['truncation_rate']:.3f} "
-                f"of all completions; truncated {rates['trained_truncation_rate'] or 0.0:.3f} of those trained",
+                f"of all completions; truncated {rates['trained_truncation_rate'] or 0.0:.3f} of those trained; "
+                f"at most {rates['max_window_truncation_rate'] or 0.0:.3f} over {TRUNCATION_WINDOW_STEPS} steps"
+                + ("  [yellow]unstable[/yellow]" if rates["unstable"] else ""),
             )
         compute = compute_text(summary["compute_by_service"], summary["flops_by_service"])
         if compute is not None:

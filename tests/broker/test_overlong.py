@@ -1,4 +1,5 @@
-"""DAPO's soft overlong punishment against a plain reference at the boundary lengths."""
+"""DAPO's soft overlong punishment against a plain reference at the boundary lengths; what a truncated
+completion earns."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from asymptote.contracts.v1 import rollout_pb2
 from services.broker.config import SamplingSettings
-from services.broker.shaping import overlong_penalty, shape_overlong
+from services.broker.shaping import overlong_penalty, score_truncated, shape_overlong
 
 
 def reference(length: int, l_max: int, l_cache: int) -> float:
@@ -57,3 +58,19 @@ def test_cache_longer_than_the_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="overlong_cache_tokens"):
         SamplingSettings(max_tokens=8, overlong_cache_tokens=9)
     assert SamplingSettings(max_tokens=8, overlong_cache_tokens=8).overlong_cache_tokens == 8
+
+
+def test_a_truncated_completion_earns_the_truncated_reward_whatever_its_verifier_said() -> None:
+    group = rollout_pb2.RolloutGroup(
+        completions=[
+            rollout_pb2.Completion(token_ids=list(range(n)), reward=r, truncated=cut)
+            for n, r, cut in [(5, 1.0, False), (16, 1.0, True), (16, 0.0, True), (9, 0.0, False)]
+        ]
+    )
+    assert score_truncated(group, 0.0)
+    assert [c.reward for c in group.completions] == [1.0, 0.0, 0.0, 0.0]
+    shape_overlong(group, max_tokens=16, cache_tokens=4)  # the pipeline's order: then the length penalty
+    assert [c.reward for c in group.completions] == pytest.approx([1.0, -1.0, -1.0, 0.0])
+    untouched = rollout_pb2.RolloutGroup(completions=[rollout_pb2.Completion(token_ids=[1], reward=1.0)])
+    assert not score_truncated(untouched, 0.0) and untouched.completions[0].reward == 1.0
+    assert SamplingSettings().truncated_reward == 0.0

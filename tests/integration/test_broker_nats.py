@@ -450,17 +450,22 @@ async def test_packed_batches_carry_the_same_groups_in_parts_of_bounded_size(
     assert resp.num_acked == 4
 
 
-@pytest.mark.parametrize("shaped", [False, True])
-async def test_the_learner_gets_each_group_as_published_or_as_shaped(nats: NatsServer, shaped: bool) -> None:
-    """Unshaped groups go to the learner in the bytes they arrived in; shaped ones with their new rewards."""
+@pytest.mark.parametrize("shaping", ["none", "overlong", "truncated"])
+async def test_the_learner_gets_each_group_as_published_or_as_shaped(nats: NatsServer, shaping: str) -> None:
+    """Unshaped groups go to the learner in the bytes they arrived in; shaped ones with their new rewards:
+    DAPO's overlong penalty, or a right answer cut at max_tokens earning 0 (the default)."""
     h = Harness(nats)
-    if shaped:  # 3 tokens against max_tokens 4 and a 2-token punishment interval: -0.5 each
+    if shaping == "overlong":  # 3 tokens against max_tokens 4 and a 2-token punishment interval: -0.5 each
         h.config = h.config.model_copy(
             update={"sampling": SamplingSettings(group_size=2, max_tokens=4, overlong_cache_tokens=2)}
         )
+    expected = {"none": [1.0, 0.0], "overlong": [0.5, -0.5], "truncated": [0.0, 0.0]}[shaping]
     async with running(h):
         train = [(t, m) for t, m in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:2]
         published = [make_group(t, [1.0, 0.0]) for t, _ in train]
+        if shaping == "truncated":
+            for group in published:
+                group.completions[0].truncated = True
         for (_, m), group in zip(train, published, strict=True):
             await publish_group(h, group)
             await m.ack()  # type: ignore[attr-defined]
@@ -470,8 +475,8 @@ async def test_the_learner_gets_each_group_as_published_or_as_shaped(nats: NatsS
         for group in published:
             served = by_id[group.group_id]
             rewards = [c.reward for c in served.completions]
-            assert rewards == ([0.5, -0.5] if shaped else [1.0, 0.0])
-            if not shaped:
+            assert rewards == expected
+            if shaping == "none":
                 assert served == group
             else:  # only the rewards changed
                 for c in served.completions:

@@ -139,18 +139,20 @@ def test_the_summary_keeps_whether_the_fit_is_determined(tmp_path: Path) -> None
 def test_the_line_shows_tokens_per_second_an_eta_and_warns_of_truncation(tmp_path: Path) -> None:
     rows = [
         {"step": s, "policy_version": s, "unix_s": 100.0 + 4.0 * s, "batch/samples": 128.0, "batch/tokens": 8000.0,
-         "reward/pass_rate": 0.5, "rollout/completions": 128.0, "rollout/truncation_rate": 0.95 if s == 10 else 0.1}
-        for s in range(1, 11)
+         "reward/pass_rate": 0.5, "rollout/completions": 128.0, "rollout/truncated": 64.0 if s > 20 else 1.0}
+        for s in range(1, 31)
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    progress = Progress(tmp_path, max_steps=100)
+    progress = Progress(tmp_path, max_steps=120)
     now = progress.snapshot()
     # Nine steps of 8,000 tokens in 36 s; 90 steps left at 4 s each.
     assert now["tokens_per_s"] == pytest.approx(2000.0) and now["eta_s"] == pytest.approx(360.0)
     line = progress.line(now)
     assert "2,000 tokens/s" in line and "ETA 6m" in line
-    assert "warning: 95% of completions truncated: raise max_tokens" in line
-    rows[-1]["rollout/truncation_rate"] = 0.5
+    # The last 20 steps: 10 at 1 of 128 and 10 at 64 of 128, 25.4%; the first 20 at 0.8%.
+    assert "warning: unstable: truncation rose from 1% to 25% over the last 20 steps" in line
+    for row in rows:
+        row["rollout/truncated"] = 1.0
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "warning" not in progress.line(progress.snapshot())
 
