@@ -397,20 +397,20 @@ def main(argv: list[str]) -> int:
         "--margin",
         type=float,
         default=MARGIN,
-        help=f"pass-rate differences within this are equivalent, beyond it decided (default {MARGIN})",
+        help=f"pass-rate differences within this are equivalent, beyond it decided (default: {MARGIN})",
     )
     parser.add_argument(
         "--alpha",
         type=float,
         default=ALPHA,
-        help=f"the comparison's error rate: runs of one recipe come out decided at most this often (default {ALPHA})",
+        help=f"the comparison's error rate: runs of one recipe come out decided at most this often (default: {ALPHA})",
     )
     parser.add_argument(
         "--budget",
         type=float,
         help="planned compute (the logs' axis unit) to recommend against and compare at (default: the asymptote)",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
     args = parser.parse_args(argv)
     setup_logging("fit", "text", args.log_level)
     settings = load_config(CurveFitSettings, args.config, "ASY_FIT")
