@@ -54,6 +54,7 @@ from services.learner.memory import (
 from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
 from services.learner.sharding import checkpoint_activations, decoder_layers, shard
 from services.ops.plan import plan_inputs
+from tests.helpers.badinput import BAD_INPUTS
 from tests.helpers.families import QWEN3_8B, config_only
 
 REPO = Path(__file__).resolve().parents[2]
@@ -460,6 +461,7 @@ def test_plan_answers_in_one_line(case: str, qwen3_8b: Path, tmp_path: Path) -> 
         "not-a-count": ["--model", str(qwen3_8b), "--config", str(words)],
     }[case]
     proc = run_cli("plan", *argv)
+    BAD_INPUTS.record("command line", f"plan {case}", crashed="Traceback" in proc.stdout + proc.stderr)
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.splitlines()
