@@ -93,10 +93,11 @@ def flop_params(model_dir: Path) -> int:
 _SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E", "Z", "Y")
 
 
-def flops_text(flops: float, *more: float) -> str:
-    """FLOPs as people count them, with an SI prefix chosen by the first value: "3.41 PFLOP", "201 [150, 260]
-    TFLOP" (``more``, an interval's ends, in the first value's unit)."""
-    rounded = float(f"{abs(flops):.3g}")  # 999.9e12 is shown as 1 PFLOP, not 1e+03 TFLOP
+def flops_text(flops: float, *more: float, unit_of: float | None = None) -> str:
+    """FLOPs as people count them, with an SI prefix chosen by the first value (or by ``unit_of``, e.g. the
+    total of a line's parts): "3.41 PFLOP", "201 [150, 260] TFLOP" (``more``, an interval's ends, in the
+    same unit)."""
+    rounded = float(f"{abs(flops if unit_of is None else unit_of):.3g}")  # 999.9e12 is 1 PFLOP, not 1e+03 TFLOP
     power = min(max(math.floor(math.log10(rounded) / 3) if rounded else 0, 0), len(_SI_PREFIXES) - 1)
     scale = 1000.0**power
 
@@ -122,11 +123,12 @@ COMPUTE_UNIT_LABELS: dict[ComputeUnit, str] = {"flops": "FLOP", "device_seconds"
 """A unit's name in a table header or an axis label."""
 
 
-def device_time(seconds: float, *more: float) -> str:
+def device_time(seconds: float, *more: float, unit_of: float | None = None) -> str:
     """Accelerator time as people count it (the curve's axis; GPU-seconds on GPUs): seconds for short runs,
-    hours (the paper's GPU-hours) else. ``more`` (an interval's ends) follow in the first value's unit:
-    "1.64 device-hours", "201 [150, 260] device-s"."""
-    hours = seconds >= 360
+    hours (the paper's GPU-hours) else, chosen by the first value or by ``unit_of`` (e.g. the total of a
+    line's parts). ``more`` (an interval's ends) follow in the same unit: "1.64 device-hours", "201 [150,
+    260] device-s"."""
+    hours = (seconds if unit_of is None else unit_of) >= 360
 
     def shown(x: float) -> str:
         return f"{x / 3600:,.2f}" if hours else f"{x:,.0f}"

@@ -251,6 +251,17 @@ def decode_policy(data: bytes) -> rollout_pb2.PolicyVersion:
     return policy
 
 
+def decode_best_round(data: bytes) -> rollout_pb2.BestRound:
+    """The fitter's best held-out round: a pass rate in [0, 1] of at least one round."""
+    best = decode(rollout_pb2.BestRound, data)
+    if not 0.0 <= best.pass_rate <= 1.0 or best.num_rounds < 1:
+        raise PayloadError(
+            f"best round of version {best.policy_version}: pass rate {best.pass_rate} of "
+            f"{best.num_rounds} rounds; accepted: a pass rate in [0, 1] of at least one round"
+        )
+    return best
+
+
 def decode_ledger_batch(data: bytes) -> rollout_pb2.LedgerBatch:
     """A batch of ledger entries (written by this project's services only, so decoded without further checks)."""
     return decode(rollout_pb2.LedgerBatch, data)

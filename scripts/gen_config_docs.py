@@ -85,7 +85,7 @@ ASY_UP__MODE=sync asymptote up        # the local stack's dials
 """
 
 OUTRO = """\
-`asymptote fit --config FILE` reads a [CurveFitSettings](#curvefitsettings)
+`asymptote fit runs/*/eval.jsonl --config FILE` reads a [CurveFitSettings](#curvefitsettings)
 file, with overrides under `ASY_FIT__`.
 
 ## One task for the broker and the generators

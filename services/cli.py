@@ -71,17 +71,21 @@ def _export(argv: list[str]) -> int:
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory (its checkpoints/)")
     parser.add_argument("--to", type=Path, required=True, help="the model directory to write (new or empty)")
-    parser.add_argument("--step", type=int, help="the checkpoint holding this step (default: the newest)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="the checkpoint holding this step (default: the newest)")
+    which.add_argument("--best", action="store_true", help="the checkpoint of the best held-out eval round")
     parser.add_argument("--model", type=Path, help="the model directory the run started from (default: the run's copy)")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise ConfigError(f"RUN_DIR {args.run_dir}: not a directory")
     logging.basicConfig(level="INFO", format="%(asctime)s export %(levelname)s: %(message)s")
     from asymptote.errors import ModelError
-    from services.learner.export import export
+    from services.learner.export import export, find_best
 
     try:
-        print(export(args.run_dir, args.to, args.step, args.model))
+        chosen = find_best(args.run_dir.resolve()) if args.best else None
+        to = export(args.run_dir, args.to, args.step, args.model, best=args.best)
+        print(chosen.said(to) if chosen is not None else to)
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
     return 0

@@ -92,6 +92,7 @@ TORCH_FREE_MODULES = (
     "asymptote.rpc",
     "asymptote.runtime",
     "asymptote.policy",
+    "asymptote.best_round",
     "asymptote.compute",
     "asymptote.tasks",
     "asymptote.envs",

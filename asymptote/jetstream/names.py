@@ -136,7 +136,13 @@ class Names:
     def curriculum_bucket(self) -> str:
         return f"{self.prefix}-curriculum"
 
+    @property
+    def evals_bucket(self) -> str:
+        """The fitter's run-level state the other services read: the best held-out round."""
+        return f"{self.prefix}-evals"
+
     policy_key: str = "current"
+    best_round_key: str = "best"
 
 
 def stream_configs(names: Names) -> list[StreamConfig]:

@@ -10,7 +10,9 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.kv import KeyValue
 
+from asymptote.best_round import best_round, publish_best_round
 from asymptote.cli_args import service_parser
 from asymptote.config import load_config, log_resolved
 from asymptote.contracts.v1 import services_pb2_grpc
@@ -53,7 +55,16 @@ async def telemetry_loop(rt: Runtime, axis: ComputeAxis, stop: asyncio.Event) ->
         await sub.unsubscribe()
 
 
+async def publish_best(rt: Runtime, kv: KeyValue, collector: RunCollectors) -> None:
+    """Publish the run's best held-out round (the learner keeps its checkpoint); none before a round is scored."""
+    best = best_round(point.row() for _, curve in collector.series() for point in curve.points)
+    if best is not None:
+        await publish_best_round(kv, rt.names, best)
+
+
 async def evals_loop(rt: Runtime, collector: RunCollectors, stop: asyncio.Event) -> None:
+    kv = await ensure_bucket(rt.js, rt.names.evals_bucket, replicas=rt.names.replicas)
+    await publish_best(rt, kv, collector)  # a restarted fitter's rounds from eval.jsonl
     sub = await rt.js.pull_subscribe(
         rt.names.eval_results,
         durable=rt.names.fitter_evals_consumer,
@@ -61,7 +72,7 @@ async def evals_loop(rt: Runtime, collector: RunCollectors, stop: asyncio.Event)
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_deliver=5),
     )
     try:
-        await _collect_evals(sub, rt, collector, stop)
+        await _collect_evals(sub, rt, collector, stop, kv)
     finally:
         # nats-py's connection drain waits on a pull subscription's inbox for
         # good; unacked results are redelivered to the next fitter.
@@ -69,7 +80,7 @@ async def evals_loop(rt: Runtime, collector: RunCollectors, stop: asyncio.Event)
 
 
 async def _collect_evals(
-    sub: JetStreamContext.PullSubscription, rt: Runtime, collector: RunCollectors, stop: asyncio.Event
+    sub: JetStreamContext.PullSubscription, rt: Runtime, collector: RunCollectors, stop: asyncio.Event, kv: KeyValue
 ) -> None:
     held: dict[str, list[Msg]] = {}
     last_heartbeat = time.monotonic()
@@ -85,7 +96,8 @@ async def _collect_evals(
                 await deadletter(rt.js, rt.names, msg, "evals", str(exc))
                 continue
             # Refits run in a thread: a bootstrap must not stall the event loop.
-            await asyncio.to_thread(collector.add_result, result)
+            if await asyncio.to_thread(collector.add_result, result) is not None:
+                await publish_best(rt, kv, collector)
             # A round's results are acked once its point is in eval.jsonl: a
             # fitter that dies mid-round gets them redelivered (results are
             # keyed by task id, so a redelivered copy counts once).

@@ -23,6 +23,17 @@ place. A crash at any moment leaves the previous checkpoints as they were:
 only ``ckpt-*`` folders with ``DONE`` count. Batches are acked to the broker
 only once the checkpoint that holds them is ``DONE`` (``loop``).
 
+Pruning keeps the newest ``keep`` checkpoints and, when the run keeps its
+best (``keep_best_checkpoint``), the one of the best held-out eval round the
+fitter published (``asymptote.best_round``): the checkpoint at that round's
+version, else the newest before it (the weights the round's version started
+from, e.g. after a restart moved versions ahead of steps). That one holds a
+``BEST`` file naming the round, which ``asymptote export --best`` reads; the
+previous best's goes at the next commit once a better round supersedes it.
+Until the learner has read the fitter's entry (at start, NATS unreachable)
+nothing is pruned, so a restart never deletes the best. A round scored after
+its checkpoint left the newest ``keep`` (a fitter that far behind) has none.
+
 On several nodes every rank must see the same checkpoint folder (a shared
 volume), as DCP writes each rank's files into it.
 """
@@ -47,6 +58,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ModelError
 from asymptote.faults import failpoint
 
@@ -59,6 +71,8 @@ STATE = "state"
 """The DCP folder inside a checkpoint."""
 META = "trainer.json"
 RNG = "rng.pt"
+BEST = "BEST"
+"""In the checkpoint kept for the best held-out round: the round's version, pass rate and rounds scored (JSON)."""
 LEGACY_WEIGHTS = "model.safetensors"
 """The whole-model file of the consolidated format written before checkpoints were sharded."""
 
@@ -136,10 +150,24 @@ class Checkpointer:
     group for the writes when there are several ranks).
     """
 
-    def __init__(self, root: Path, keep: int, *, distributed: bool, rank: int, pin_staging: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        keep: int,
+        *,
+        distributed: bool,
+        rank: int,
+        pin_staging: bool = False,
+        keep_best: bool = False,
+    ) -> None:
         self.root = root
         self.keep = keep
         self.rank = rank
+        self.keep_best = keep_best
+        self.best: rollout_pb2.BestRound | None = None
+        """The best held-out round the fitter published, whose checkpoint pruning keeps (``keep_best``)."""
+        self.best_known = not keep_best
+        """Whether ``best`` was read: until then nothing is pruned (it may be any checkpoint)."""
         # The writer's collectives (gathering plans and results) run in a background thread: on a
         # group of their own (gloo on the CPU) they cannot cross the training loop's.
         self._group = dist.new_group(backend="gloo") if distributed else None
@@ -187,6 +215,10 @@ class Checkpointer:
         """Rank 0: the save in flight is written by every rank and can be committed without waiting."""
         return self._pending is not None and self._pending.future.done()
 
+    def set_best(self, best: rollout_pb2.BestRound | None) -> None:
+        """The best round as the fitter published it (None: none yet); pruning keeps its checkpoint from now."""
+        self.best, self.best_known = best, True
+
     def finish(self) -> Path | None:
         """Rank 0: wait for the save in flight, commit it (``DONE``, renamed into place) and prune old ones.
 
@@ -198,7 +230,12 @@ class Checkpointer:
         pending.future.result()  # DCP writes its metadata after every rank's files are written
         self._pending = None
         assert pending.meta is not None, "rank 0 commits"
-        return commit(self.root, pending.version, pending.tmp, pending.meta, self.keep)
+        final = commit(self.root, pending.version, pending.tmp, pending.meta)
+        if self.best_known:
+            prune(self.root, self.keep, self.best if self.keep_best else None)
+        else:
+            log.info("nothing pruned after %s: the run's best held-out round is not known yet", final.name)
+        return final
 
     def close(self) -> None:
         """Finish what is in flight (rank 0 commits it) and leave the writers' process group."""
@@ -211,7 +248,7 @@ class Checkpointer:
             self._group = None
 
 
-def commit(root: Path, version: int, tmp: Path, meta: Meta, keep: int) -> Path:
+def commit(root: Path, version: int, tmp: Path, meta: Meta) -> Path:
     """Write ``trainer.json`` and the RNG states into ``tmp``, fsync, mark it DONE, rename it into place."""
     (tmp / META).write_text(json.dumps(asdict(meta)))
     torch.save({"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / RNG)
@@ -225,13 +262,67 @@ def commit(root: Path, version: int, tmp: Path, meta: Meta, keep: int) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(root)
-    for old in sorted(p for p in root.glob("ckpt-*") if (p / "DONE").exists())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def kept_versions(versions: list[int], keep: int, best_version: int | None) -> set[int]:
+    """The checkpoint versions pruning keeps: the newest ``keep``, and the best round's (``best_version``'s own,
+    else the newest before it; None: no best to keep)."""
+    ordered = sorted(versions)
+    kept = set(ordered[-keep:])
+    before = [v for v in ordered if best_version is not None and v <= best_version]
+    if before:
+        kept.add(before[-1])
+    return kept
+
+
+def version_of(path: Path) -> int:
+    """The version a ``ckpt-<version>`` folder holds."""
+    return int(path.name.removeprefix("ckpt-"))
+
+
+def committed(root: Path) -> list[Path]:
+    """The checkpoints in ``root`` that count (marked DONE), oldest first."""
+    return sorted(p for p in root.glob("ckpt-*") if (p / "DONE").exists())
+
+
+def prune(root: Path, keep: int, best: rollout_pb2.BestRound | None) -> None:
+    """Delete the checkpoints ``kept_versions`` does not keep; mark the best round's with ``BEST`` first, and
+    take the mark off one that no longer is."""
+    done = {version_of(p): p for p in committed(root)}
+    best_version = int(best.policy_version) if best is not None else None
+    kept = kept_versions(list(done), keep, best_version)
+    stand_in = max((v for v in kept if best_version is not None and v <= best_version), default=None)
+    if best is not None and stand_in is not None:
+        mark = {"policy_version": best_version, "pass_rate": best.pass_rate, "num_rounds": best.num_rounds}
+        path = done[stand_in] / BEST
+        if not path.exists() or json.loads(path.read_text()) != mark:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(mark))
+            _fsync_file(tmp)
+            tmp.replace(path)
+            _fsync_dir(done[stand_in])
+            log.info(
+                "%s kept for the best held-out round, version %d (pass rate %.3f)",
+                done[stand_in].name,
+                best_version,
+                best.pass_rate,
+            )
+    for version, path in done.items():
+        if version not in kept:
+            shutil.rmtree(path, ignore_errors=True)
+        elif version != stand_in:
+            (path / BEST).unlink(missing_ok=True)
+
+
+def best_mark(path: Path) -> dict[str, Any] | None:
+    """What the ``BEST`` file of checkpoint ``path`` says, or None without one."""
+    mark = path / BEST
+    return json.loads(mark.read_text()) if mark.exists() else None
+
+
 def latest(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("ckpt-*") if (p / "DONE").exists())
+    done = committed(root)
     return done[-1] if done else None
 
 

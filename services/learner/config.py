@@ -141,6 +141,8 @@ class LearnerConfig(MeteredServiceSettings):
     broker only once a checkpoint holds them."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk."""
+    keep_best_checkpoint: bool = True
+    """Also keep the checkpoint of the best held-out eval round (the fitter's), for ``export RUN --to DIR --best``."""
     served_versions_kept: int = Field(default=2, ge=1)
     """Policy versions held in memory (each a whole version in the served dtype) to serve to generators:
     a generator that holds one of them pulls only the elements that changed since (a delta), one further

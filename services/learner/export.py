@@ -10,6 +10,11 @@ safetensors shards with their index beside those files: a folder that
 transformers' ``from_pretrained`` and vLLM load as they loaded the original.
 The folder is written beside its destination and renamed into place, so an
 interrupted export leaves nothing that looks complete.
+
+``--best`` takes the checkpoint of the run's best held-out eval round, read
+from the run directory alone: the round from ``eval.jsonl``
+(``asymptote.best_round``), its checkpoint the one at its version, else the
+one the learner kept for it and marked ``BEST`` (the newest before it).
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from asymptote.best_round import best_round, read_eval_rows
 from asymptote.codec import PICKLE_SUFFIXES, read_signature
+from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ConfigError, WeightsError
 from services.learner import checkpoint
 from services.learner.model import TORCH_DTYPES
@@ -62,10 +70,55 @@ def keep_model_files(model_dir: Path, run_dir: Path) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The checkpoint of a run's best held-out round."""
+
+    path: Path
+    round: rollout_pb2.BestRound
+
+    @property
+    def version(self) -> int:
+        return checkpoint.version_of(self.path)
+
+    def said(self, to: Path) -> str:
+        """The line ``asymptote export --best`` answers with."""
+        v, score = self.round.policy_version, f"held-out pass rate {self.round.pass_rate:.3f}"
+        of = f"the best of {self.round.num_rounds} eval rounds"
+        if self.version == v:
+            return f"exported version {v} ({score}, {of}) to {to}"
+        return f"exported version {self.version}, the newest checkpoint before the best round's version {v} ({score}, {of}), to {to}"
+
+
+def find_best(run_dir: Path) -> BestCheckpoint:
+    """The checkpoint of the run's best held-out round (``eval.jsonl``); ConfigError saying why there is none."""
+    evals = run_dir / "eval.jsonl"
+    best = best_round(read_eval_rows(evals))
+    if best is None:
+        raise ConfigError(f"--best: {evals} holds no eval round")
+    done = {checkpoint.version_of(p): p for p in checkpoint.committed(run_dir / "checkpoints")}
+    v = int(best.policy_version)
+    if v in done:
+        return BestCheckpoint(done[v], best)
+    for path in done.values():
+        mark = checkpoint.best_mark(path)
+        if mark is not None and mark.get("policy_version") == v:
+            return BestCheckpoint(path, best)
+    why = (
+        "version 0 is the model the run started from"
+        if v == 0
+        else "it left the newest ones before the round was scored, or the run kept no best (keep_best_checkpoint)"
+    )
+    raise ConfigError(
+        f"--best: the best held-out round, version {v} (pass rate {best.pass_rate:.3f}), has no checkpoint: {why}; "
+        f"the run's checkpoints hold versions {sorted(done)}"
+    )
+
+
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """The run's newest committed checkpoint, or the one holding ``step``; ConfigError saying what there is."""
     root = run_dir / "checkpoints"
-    done = sorted(p for p in root.glob("ckpt-*") if (p / "DONE").exists())
+    done = checkpoint.committed(root)
     if not done:
         raise ConfigError(f"{run_dir}: no committed checkpoint in {root}")
     if step is None:
@@ -80,9 +133,15 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
 
 
 def export(
-    run_dir: Path, to: Path, step: int | None = None, model_dir: Path | None = None, shard_bytes: int = SHARD_BYTES
+    run_dir: Path,
+    to: Path,
+    step: int | None = None,
+    model_dir: Path | None = None,
+    shard_bytes: int = SHARD_BYTES,
+    best: bool = False,
 ) -> Path:
-    """Write checkpoint ``step`` (newest: None) of ``run_dir`` as a model directory ``to``; returns ``to``.
+    """Write checkpoint ``step`` (newest: None; ``best``: the best held-out round's, ``find_best``) of
+    ``run_dir`` as a model directory ``to``; returns ``to``.
 
     ``model_dir``: where the config and tokenizer come from when the run
     kept no copy of them. Tensors go in safetensors shards of at most
@@ -100,7 +159,7 @@ def export(
         signature = _signature(source)
     except (WeightsError, OSError) as exc:
         raise ConfigError(f"{flag}: its weights cannot be read: {exc}") from exc
-    path = find_checkpoint(run_dir, step)
+    path = find_best(run_dir).path if best else find_checkpoint(run_dir, step)
     check_fits(signature, checkpoint.weight_names(path), path, flag)
     started = time.perf_counter()
     tmp = to.parent / f".{to.name}.export-tmp"

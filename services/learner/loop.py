@@ -24,6 +24,7 @@ import grpc
 import torch
 from transformers import PreTrainedModel
 
+from asymptote.best_round import current_best_round
 from asymptote.codec import read_signature
 from asymptote.compute import ComputeMeter, flop_params
 from asymptote.config import TlsSettings
@@ -172,6 +173,7 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         distributed=dp.distributed,
         rank=dp.rank,
         pin_staging=precision.device.type == "cuda",
+        keep_best=config.keep_best_checkpoint,
     )
     if dp.distributed:
         log.info("rank %d: %s over %d ranks", dp.rank, "FSDP2" if trainer.sharded else "DDP", dp.world_size)
@@ -318,12 +320,27 @@ class Learner:
         assert writer is not None, "build_trainer sets the checkpointer"
         if writer.in_flight is None or not (wait or writer.ready()):
             return
+        await self.read_best_round()
         started = time.perf_counter()
         path = await asyncio.to_thread(writer.finish)
         log.info("checkpoint %s committed (waited %.2fs)", path, time.perf_counter() - started)
         if self.acking:
             await broker.ack(self.acking, attempts=ack_attempts)
             self.acking = []
+
+    async def read_best_round(self) -> None:
+        """Tell the checkpointer the best held-out round the fitter published, before it prunes. When NATS does
+        not answer it keeps what it knew (at start: nothing, so it prunes nothing)."""
+        writer = self.trainer.checkpointer
+        assert writer is not None, "build_trainer sets the checkpointer"
+        if not self.config.keep_best_checkpoint:
+            return
+        try:
+            best = await current_best_round(self.evals_kv, self.rt.names)
+        except Exception as exc:  # NATS unreachable, a bad entry: pruning waits, training goes on
+            log.warning("cannot read the best held-out round (%s); pruning keeps what it knew", exc)
+            return
+        writer.set_best(best)
 
     async def train_loop(self, broker: BrokerClient, stop: asyncio.Event) -> None:
         c = self.config
@@ -437,6 +454,7 @@ class Learner:
         keep_model_files(c.model_dir, c.run_dir)  # what `asymptote export` writes beside the weights
         await self.start()
         self.kv = await ensure_bucket(self.rt.js, self.rt.names.policy_bucket, replicas=self.rt.names.replicas)
+        self.evals_kv = await ensure_bucket(self.rt.js, self.rt.names.evals_bucket, replicas=self.rt.names.replicas)
         announced = await current_policy(self.kv, self.rt.names)
         if announced is not None and announced.version > self.version:
             # Versions after the checkpoint were announced and are lost with the

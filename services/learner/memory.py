@@ -469,7 +469,7 @@ class HostPlan:
     checkpoint_bytes: int
     """One checkpoint on disk, all ranks' shards together."""
     checkpoints_on_disk: int
-    """Kept checkpoints plus the one being written."""
+    """Kept checkpoints (the newest, the best held-out round's) plus the one being written."""
 
     @property
     def host_bytes(self) -> int:
@@ -497,7 +497,7 @@ def plan_host(shape: ModelShape, config: LearnerConfig, *, gpus_per_node: int, n
         served_bytes=(config.served_versions_kept + 1) * p * DTYPE_BYTES[shape.stored_dtype],
         staging_bytes=CHECKPOINT_BYTES_PER_PARAM * p * gpus_per_node // world,
         checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * p + CHECKPOINT_EXTRA_BYTES,
-        checkpoints_on_disk=config.keep_checkpoints + 1,
+        checkpoints_on_disk=config.keep_checkpoints + int(config.keep_best_checkpoint) + 1,
     )
 
 

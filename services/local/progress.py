@@ -115,15 +115,21 @@ def _mean(values: list[float | None]) -> float | None:
 def compute_text(by_service: Mapping[str, float], flops_by_service: Mapping[str, float] | None = None) -> str | None:
     """The run's compute: training (the curve's axis) by service with the eval rounds' sampling apart, in FLOPs
     where the fitter counted them; then the device time held, the run's cost. A fit.json written before the
-    FLOPs axis has device time only, and that is the axis."""
+    FLOPs axis has device time only, and that is the axis. Each quantity's parts are in the unit its
+    training total takes (never "0.20 device-hours (generator 340 device-s, ...)")."""
 
-    def spent(values: Mapping[str, float], shown: Callable[[float], str]) -> tuple[str, str]:
+    def spent(values: Mapping[str, float], text: Callable[..., str]) -> tuple[str, str]:
         train = {k: v for k, v in values.items() if k != "eval"}
+        total = sum(train.values())
         evals = values.get("eval", 0.0)
         generation = values.get("generator", 0.0) + evals
+
+        def shown(value: float) -> str:
+            return str(text(value, unit_of=total))
+
         services = ", ".join(f"{k} {shown(v)}" for k, v in sorted(train.items()))
         share = f", {evals / generation:.0%} of generation" if generation > 0 else ""
-        return f"{shown(sum(train.values()))} ({services})", f"{shown(evals)}{share}"
+        return f"{shown(total)} ({services})", f"{shown(evals)}{share}"
 
     if flops_by_service:
         train, evals = spent(flops_by_service, flops_text)

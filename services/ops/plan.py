@@ -489,7 +489,8 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
     disk.add_row(
         "on the volume",
         gib(host.disk_bytes),
-        f"keep_checkpoints {inputs.learner.keep_checkpoints} + the one being written",
+        f"keep_checkpoints {inputs.learner.keep_checkpoints}"
+        f"{' + the best round' if inputs.learner.keep_best_checkpoint else ''} + the one being written",
         style="bold",
     )
     console.print(disk)

@@ -289,8 +289,10 @@ def test_the_learner_never_runs_twice(rendered: Rendered, value_set: str) -> Non
     if values["learner"]["persistence"]["enabled"]:
         (claim,) = learner["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "run"
-        # Unset, sized for the checkpoints kept (12 bytes a parameter: 6 x sizeGiB) and the one being written.
-        kept = values["learner"]["config"]["keep_checkpoints"]
+        # Unset, sized for the checkpoints kept (12 bytes a parameter: 6 x sizeGiB), the best held-out
+        # round's and the one being written.
+        config = values["learner"]["config"]
+        kept = config["keep_checkpoints"] + int(config.get("keep_best_checkpoint", True))
         sized = f"{math.ceil(6 * values['model']['sizeGiB']) * (kept + 1) + 8}Gi"
         assert claim["spec"]["resources"]["requests"]["storage"] == (values["learner"]["persistence"]["size"] or sized)
         assert learner["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"

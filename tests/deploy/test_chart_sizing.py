@@ -77,12 +77,13 @@ def test_the_learner_pod_holds_the_planned_host_memory(planned: tuple[PlanInputs
     assert 16 * GIB >= 2 * run.shape.num_parameters
 
 
-def test_the_volume_holds_the_checkpoints_kept_and_one_more(planned: tuple[PlanInputs, RunPlan]) -> None:
+def test_the_volume_holds_the_checkpoints_kept_the_best_and_one_more(planned: tuple[PlanInputs, RunPlan]) -> None:
     inputs, run = planned
     (claim,) = render(EXAMPLE).component("StatefulSet", "learner")["spec"]["volumeClaimTemplates"]
     storage = gib(claim["spec"]["resources"]["requests"]["storage"])
-    assert run.host.checkpoints_on_disk == inputs.learner.keep_checkpoints + 1 == 3
-    assert storage * GIB >= run.host.checkpoint_bytes * (inputs.learner.keep_checkpoints + 1)
+    assert inputs.learner.keep_best_checkpoint
+    assert run.host.checkpoints_on_disk == inputs.learner.keep_checkpoints + 2 == 4
+    assert storage * GIB >= run.host.checkpoint_bytes * run.host.checkpoints_on_disk
     assert run.host.checkpoint_bytes >= 12 * run.shape.num_parameters
 
 

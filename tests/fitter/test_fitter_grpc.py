@@ -36,6 +36,7 @@ from services.fitter.holdout import project_from_half
 from services.fitter.metrics import ProjectionCollector, registry_with
 from services.fitter.server import FitterServicer
 from tests.helpers.badinput import send_bad_request, send_bad_requests
+from tests.helpers.fitcheck import eval_round
 from tests.helpers.waiting import wait_until
 
 A, B, C_MID, R0 = 0.61, 1.92, 2542.0, 0.2
@@ -250,27 +251,6 @@ async def test_malformed_requests_on_every_method_get_a_status_naming_the_proble
     assert await stub.GetProjection(services_pb2.GetProjectionRequest(run="after")) == good
 
 
-def _eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[rollout_pb2.EvalResult]:
-    """One eval round: ``num_prompts`` results of 100 samples whose mean pass rate is ``pass_rate``."""
-    correct = round(pass_rate * 100 * num_prompts)
-    per_prompt = [correct // num_prompts + (1 if i < correct % num_prompts else 0) for i in range(num_prompts)]
-    return [
-        rollout_pb2.EvalResult(
-            eval_id=f"eval-{version}",
-            task_id=f"eval-{version}-{i}",
-            prompt_id=f"p{i}",
-            num_samples=100,
-            num_correct=n,
-            eval_version=version,
-            min_version=version,
-            max_version=version,
-            eval_num_prompts=num_prompts,
-            finished_unix_s=1000.0 + version,
-        )
-        for i, n in enumerate(per_prompt)
-    ]
-
-
 async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: Path) -> None:
     """The fit's input is known: eval results on the paper's curve fed to the collector as the evals loop would."""
     stub, _, collector = fitter
@@ -297,7 +277,7 @@ async def test_live_run_projection_from_eval_results(fitter: Fitter, tmp_path: P
         )
         axis.mark_version(v, t)
         rate = R0 if v == 0 else float(predict(3 * t, A, B, C_MID, R0))
-        results = _eval_round(v, rate)
+        results = eval_round(v, rate)
         expected_rates[v] = sum(r.num_correct for r in results) / 400
         assert [collector.add_result(r) for r in results[:-1]] == [None] * 3
         point = collector.add_result(results[-1])
@@ -336,7 +316,7 @@ async def test_an_eval_round_sits_at_the_compute_of_the_versions_that_sampled_it
             )
         )
         axis.mark_version(v, 5.0 * v)
-    results = _eval_round(10, 0.5, num_prompts=2)
+    results = eval_round(10, 0.5, num_prompts=2)
     results[0].tokens_by_version.update({16: 30, 18: 10})
     results[1].tokens_by_version.update({18: 60})
     results[0].min_version, results[0].max_version = 16, 18

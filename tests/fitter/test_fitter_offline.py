@@ -19,6 +19,7 @@ from benchmarks.fitter import main as bench_main
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.evals import EvalFileError, read_eval_log
 from services.fitter.offline import EXIT_BAD_INPUT, EXIT_OK, load_run, main, main_fit, plot_run
+from tests.helpers.badinput import BAD_INPUTS
 
 A, B, C_MID, R0 = 0.610, 1.92, 2542.0, 0.20
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -352,9 +353,10 @@ def _degenerate_log(path: Path, case: str) -> str:
     return expected
 
 
-def fit_command(path: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    """``asymptote fit PATH -o OUT`` as a user runs it, in a process of its own."""
-    return subprocess.run(
+def fit_command(path: Path, out: Path, bad_input: bool = False) -> subprocess.CompletedProcess[str]:
+    """``asymptote fit PATH -o OUT`` as a user runs it, in a process of its own; ``bad_input``: a log the
+    command must refuse, recorded in the bad-input report (by its contents)."""
+    result = subprocess.run(
         [sys.executable, "-m", "services.cli", "fit", str(path), "-o", str(out)],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -362,6 +364,10 @@ def fit_command(path: Path, out: Path) -> subprocess.CompletedProcess[str]:
         check=False,
         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "300"},
     )
+    if bad_input:
+        output = result.stdout + result.stderr
+        BAD_INPUTS.record("command line", f"fit {path.read_text()}", crashed="Traceback" in output)
+    return result
 
 
 @pytest.mark.parametrize(
@@ -371,7 +377,7 @@ def test_command_line_refuses_degenerate_logs_with_exit_2_and_no_traceback(tmp_p
     path = tmp_path / case / "eval.jsonl"
     path.parent.mkdir()
     expected = _degenerate_log(path, case)
-    result = fit_command(path, tmp_path / "out")
+    result = fit_command(path, tmp_path / "out", bad_input=True)
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     message = " ".join(result.stderr.split())  # rich may wrap a long message
@@ -487,7 +493,7 @@ def test_a_log_of_r0_alone_is_refused_in_one_line_with_exit_2_and_nothing_writte
     path = tmp_path / "one-row" / "eval.jsonl"
     path.parent.mkdir()
     path.write_text('{"step": 0, "policy_version": 0, "compute": 0, "pass_rate": 0.2}\n')
-    result = fit_command(path, tmp_path / "out")
+    result = fit_command(path, tmp_path / "out", bad_input=True)
     assert result.returncode == EXIT_BAD_INPUT, result.stdout
     assert result.stderr.strip().splitlines() == [
         f"asymptote fit: {path}: only R0's evaluation (step 0), no curve point after it"

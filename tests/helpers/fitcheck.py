@@ -10,7 +10,8 @@ against each other and against the curve
 
 so a test that reads a run's fit checks numbers, not the presence of keys.
 ``known_eval_rows`` writes a series with a known curve, for tests that need
-the fitter to publish a fit whatever a short run learned.
+the fitter to publish a fit whatever a short run learned; ``eval_round`` is
+one round's eval results as generators publish them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from asymptote.contracts.v1 import rollout_pb2
 from services.fitter.collector import Point
 from services.fitter.curve import predict
 from services.fitter.decision import A_BOUND_TOLERANCE, MAX_C_MID_SPREAD, MIN_POINTS_DETERMINED
@@ -221,3 +223,24 @@ def known_eval_rows(
         )
         rows.append(asdict(point))
     return rows
+
+
+def eval_round(version: int, pass_rate: float, num_prompts: int = 4) -> list[rollout_pb2.EvalResult]:
+    """One eval round: ``num_prompts`` results of 100 samples whose mean pass rate is ``pass_rate``."""
+    correct = round(pass_rate * 100 * num_prompts)
+    per_prompt = [correct // num_prompts + (1 if i < correct % num_prompts else 0) for i in range(num_prompts)]
+    return [
+        rollout_pb2.EvalResult(
+            eval_id=f"eval-{version}",
+            task_id=f"eval-{version}-{i}",
+            prompt_id=f"p{i}",
+            num_samples=100,
+            num_correct=n,
+            eval_version=version,
+            min_version=version,
+            max_version=version,
+            eval_num_prompts=num_prompts,
+            finished_unix_s=1000.0 + version,
+        )
+        for i, n in enumerate(per_prompt)
+    ]

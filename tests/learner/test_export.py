@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asymptote.contracts.v1 import rollout_pb2
 from services.cli import main as cli
 from services.embedded.build import cast_model_dir, create_test_model_dir
 from services.learner import checkpoint
@@ -29,16 +30,24 @@ from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.export import export, keep_model_files
 from services.learner.model import completion_logprobs, load_model, load_tokenizer
 from services.learner.trainer import Trainer, collate
+from tests.helpers.badinput import BAD_INPUTS
 from tests.learner.ddp_worker import batch
 
 PARITY = 1e-5
 
 
-def trained_run(model_dir: Path, run_dir: Path, steps: int = 2) -> tuple[Trainer, list[object]]:
-    """A learner that took ``steps`` steps on ``model_dir`` and checkpointed into ``run_dir`` as the service does."""
+def trained_run(
+    model_dir: Path, run_dir: Path, steps: int = 2, keep: int = 2, best: rollout_pb2.BestRound | None = None
+) -> tuple[Trainer, list[object]]:
+    """A learner that took ``steps`` steps on ``model_dir`` and checkpointed into ``run_dir`` as the service does,
+    keeping ``keep`` checkpoints and ``best``'s."""
     keep_model_files(model_dir, run_dir)
     trainer = Trainer(load_model(model_dir), LossSettings(), OptimizerSettings(lr=1e-2, warmup_steps=0))
-    trainer.checkpointer = checkpoint.Checkpointer(run_dir / "checkpoints", keep=2, distributed=False, rank=0)
+    trainer.checkpointer = checkpoint.Checkpointer(
+        run_dir / "checkpoints", keep=keep, distributed=False, rank=0, keep_best=best is not None
+    )
+    if best is not None:
+        trainer.checkpointer.set_best(best)
     rng = random.Random(3)
     batches = [batch(rng, s, 3) for s in range(steps)]
     for s, groups in enumerate(batches):
@@ -126,8 +135,85 @@ def test_bad_export_requests_get_one_line(qwen3: Path, tmp_path: Path, capsys: p
             "not the model this run trained"
         ),
     }
+    assert_one_line_refusals(cases, capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def assert_one_line_refusals(cases: dict[tuple[str, ...], str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Each command line exits 2 with one line on stderr saying what it maps to; recorded in the bad-input report
+    (with what it must say: one command line over a run in several states is several inputs)."""
     for argv, said in cases.items():
-        assert cli(list(argv)) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and said in err, err
+        with BAD_INPUTS.trying("command line", f"{' '.join(argv)} ({said})"):
+            try:
+                code = cli(list(argv))
+            except SystemExit as exit:  # argparse's own refusals
+                code = exit.code
+            assert code == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and said in err and "Traceback" not in err, err
+
+
+def write_evals(run_dir: Path, rates: dict[int, float]) -> None:
+    rows = [{"step": v, "policy_version": v, "compute": float(v), "pass_rate": r} for v, r in rates.items()]
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_export_best_writes_the_best_round_s_checkpoint(
+    qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    # Three steps, one checkpoint kept beside the best round's (version 1's).
+    trained_run(qwen3, run, steps=3, keep=1, best=rollout_pb2.BestRound(policy_version=1, pass_rate=0.5, num_rounds=2))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-00000001", "ckpt-00000003"]
+    write_evals(run, {0: 0.2, 1: 0.5, 2: 0.3, 3: 0.4})
+    capsys.readouterr()
+    assert cli(["export", str(run), "--to", str(tmp_path / "best"), "--best"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == (
+        f"exported version 1 (held-out pass rate 0.500, the best of 4 eval rounds) to {(tmp_path / 'best').resolve()}"
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "best"), dtype=torch.float32)
+    loaded = model.state_dict()
+    kept = checkpoint.read_weights(run / "checkpoints" / "ckpt-00000001")
+    for name, tensor in kept.items():
+        assert torch.equal(loaded[name], tensor), name
+    newest = checkpoint.read_weights(run / "checkpoints" / "ckpt-00000003")
+    assert any(not torch.equal(newest[n], kept[n]) for n in kept)  # the newest is other weights
+    # The best round at version 2, whose stand-in the learner marked: the newest checkpoint before it.
+    write_evals(run, {0: 0.2, 1: 0.5, 2: 0.6, 3: 0.4})
+    (run / "checkpoints" / "ckpt-00000001" / checkpoint.BEST).write_text(
+        json.dumps({"policy_version": 2, "pass_rate": 0.6, "num_rounds": 4})
+    )
+    assert cli(["export", str(run), "--to", str(tmp_path / "stand-in"), "--best"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(
+        "exported version 1, the newest checkpoint before the best round's version 2 (held-out pass rate 0.600, "
+    )
+
+
+def test_export_best_without_the_best_round_s_checkpoint_says_why(
+    qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    trained_run(qwen3, run, steps=3, keep=1)
+    capsys.readouterr()
+    to = str(tmp_path / "o")
+    cases: dict[tuple[str, ...], str] = {
+        ("export", str(run), "--to", to, "--best"): "eval.jsonl holds no eval round",
+        ("export", str(run), "--to", to, "--best", "--step", "3"): "not allowed with argument",
+    }
+    assert_one_line_refusals(cases, capsys)
+    write_evals(run, {0: 0.6, 3: 0.4})
+    assert_one_line_refusals(
+        {("export", str(run), "--to", to, "--best"): "version 0 is the model the run started from"}, capsys
+    )
+    write_evals(run, {0: 0.2, 2: 0.6, 3: 0.4})
+    assert_one_line_refusals(
+        {
+            ("export", str(run), "--to", to, "--best"): (
+                "--best: the best held-out round, version 2 (pass rate 0.600), has no checkpoint: it left the newest "
+            )
+        },
+        capsys,
+    )
     assert not (tmp_path / "o").exists()

@@ -17,6 +17,7 @@ import yaml
 
 from services.cli import main as cli
 from services.local.config import StackConfig
+from tests.helpers.badinput import BAD_INPUTS
 from tests.helpers.families import QWEN3_8B, config_only
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,8 +85,10 @@ def test_a_dry_run_on_the_cpu_says_where_each_process_goes_and_starts_nothing(
 
 
 def test_up_only_flags_need_an_up_config(qwen3_1_7b: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["plan", "--model", str(qwen3_1_7b), "--gpus", "8"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "asymptote plan: --gpus: plans an `asymptote up` config (--config FILE of its fields) only"
-    assert cli(["plan", "--config", str(EXAMPLE), "--model", str(qwen3_1_7b)]) == 2
-    assert "--gpus: needed to plan an `asymptote up` config" in capsys.readouterr().err
+    with BAD_INPUTS.trying("command line", "plan --model QWEN3_1_7B --gpus 8"):
+        assert cli(["plan", "--model", str(qwen3_1_7b), "--gpus", "8"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == "asymptote plan: --gpus: plans an `asymptote up` config (--config FILE of its fields) only"
+    with BAD_INPUTS.trying("command line", "plan --config examples/qwen3-gsm8k.yaml --model QWEN3_1_7B"):
+        assert cli(["plan", "--config", str(EXAMPLE), "--model", str(qwen3_1_7b)]) == 2
+        assert "--gpus: needed to plan an `asymptote up` config" in capsys.readouterr().err

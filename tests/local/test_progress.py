@@ -180,6 +180,15 @@ def test_the_summary_shows_training_compute_and_eval_sampling_apart(tmp_path: Pa
         "0% of generation, off the curve's axis"
     )
     assert compute_text({}) is None
+    # One unit for a line, chosen by its total: 736 s is 0.20 device-hours, and so are its parts.
+    assert compute_text({"generator": 340.0, "learner": 396.0, "eval": 10.0}) == (
+        "training 0.20 device-hours (generator 0.09 device-hours, learner 0.11 device-hours); eval sampling "
+        "0.00 device-hours, 3% of generation, off the curve's axis"
+    )
+    assert compute_text({"generator": 340.0}, {"generator": 2.0e14, "learner": 1.2e15, "eval": 5.0e12}) == (
+        "training 1.4 PFLOP (generator 0.2 PFLOP, learner 1.2 PFLOP); eval sampling 0.005 PFLOP, 2% of generation, "
+        "off the curve's axis; held 340 device-s (generator 340 device-s) and 0 device-s sampling evals: the run's cost"
+    )
     # An interval in its point's unit: C_mid's, in seconds for a short run.
     assert device_time(201.0, 150.0, 173_442.0) == "201 [150, 173,442] device-s"
     assert device_time(5901.0, 201.0, 173_442.0) == "1.64 [0.06, 48.18] device-hours"

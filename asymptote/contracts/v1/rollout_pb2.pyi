@@ -210,6 +210,18 @@ class PolicyVersion(_message.Message):
     final: bool
     def __init__(self, version: _Optional[int] = ..., weights_endpoint: _Optional[str] = ..., digest: _Optional[str] = ..., num_bytes: _Optional[int] = ..., num_tensors: _Optional[int] = ..., published_unix_s: _Optional[float] = ..., samples_trained: _Optional[int] = ..., step: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
+class BestRound(_message.Message):
+    __slots__ = ("policy_version", "pass_rate", "num_rounds", "published_unix_s")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PASS_RATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    pass_rate: float
+    num_rounds: int
+    published_unix_s: float
+    def __init__(self, policy_version: _Optional[int] = ..., pass_rate: _Optional[float] = ..., num_rounds: _Optional[int] = ..., published_unix_s: _Optional[float] = ...) -> None: ...
+
 class ComputeTelemetry(_message.Message):
     __slots__ = ("service", "instance_id", "device_kind", "num_devices", "device_seconds_total", "busy_seconds_total", "unix_s", "policy_version", "num_tokens_total", "eval_device_seconds_total", "flops_total", "eval_flops_total", "num_params")
     SERVICE_FIELD_NUMBER: _ClassVar[int]

@@ -598,8 +598,10 @@ The learner's memory adds what services/learner/memory.py counts on the host
                                     weights and AdamW moments: 12 bytes a parameter)
   memoryGiB    += loadGiB + servedGiB + stagingGiB
   checkpointGiB = ceil(6 x sizeGiB)                   one checkpoint, all ranks
-  persistenceGiB = checkpointGiB x (keep_checkpoints + 1) + 8
-                                    the kept ones, the one being written, metrics
+  persistenceGiB = checkpointGiB x (keep_checkpoints + best + 1) + 8
+                                    the kept ones, the best held-out round's (best:
+                                    1 unless keep_best_checkpoint is false), the one
+                                    being written, metrics
 Returns YAML with these keys.
 */}}
 {{- define "asymptote.sizing" -}}
@@ -621,7 +623,8 @@ loadGiB: {{ $load }}
 servedGiB: {{ $served }}
 stagingGiB: {{ $staging }}
 checkpointGiB: {{ $checkpoint }}
-persistenceGiB: {{ add (mul $checkpoint (add1 (int (default 2 $l.config.keep_checkpoints)))) 8 }}
+{{- $best := ternary 0 1 (eq (toString $l.config.keep_best_checkpoint) "false") }}
+persistenceGiB: {{ add (mul $checkpoint (add1 (add $best (int (default 2 $l.config.keep_checkpoints))))) 8 }}
 memoryGiB: {{ add $base $shm $load $served $staging }}
 {{- else }}
 memoryGiB: {{ add $base $shm }}
