@@ -1,0 +1,182 @@
+"""A LoRA on the learner: peft's numbers, only the adapter trains, checkpoints hold the adapter and resume it
+exactly, and export writes what peft loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel, get_peft_model, set_peft_model_state_dict
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from asymptote.contracts.v1 import rollout_pb2
+from asymptote.errors import ConfigError, ModelError
+from asymptote.lora import LoraSettings
+from services.learner import adapter, checkpoint
+from services.learner.checkpoint import Checkpointer
+from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.model import PackedBatch, completion_logprobs, empty_model, pack
+from services.learner.trainer import Trainer, collate
+from tests.helpers.families import build
+
+LORA = LoraSettings(rank=4, alpha=8)
+OPT = OptimizerSettings(lr=1e-2, warmup_steps=0, weight_decay=0.01)
+PROMPTS = [[1, 5, 6, 9], [1, 7], [2, 3, 4]]
+COMPLETIONS = [[7, 8, 2], [9, 10, 11, 12], [4]]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen2"])
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3 (untied head, q/k norms) and Qwen2 (tied head, attention biases)."""
+    return build(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def lora_trainer(model_dir: Path, lora: LoraSettings = LORA, resume: Path | None = None) -> Trainer:
+    trainer = Trainer(empty_model(model_dir), LossSettings(), OPT, lora=lora, packing=False)
+    trainer.start(model_dir, resume)
+    return trainer
+
+
+def randomize_b(model: torch.nn.Module, seed: int = 0) -> None:
+    """B starts at zero (the policy starts as the base): give it values, so the adapter changes the numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+
+
+def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    return {file: state[key].detach().clone() for file, key in adapter.file_names(model).items()}
+
+
+def peft_logprobs(model: PreTrainedModel, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
+    """A plain forward of each unpadded sequence through ``model``: [N, T] log-probs, 0 past each completion."""
+    out = torch.zeros(len(prompts), max(len(c) for c in completions))
+    with torch.no_grad():
+        for n, (p, c) in enumerate(zip(prompts, completions)):
+            logits = model(input_ids=torch.tensor([p + c])).logits[0].double()
+            logp = torch.log_softmax(logits[len(p) - 1 : -1], dim=-1)
+            out[n, : len(c)] = logp.gather(1, torch.tensor(c)[:, None]).squeeze(1).float()
+    return out
+
+
+def plain_peft(model_dir: Path, tensors: dict[str, torch.Tensor]) -> PeftModel:
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    peft_model = get_peft_model(base, adapter.peft_config(LORA))
+    result = set_peft_model_state_dict(peft_model, tensors)
+    assert not result.unexpected_keys
+    return peft_model.eval()
+
+
+def batch() -> PackedBatch:
+    return pack(PROMPTS, COMPLETIONS, pad_id=0)
+
+
+def test_log_probs_with_the_adapter_equal_a_plain_peft_models(model_dir: Path) -> None:
+    trainer = lora_trainer(model_dir)
+    randomize_b(trainer.model)
+    with torch.no_grad():
+        logp = completion_logprobs(trainer.model, batch())
+    reference = plain_peft(model_dir, adapter_tensors(trainer.model))
+    torch.testing.assert_close(logp, peft_logprobs(reference, PROMPTS, COMPLETIONS), rtol=0, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    assert (logp - peft_logprobs(base, PROMPTS, COMPLETIONS)).abs().max() > 1e-2  # the adapter counts
+
+
+def groups() -> list[rollout_pb2.RolloutGroup]:
+    out = []
+    for i, (prompt, rewards) in enumerate(zip(PROMPTS[:2], ([1.0, 0.0], [0.0, 1.0]))):
+        completions = [
+            rollout_pb2.Completion(
+                token_ids=c, logprobs=[-1.0] * len(c), version_spans=[rollout_pb2.VersionSpan(start=0, end=len(c))]
+            )
+            for c in COMPLETIONS[:2]
+        ]
+        for c, r in zip(completions, rewards):
+            c.reward = r
+        task = rollout_pb2.GenerationTask(task_id=f"g{i}", sampling=rollout_pb2.SamplingParams(temperature=1.0))
+        out.append(
+            rollout_pb2.RolloutGroup(group_id=f"g{i}", task=task, prompt_token_ids=prompt, completions=completions)
+        )
+    return out
+
+
+def test_a_step_changes_the_adapter_only(model_dir: Path) -> None:
+    trainer = lora_trainer(model_dir)
+    randomize_b(trainer.model)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.step(collate(groups(), 0), learner_version=1)
+    assert metrics["optim/grad_norm"] > 0
+    after = dict(trainer.model.named_parameters())
+    adapted = {n for n in before if adapter.is_adapter(n)}
+    assert adapted and all(".lora_A." in n or ".lora_B." in n for n in adapted)
+    for name, param in after.items():
+        if name in adapted:
+            assert not torch.equal(param, before[name]), name
+        else:
+            assert torch.equal(param, before[name]), name  # bit-identical
+            assert param.grad is None and not param.requires_grad, name
+    held = {id(p) for p in trainer.optimizer.state}
+    assert held == {id(after[n]) for n in adapted}  # AdamW state for the adapter only
+    # The frozen base computes in the body's dtype; the root (embeddings, norm, head) keeps float32.
+    assert trainer.model.get_output_embeddings().weight.dtype == torch.float32
+    assert set(trainer.state_dict()["model"]) == adapted
+
+
+def test_a_checkpoint_holds_the_adapter_and_resumes_exactly(model_dir: Path, tmp_path: Path) -> None:
+    trainer = lora_trainer(model_dir)
+    trainer.checkpointer = Checkpointer(tmp_path, keep=2, distributed=False, rank=0)
+    trainer.step(collate(groups(), 0), learner_version=1)
+    trainer.save(1, trainer.meta(version=1, step=1))
+    path = trainer.checkpointer.finish()
+    assert path is not None
+    stored = checkpoint.weight_names(path)
+    assert stored and all(adapter.is_adapter(n) for n in stored)  # no base tensor in the checkpoint
+    restored = checkpoint.read(path)
+    assert restored.lora == LORA.model_dump(mode="json")
+    assert restored.base == {"model_dir": str(model_dir.resolve()), "digest": adapter.base_digest(model_dir)}
+
+    resumed = lora_trainer(model_dir, resume=path)
+    for (n1, p1), (n2, p2) in zip(trainer.model.named_parameters(), resumed.model.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+    saved, loaded = trainer.full_state().optimizer, resumed.full_state().optimizer
+    assert saved["state"].keys() == loaded["state"].keys()
+    for key, moments in saved["state"].items():
+        for k, v in moments.items():
+            assert torch.equal(v, loaded["state"][key][k]), (key, k)
+    # The next step is the same step on both.
+    trainer.step(collate(groups(), 0), learner_version=2)
+    resumed.step(collate(groups(), 0), learner_version=2)
+    for (n1, p1), (_, p2) in zip(trainer.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(p1, p2), n1
+
+
+def test_a_checkpoint_of_another_kind_is_refused_by_name(model_dir: Path, tmp_path: Path) -> None:
+    trainer = lora_trainer(model_dir)
+    trainer.checkpointer = Checkpointer(tmp_path, keep=2, distributed=False, rank=0)
+    trainer.save(1, trainer.meta(version=1, step=0))
+    path = trainer.checkpointer.finish()
+    assert path is not None
+    with pytest.raises(ModelError, match=r"lora: checkpoint .* trained .*'rank': 4.*the config says .*'rank': 8"):
+        lora_trainer(model_dir, LoraSettings(rank=8, alpha=8), resume=path)
+    with pytest.raises(ModelError, match="holds a LoRA adapter; this learner trains every weight"):
+        Trainer(empty_model(model_dir), LossSettings(), OPT, packing=False).start(model_dir, path)
+
+
+def test_a_target_module_the_model_lacks_is_refused_in_one_line(model_dir: Path) -> None:
+    lora = LoraSettings(rank=4, target_modules=("q_proj", "w_qkv"))
+    with pytest.raises(ConfigError) as caught:
+        Trainer(empty_model(model_dir), LossSettings(), OPT, lora=lora)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("lora.target_modules: ") and "no linear layer named w_qkv" in message
+    assert "q_proj" in message and "down_proj" in message  # what it has
+
+
+@pytest.mark.parametrize("rank", [0, -3])
+def test_a_rank_below_one_is_refused(rank: int) -> None:
+    with pytest.raises(ValueError, match="rank\n  Input should be greater than or equal to 1"):
+        LoraSettings(rank=rank)
