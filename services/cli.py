@@ -73,6 +73,11 @@ def _export(argv: list[str]) -> int:
     parser.add_argument("--to", type=Path, required=True, help="the model directory to write (new or empty)")
     parser.add_argument("--step", type=int, help="the checkpoint holding this step (default: the newest)")
     parser.add_argument("--model", type=Path, help="the model directory the run started from (default: the run's copy)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: the base with the adapter merged in (float32, then the base's dtype), not the adapter",
+    )
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise ConfigError(f"RUN_DIR {args.run_dir}: not a directory")
@@ -81,7 +86,7 @@ def _export(argv: list[str]) -> int:
     from services.learner.export import export
 
     try:
-        print(export(args.run_dir, args.to, args.step, args.model))
+        print(export(args.run_dir, args.to, args.step, args.model, merge=args.merge))
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
     return 0

@@ -180,3 +180,88 @@ def test_a_target_module_the_model_lacks_is_refused_in_one_line(model_dir: Path)
 def test_a_rank_below_one_is_refused(rank: int) -> None:
     with pytest.raises(ValueError, match="rank\n  Input should be greater than or equal to 1"):
         LoraSettings(rank=rank)
+
+
+@pytest.fixture(scope="module")
+def bf16_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen3 stored in bf16, as real checkpoints are: the dtype a merged export is cast back to."""
+    source = build("qwen3", tmp_path_factory.mktemp("qwen3-f32"))
+    out = tmp_path_factory.mktemp("qwen3-bf16")
+    AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.bfloat16).save_pretrained(str(out))
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def trained_run(model_dir: Path, run_dir: Path) -> Trainer:
+    """A run directory with a LoRA checkpoint whose adapter is far from zero."""
+    from services.learner.export import keep_model_files
+
+    keep_model_files(model_dir, run_dir)
+    trainer = lora_trainer(model_dir)
+    randomize_b(trainer.model, seed=1)
+    trainer.checkpointer = Checkpointer(run_dir / "checkpoints", keep=2, distributed=False, rank=0)
+    trainer.step(collate(groups(), 0), learner_version=1)
+    trainer.save(1, trainer.meta(version=1, step=1))
+    trainer.checkpointer.finish()
+    return trainer
+
+
+def test_the_exported_adapter_loads_in_peft_with_the_learners_log_probs(bf16_model_dir: Path, tmp_path: Path) -> None:
+    from services.learner.export import export
+
+    trainer = trained_run(bf16_model_dir, tmp_path / "run")
+    out = export(tmp_path / "run", tmp_path / "adapter")
+    assert {p.name for p in out.iterdir()} >= {adapter.ADAPTER_CONFIG, adapter.ADAPTER_WEIGHTS}
+    config = adapter.read_config(out)
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
+    assert config["base_model_name_or_path"] == str(bf16_model_dir.resolve())
+    assert sorted(config["target_modules"]) == [
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
+    base = AutoModelForCausalLM.from_pretrained(str(bf16_model_dir), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    with torch.no_grad():
+        learner = completion_logprobs(trainer.model, batch())
+    torch.testing.assert_close(peft_logprobs(loaded, PROMPTS, COMPLETIONS), learner, rtol=0, atol=1e-5)
+
+
+def test_a_merged_export_is_the_base_plus_the_update_rounded_once(bf16_model_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from services.learner.export import export
+
+    trainer = trained_run(bf16_model_dir, tmp_path / "run")
+    out = export(tmp_path / "run", tmp_path / "merged", merge=True)
+    merged = load_file(str(out / "model.safetensors"))
+    base = load_file(str(bf16_model_dir / "model.safetensors"))
+    assert merged.keys() == base.keys() and all(t.dtype == torch.bfloat16 for t in merged.values())
+    state = trainer.model.state_dict()
+    name = "model.layers.0.mlp.down_proj"
+    a, b = state[f"{name}.lora_A.default.weight"], state[f"{name}.lora_B.default.weight"]
+    # Merged in float32, rounded to bf16 once.
+    expected = (base[f"{name}.weight"].float() + LORA.scaling * (b @ a)).to(torch.bfloat16)
+    assert torch.equal(merged[f"{name}.weight"], expected)
+    assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    with torch.no_grad():
+        learner = completion_logprobs(trainer.model, batch())
+    gap = (peft_logprobs(model, PROMPTS, COMPLETIONS) - learner).abs().max()
+    print(f"merged bf16 export vs the adapter's log-probs: max {gap:.2e} nats")
+    assert gap < 5e-3  # the bf16 rounding of the merged weights, once (measured 6.7e-4)
+
+
+def test_merge_refuses_a_base_of_another_digest(bf16_model_dir: Path, tmp_path: Path) -> None:
+    from services.learner.export import export
+
+    trained_run(bf16_model_dir, tmp_path / "run")
+    other = build("qwen3", tmp_path / "other")  # the same shapes, other weights
+    with pytest.raises(ConfigError, match=r"--merge: --model .* is not the base checkpoint ckpt-\d+ trained over"):
+        export(tmp_path / "run", tmp_path / "merged", model_dir=other, merge=True)
