@@ -265,3 +265,58 @@ def test_merge_refuses_a_base_of_another_digest(bf16_model_dir: Path, tmp_path: 
     other = build("qwen3", tmp_path / "other")  # the same shapes, other weights
     with pytest.raises(ConfigError, match=r"--merge: --model .* is not the base checkpoint ckpt-\d+ trained over"):
         export(tmp_path / "run", tmp_path / "merged", model_dir=other, merge=True)
+
+
+def test_the_planner_fits_qwen3_8b_with_a_rank_32_lora_on_one_80_gb_gpu(tmp_path: Path) -> None:
+    from services.learner.activations import ModelShape
+    from services.learner.config import LearnerConfig
+    from services.learner.memory import GIB, adapter_parameters, plan_host, plan_learner
+    from tests.helpers.families import QWEN3_8B, config_only
+
+    shape = ModelShape.read(config_only(tmp_path / "qwen3-8b", QWEN3_8B))
+    lora = LoraSettings(rank=32)
+    # Qwen3-8B: 36 layers x 32 x (q 8192 + k 5120 + v 5120 + o 8192 + gate 16384 + up 16384 + down 16384).
+    assert adapter_parameters(shape, lora) == 36 * 32 * 75_776 == 87_293_952
+    settings = {"model_dir": tmp_path, "micro_batch_tokens": 32_768, "activation_checkpointing": True}
+    full = LearnerConfig.model_validate(settings)
+    adapted = LearnerConfig.model_validate({**settings, "lora": lora})
+    plans = {
+        name: plan_learner(shape, config, gpus_per_node=1, gpu_memory_gib=80.0, sequence_tokens=8_704)
+        for name, config in (("full", full), ("lora", adapted))
+    }
+    held = {i.name: i.num_bytes for i in plans["lora"].held}
+    # The base in bf16 (decoder layers) and float32 (embeddings, final norm, untied head); 16 bytes an adapter
+    # parameter: float32 weight, gradient and two AdamW moments.
+    layers = shape.num_layers * shape.layer_parameters * 2
+    root = shape.root_parameters * 4
+    assert held["frozen base"] == layers + root
+    assert held["adapter weights"] + held["gradients"] + held["AdamW moments"] == 16 * 87_293_952
+    assert not plans["full"].fits and plans["lora"].fits
+    lora_gib = plans["lora"].total_bytes / GIB
+    print(
+        f"Qwen3-8B r32 on 80 GiB: {lora_gib:.2f} GiB ({plans['lora'].fraction:.0%}), full: "
+        f"{plans['full'].total_bytes / GIB:.2f} GiB"
+    )
+    assert lora_gib == pytest.approx(50.56, abs=0.01)
+    assert plans["lora"].usable_bytes - plans["lora"].total_bytes > 20 * GIB  # 21.4 GiB to spare under 90%
+    host = plan_host(shape, adapted, gpus_per_node=1)
+    assert host.checkpoint_bytes < 2 * GIB  # the adapter and its moments only: 12 bytes x 87M + metadata
+
+
+def test_plan_takes_a_lora_rank_and_says_by_how_much_it_fits(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers.families import QWEN3_8B, config_only
+
+    model = config_only(tmp_path / "qwen3-8b", QWEN3_8B)
+    argv = [sys.executable, "-m", "services.cli", "plan", "--model", str(model), "--gpus-per-node", "1"]
+    proc = subprocess.run([*argv, "--gpu-memory", "80", "--lora-rank", "32"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "LoRA rank 32: 87.3M adapter parameters" in proc.stdout
+    assert "fits with 21.4 GiB to spare" in proc.stdout
+    bad = subprocess.run([*argv, "--lora-rank", "0"], capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr.strip().splitlines()) == (
+        2,
+        ["asymptote plan: --lora-rank 0: must be at least 1"],
+    )
