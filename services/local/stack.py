@@ -396,7 +396,11 @@ class LocalStack:
             updates_per_batch=c.updates_per_batch,
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
+            lora=c.lora,
         )
+        if c.lora is not None:
+            # The learner trains and serves the adapter; a generator that loads it is the other half.
+            raise ConfigError("lora: the generators do not load LoRA adapters yet; run without lora (--lora-rank)")
         if self.placement is not None:
             learner = learner_on_gpus(learner, model_dir, self.placement, c.max_tokens)
         if c.model_dir is not None:
