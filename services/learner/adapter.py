@@ -25,16 +25,19 @@ import torch
 
 from asymptote.codec import hasher, safetensors_files
 from asymptote.errors import ConfigError
-from asymptote.lora import ALL_LINEAR, LoraSettings
+from asymptote.lora import (
+    ADAPTER_CONFIG,
+    ALL_LINEAR,
+    FILE_PREFIX,
+    LoraSettings,
+    adapted_modules,
+    is_adapter_name,
+)
 from services.learner.model import Precision
 from services.learner.sharding import decoder_layers
 
 ADAPTER = "default"
 """peft's name for the one adapter a model holds here."""
-FILE_PREFIX = "base_model.model."
-"""What peft's ``PeftModel.save_pretrained`` puts before each module name in ``adapter_model.safetensors``."""
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
@@ -99,7 +102,7 @@ def add_adapter(model: torch.nn.Module, settings: LoraSettings, precision: Preci
 
 def is_adapter(name: str) -> bool:
     """Whether a parameter's name is an adapter's (peft's lora_A / lora_B), not the base's."""
-    return ".lora_A." in f".{name}" or ".lora_B." in f".{name}"
+    return is_adapter_name(name)
 
 
 def is_adapted(model: torch.nn.Module) -> bool:
@@ -135,8 +138,7 @@ def file_name(state_name: str) -> str:
 def write_config(settings: LoraSettings, base_model: str, adapter: Mapping[str, torch.Tensor], out: Path) -> None:
     """``adapter_config.json`` of ``settings`` into ``out``, as peft writes it, with the modules ``adapter``
     (its tensors by file name) adapts named (as peft names them once all-linear is resolved)."""
-    targets = sorted({name.split(".lora_A.")[0].rpartition(".")[2] for name in adapter if ".lora_A." in name})
-    resolved = settings.model_copy(update={"target_modules": tuple(targets)})
+    resolved = settings.model_copy(update={"target_modules": adapted_modules(dict(adapter))})
     peft_config(resolved, base_model).save_pretrained(str(out))
 
 

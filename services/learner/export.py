@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 
 from asymptote.codec import PICKLE_SUFFIXES, read_signature, safetensors_files
 from asymptote.errors import ConfigError, WeightsError
-from asymptote.lora import LoraSettings
+from asymptote.lora import ADAPTER_WEIGHTS, LoraSettings
 from services.learner import adapter, checkpoint
 from services.learner.model import TORCH_DTYPES
 
@@ -156,8 +156,8 @@ def _export_lora(
     tensors = {adapter.file_name(name): t.to(torch.float32).contiguous() for name, t in stored.items()}
     if not merge:
         tmp = _staging(to)
-        save_file(tensors, str(tmp / adapter.ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        (tmp / adapter.ADAPTER_WEIGHTS).chmod(0o666 & ~_umask())
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (tmp / ADAPTER_WEIGHTS).chmod(0o666 & ~_umask())
         adapter.write_config(settings, str(base_dir or ""), tensors, tmp)
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         return _finish(tmp, to, run_dir, path, meta, total, started)

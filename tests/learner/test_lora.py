@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ConfigError, ModelError
-from asymptote.lora import LoraSettings
+from asymptote.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSettings
 from services.learner import adapter, checkpoint
 from services.learner.checkpoint import Checkpointer
 from services.learner.config import LossSettings, OptimizerSettings
@@ -213,7 +213,7 @@ def test_the_exported_adapter_loads_in_peft_with_the_learners_log_probs(bf16_mod
 
     trainer = trained_run(bf16_model_dir, tmp_path / "run")
     out = export(tmp_path / "run", tmp_path / "adapter")
-    assert {p.name for p in out.iterdir()} >= {adapter.ADAPTER_CONFIG, adapter.ADAPTER_WEIGHTS}
+    assert {p.name for p in out.iterdir()} >= {ADAPTER_CONFIG, ADAPTER_WEIGHTS}
     config = adapter.read_config(out)
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
     assert config["base_model_name_or_path"] == str(bf16_model_dir.resolve())
