@@ -40,7 +40,7 @@ STACK_OWNED: dict[str, tuple[str, ...]] = {
         "advertise_host",
         "lora",
     ),
-    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task", "sandbox_pool"),
+    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task", "sandbox_pool", "lora"),
     "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
 }
 """Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""

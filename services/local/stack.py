@@ -398,9 +398,6 @@ class LocalStack:
             checkpoint_every_steps=c.checkpoint_every_steps,
             lora=c.lora,
         )
-        if c.lora is not None:
-            # The learner trains and serves the adapter; a generator that loads it is the other half.
-            raise ConfigError("lora: the generators do not load LoRA adapters yet; run without lora (--lora-rank)")
         if self.placement is not None:
             learner = learner_on_gpus(learner, model_dir, self.placement, c.max_tokens)
         if c.model_dir is not None:
@@ -435,6 +432,7 @@ class LocalStack:
                 # A hold within half the staleness bound: train groups sampled meanwhile stay admissible.
                 eval_hold_versions=min(HOLD_VERSIONS, broker.max_staleness_versions // 2),
                 task=c.task,
+                lora=c.lora,
                 device_kind="gpu" if self.placement else "cpu-core",
                 num_devices=c.tensor_parallel_size if self.placement else 1,
                 sandbox_pool=sandbox_pool,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from asymptote.config import load_config
 from asymptote.errors import ConfigError
 from asymptote.lora import LORA_LR_FACTOR, LoraSettings
 from services.local.up import up_config
@@ -38,9 +39,14 @@ def test_a_rank_below_one_is_refused_naming_the_flag(rank: str) -> None:
     assert "\n" not in str(caught.value)
 
 
-def test_a_lora_run_is_refused_before_it_starts_while_generators_load_no_adapters(tmp_path: Path) -> None:
+def test_a_lora_run_gives_the_learner_and_every_generator_the_same_adapter(tmp_path: Path) -> None:
+    from services.generator.config import GeneratorConfig
+    from services.learner.config import LearnerConfig
     from services.local.stack import LocalStack
 
-    config = up_config(["--lora-rank", "8", "--run-dir", str(tmp_path / "run")])
-    with pytest.raises(ConfigError, match=r"^lora: the generators do not load LoRA adapters yet"):
-        LocalStack(config).write_configs(tmp_path / "model")
+    config = up_config(["--lora-rank", "8", "--generators", "2", "--run-dir", str(tmp_path / "run")])
+    paths = LocalStack(config).write_configs(tmp_path / "model")
+    learner = load_config(LearnerConfig, paths["learner"], "ASY_LEARNER", environ={})
+    generators = [load_config(GeneratorConfig, paths[f"generator-{i}"], "ASY_GENERATOR", environ={}) for i in range(2)]
+    assert learner.lora == LoraSettings(rank=8)
+    assert [g.lora for g in generators] == [learner.lora] * 2
