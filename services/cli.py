@@ -75,6 +75,11 @@ def _export(argv: list[str]) -> int:
     which.add_argument("--step", type=int, help="the checkpoint holding this step (default: the newest)")
     which.add_argument("--best", action="store_true", help="the checkpoint of the best held-out eval round")
     parser.add_argument("--model", type=Path, help="the model directory the run started from (default: the run's copy)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: the base with the adapter merged in (float32, then the base's dtype), not the adapter",
+    )
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise ConfigError(f"RUN_DIR {args.run_dir}: not a directory")
@@ -84,7 +89,7 @@ def _export(argv: list[str]) -> int:
 
     try:
         chosen = find_best(args.run_dir.resolve()) if args.best else None
-        to = export(args.run_dir, args.to, args.step, args.model, best=args.best)
+        to = export(args.run_dir, args.to, args.step, args.model, best=args.best, merge=args.merge)
         print(chosen.said(to) if chosen is not None else to)
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
+from asymptote.lora import LoraSettings
 from asymptote.sandbox import PoolClientSettings
 from asymptote.tasks import ArithmeticSettings, TaskSettings
 
@@ -110,6 +111,11 @@ class GeneratorConfig(MeteredServiceSettings):
     task: TaskSettings = ArithmeticSettings()
     """The broker's task, the same settings: a dataset task's prompt template and verifier apply here (its files
     are not read). A task message whose task digest is another task's is dead-lettered."""
+    lora: LoraSettings | None = None
+    """The run trains a LoRA adapter (the learner's ``lora``, the same settings): the engine loads the base
+    from ``engine.model_dir`` once and every version is an adapter over it, loaded in place into one LoRA
+    slot; a version without its adapter is refused, and nothing is sampled before the first adapter is
+    loaded. None: every version is the whole model."""
     weights_dir: Path = Path("/dev/shm/asymptote")
     """Scratch folder for pulled weight versions (tmpfs keeps the reload in memory)."""
     fanout: FanoutSettings = FanoutSettings()

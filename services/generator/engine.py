@@ -3,13 +3,16 @@
 Owns one ``vllm.v1.engine.async_llm.AsyncLLM`` (the same engine on CPU and
 GPU), turning a prompt and sampling parameters into completions with the
 sampled tokens' log-probs and per-token weight-version spans, and loading a
-new weight version into the running engine. Knows nothing about NATS, tasks
-or rewards. vLLM is imported lazily so the module imports without it.
+new weight version into the running engine: the whole model, or in a LoRA
+run an adapter over the base, loaded in place into the engine's one LoRA
+slot. Knows nothing about NATS, tasks or rewards. vLLM is imported lazily so
+the module imports without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -19,8 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asymptote.codec import safetensors_files
-from asymptote.errors import ConfigError
+from asymptote.errors import ConfigError, WeightsError
 from asymptote.faults import failpoint
+from asymptote.lora import LoraSettings
 from asymptote.sample import Sample
 from services.generator.config import EngineSettings
 
@@ -36,6 +40,15 @@ UNFINISHED = frozenset({"abort", "error"})
 
 class GenerationCut(RuntimeError):
     """The engine ended a request before the model did: its completions are not rollouts."""
+
+
+class AdapterRefused(WeightsError):
+    """vLLM would not load a version's LoRA adapter; the engine serves the adapter it had."""
+
+
+LORA_NAME = "policy"
+LORA_ID = 1
+"""The one LoRA slot every version's adapter is loaded into, in place, and every request names."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +110,51 @@ def check_platform(s: EngineSettings) -> None:
         raise ConfigError(f"engine.quantization {s.quantization!r}: {exc}") from exc
 
 
-def engine_args(s: EngineSettings) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for ``s`` (the same engine on CPU and GPU)."""
+def engine_lora_rank(lora: LoraSettings) -> int:
+    """The engine's ``max_lora_rank`` for an adapter of ``lora.rank``: the smallest vLLM accepts that holds
+    it (vLLM sizes its slot buffers by it). ConfigError naming lora.rank above vLLM's largest."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    ranks = sorted(int(r) for r in get_args(MaxLoRARanks))
+    fits = [r for r in ranks if r >= lora.rank]
+    if not fits:
+        raise ConfigError(f"lora.rank {lora.rank} is above vLLM's largest max_lora_rank, {ranks[-1]}: use at most that")
+    return fits[0]
+
+
+def check_lora(s: EngineSettings, lora: LoraSettings | None) -> None:
+    """ConfigError in one line naming the setting when this engine cannot serve ``lora``'s adapters as the
+    learner trains them: a rank above vLLM's largest, or a quantized base (the learner adapts the
+    unquantized base, so sampling from a quantized one would be another policy than the one scored)."""
+    if lora is None:
+        return
+    engine_lora_rank(lora)
+    if s.quantization is not None:
+        raise ConfigError(
+            f"lora with engine.quantization {s.quantization!r}: the learner trains the adapter over the "
+            "unquantized base, so the generators serve that base; leave engine.quantization unset"
+        )
+    config_path = s.model_dir / "config.json"
+    quantized = json.loads(config_path.read_text()).get("quantization_config") if config_path.is_file() else None
+    if quantized:
+        method = quantized.get("quant_method", "quantized") if isinstance(quantized, dict) else "quantized"
+        raise ConfigError(
+            f"lora with engine.model_dir {s.model_dir}: its base is {method}-quantized (config.json "
+            "quantization_config); the learner adapts an unquantized base: serve that one"
+        )
+
+
+def engine_args(s: EngineSettings, lora: LoraSettings | None = None) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for ``s`` (the same engine on CPU and GPU); with ``lora``, one LoRA slot
+    sized for its rank, the base loaded once from ``model_dir``."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     overrides: dict[str, Any] = {}
+    adapters: dict[str, Any] = {}
+    if lora is not None:
+        adapters = {"enable_lora": True, "max_lora_rank": engine_lora_rank(lora), "max_loras": 1}
     if s.fp32_lm_head and s.dtype != "float32":
         # ScaleRL's FP32 head: vLLM projects and normalises the logits in float32.
         overrides["head_dtype"] = "float32"
@@ -125,6 +178,7 @@ def engine_args(s: EngineSettings) -> Any:
         enable_prefix_caching=s.enable_prefix_caching,
         hf_overrides=overrides,
         worker_extension_cls="services.generator.worker_ext.StagedWeightsExtension",
+        **adapters,
     )
     if s.max_model_len is not None:
         # Left unset, vLLM derives it from the model's config (its field is typed int, defaulting to None).
@@ -133,9 +187,14 @@ def engine_args(s: EngineSettings) -> Any:
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineSettings, lora: LoraSettings | None = None) -> None:
         self.settings = settings
+        self.lora = lora
+        """A LoRA run: every version is an adapter, and nothing is sampled before the first is loaded."""
         self.version = 0
+        self._adapter: Any = None
+        """The LoRARequest every request carries once an adapter is loaded (never ``load_inplace``)."""
+        self._adapter_loaded = asyncio.Event()
         self._llm: Any = None
         self._swap_lock = asyncio.Lock()
         self._staged_path: str | None = None
@@ -151,10 +210,11 @@ class Engine:
         s = self.settings
         safetensors_files(s.model_dir)  # refused before vLLM is even imported
         check_platform(s)
+        check_lora(s, self.lora)
 
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = engine_args(s)
+        args = engine_args(s, self.lora)
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
@@ -183,6 +243,7 @@ class Engine:
         completions has so far, after every engine step that advanced them.
         ``stop``: strings that end a completion, kept in its text and tokens.
         """
+        adapter = await self.adapter()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -208,7 +269,7 @@ class Engine:
         latest: dict[int, Any] = {}
         self.num_running += num_samples
         try:
-            async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex):
+            async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex, lora_request=adapter):
                 prompt_ids = list(out.prompt_token_ids or [])
                 num_cached = int(out.num_cached_tokens or 0)
                 for c in out.outputs:
@@ -269,7 +330,8 @@ class Engine:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         final = None
         request = TokensPrompt(prompt_token_ids=token_ids)
-        async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex):
+        adapter = await self.adapter()
+        async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex, lora_request=adapter):
             final = out
         if final is None or final.prompt_logprobs is None:
             raise RuntimeError("vLLM returned no prompt log-probs")
@@ -280,9 +342,20 @@ class Engine:
             scored.append(float(entry[token].logprob))
         return scored
 
+    async def adapter(self) -> Any:
+        """The LoRARequest a request carries (None without LoRA), once an adapter is loaded: in a LoRA run
+        nothing is sampled from the base alone, so a request waits for the first adapter here."""
+        if self.lora is None:
+            return None
+        await self._adapter_loaded.wait()
+        return self._adapter
+
     async def stage(self, weights_path: Path) -> None:
         """Stage ``weights_path`` in the engine's workers while generation goes on: the first part of a swap,
-        so a ``swap`` of the same folder next only pauses to load it. The engine serves its version meanwhile."""
+        so a ``swap`` of the same folder next only pauses to load it. The engine serves its version meanwhile.
+        A LoRA adapter is not staged (it is small, and loaded in the pause)."""
+        if self.lora is not None:
+            return
         async with self._swap_lock:
             await self._stage(str(weights_path))
 
@@ -315,7 +388,10 @@ class Engine:
         CPU kernels' weights; copying tensors into parameters corrupts them on CPU.
         With ``swap_prepack`` a CPU engine runs that reload while staging, into a
         twin of the model, and the pause only hands the result over.
+        In a LoRA run ``weights_path`` is an adapter's folder (``swap_adapter``).
         """
+        if self.lora is not None:
+            return await self.swap_adapter(weights_path, version, mode)
         async with self._swap_lock:
             path = str(weights_path)
             started = time.monotonic()
@@ -323,27 +399,15 @@ class Engine:
                 await self._stage(path)
             self._staged_path = None
             staged = time.monotonic()
-            # The engine core takes the pause between two steps; the step under
-            # way when it is asked still completes, so the stall starts on return.
-            await self._llm.engine_core.pause_scheduler_async(
-                mode="keep" if mode == "inflight" else "wait", clear_cache=False
-            )
-            paused = time.monotonic()
-            failpoint("generator.swap.paused", version)
-            running = self.num_running
-            # Load, relabel and resume are sent back to back: the engine core
-            # runs its utility calls one at a time in arrival order, so the
-            # new label and the resumption come strictly after the load,
-            # without a round trip between them.
-            calls = []
-            for call in (
+            paused, running = await self._pause(mode, version)
+            # Load, relabel and resume are sent back to back: the new label and
+            # the resumption come strictly after the load, without a round trip
+            # between them.
+            results = await self._in_order(
                 self._llm.collective_rpc("apply_staged_weights", kwargs={"weights_path": path}),
                 self._llm.update_weight_version(str(version)),
                 self._llm.resume_generation(),
-            ):
-                calls.append(asyncio.ensure_future(call))
-                await asyncio.sleep(0)  # let it send before the next one is sent
-            results = await asyncio.gather(*calls, return_exceptions=True)
+            )
             resumed = time.monotonic()
             if isinstance(results[0], BaseException):
                 # The load failed after verification: relabel to the version
@@ -368,6 +432,75 @@ class Engine:
             prepacked=all(load["prepacked"] for load in loads),
             prepare_s=max(load["prepare_s"] for load in loads),
         )
+
+    async def swap_adapter(self, adapter_dir: Path, version: int, mode: Literal["inflight", "drain"]) -> SwapReport:
+        """Load the peft adapter in ``adapter_dir`` as ``version``, in place, into the engine's LoRA slot.
+
+        The scheduler pauses as for whole weights (inflight: requests and KV
+        kept, so sequences in flight continue under the new adapter), the
+        adapter is loaded with ``load_inplace`` (the slot's contents decide
+        every request's output, whatever path the request names), then the
+        weight version is relabelled and the scheduler resumes, back to back.
+        Only this call carries ``load_inplace``: vLLM's worker re-adds every
+        request's LoRARequest at each step and would read it from disk each
+        time. Requests name the staging root, which holds no adapter, so a
+        reload from a request's path would fail loudly rather than serve a
+        stale adapter. AdapterRefused, with the engine serving the adapter it
+        had, when vLLM will not load it.
+        """
+        from vllm.lora.request import LoRARequest
+
+        async with self._swap_lock:
+            started = time.monotonic()
+            paused, running = await self._pause(mode, version)
+            try:
+                await self._llm.add_lora(LoRARequest(LORA_NAME, LORA_ID, str(adapter_dir), load_inplace=True))
+            except Exception as exc:
+                await self._llm.resume_generation()
+                raise AdapterRefused(f"version {version}: vLLM did not load its LoRA adapter: {exc}") from exc
+            loaded = time.monotonic()
+            for result in await self._in_order(
+                self._llm.update_weight_version(str(version)), self._llm.resume_generation()
+            ):
+                if isinstance(result, BaseException):
+                    raise result
+            resumed = time.monotonic()
+            self.version = version
+            self._adapter = LoRARequest(LORA_NAME, LORA_ID, str(adapter_dir.parent))
+            self._adapter_loaded.set()
+        async with self._version_changed:
+            self._version_changed.notify_all()
+        return SwapReport(
+            version,
+            resumed - paused,
+            running,
+            pause_wait_s=paused - started,
+            load_s=loaded - paused,
+            placement="adapter",
+        )
+
+    async def _pause(self, mode: Literal["inflight", "drain"], version: int) -> tuple[float, int]:
+        """Pause the scheduler for a swap to ``version``; returns when it paused and the sequences it holds.
+
+        The engine core takes the pause between two steps; the step under way
+        when it is asked still completes, so the stall starts on return.
+        """
+        await self._llm.engine_core.pause_scheduler_async(
+            mode="keep" if mode == "inflight" else "wait", clear_cache=False
+        )
+        paused = time.monotonic()
+        failpoint("generator.swap.paused", version)
+        return paused, self.num_running
+
+    @staticmethod
+    async def _in_order(*calls: Any) -> list[Any]:
+        """Send engine-core calls back to back and gather their results (an exception as its result): the
+        engine core runs its utility calls one at a time in arrival order, so each runs after the last."""
+        futures = []
+        for call in calls:
+            futures.append(asyncio.ensure_future(call))
+            await asyncio.sleep(0)  # let it send before the next one is sent
+        return list(await asyncio.gather(*futures, return_exceptions=True))
 
     async def wait_for_version(self, version: int) -> None:
         """Return once the engine serves ``version`` or a newer one."""

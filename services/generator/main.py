@@ -22,7 +22,7 @@ from asymptote.rpc import start_server
 from asymptote.runtime import service_runtime, supervise
 from asymptote.tasks import MultiTurnSettings
 from services.generator.config import GeneratorConfig
-from services.generator.engine import Engine, check_platform
+from services.generator.engine import Engine, check_lora, check_platform
 from services.generator.episode import EpisodeRunner
 from services.generator.fanout import RELAY_SERVICE, WeightRelay, add_relay_to_server, weight_source
 from services.generator.metrics import GeneratorMetrics
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
     metrics = GeneratorMetrics()
     async with service_runtime("generator", config.nats, config.prefix, config.http, metrics.registry) as rt:
-        engine = Engine(config.engine)
+        engine = Engine(config.engine, config.lora)
         await rt.health.block("engine", "vLLM engine starting")
         await engine.start()
         # A multi-turn task's environments run in worker processes beside the engine.
@@ -53,7 +53,15 @@ async def serve(config: GeneratorConfig, stop: asyncio.Event) -> None:
             relay = WeightRelay(metrics)
             hold = EvalHold(config.eval_hold_versions)
             swapper = Swapper(
-                engine, source, config.engine.model_dir, weights_dir, config.swap_mode, metrics, relay, hold
+                engine,
+                source,
+                config.engine.model_dir,
+                weights_dir,
+                config.swap_mode,
+                metrics,
+                relay,
+                hold,
+                lora=config.lora,
             )
             policy_kv = await ensure_bucket(rt.js, rt.names.policy_bucket, replicas=rt.names.replicas)
             meter = ComputeMeter(
@@ -134,5 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("generator", config.log_format)
     log_resolved(config, "generator")
     check_platform(config.engine)
+    check_lora(config.engine, config.lora)
     check_sandboxes(config.task, config.sandbox_pool)
     return run_until_stopped(lambda stop: serve(config, stop))

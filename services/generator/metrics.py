@@ -51,6 +51,11 @@ class GeneratorMetrics:
         self.inflight_groups = Gauge("asymptote_generator_inflight_groups", "Groups being generated", registry=r)
         self.policy_version = Gauge("asymptote_generator_policy_version", "Loaded policy version", registry=r)
         self.swaps = Counter("asymptote_generator_swaps", "Weight versions loaded", registry=r)
+        self.adapter_versions = Counter(
+            "asymptote_generator_adapter_versions",
+            "LoRA adapter versions loaded over the base (a LoRA run: every version loaded; else 0)",
+            registry=r,
+        )
         self.swap_held_s = Counter(
             "asymptote_generator_swap_held_seconds",
             "Time a newer weight version waited while an eval round was sampled at the current one",

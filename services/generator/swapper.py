@@ -3,7 +3,12 @@
 Owns the loop that keeps a generator on the learner's newest version. It
 always loads the newest announced version (skipping ones superseded while a
 pull was under way), refuses bad updates without disturbing the engine, and
-records per-swap telemetry (bytes, pull time, pause, sequences carried).
+records per-swap telemetry (bytes, pull time, pause, sequences carried). In
+a LoRA run every version is an adapter over the engine's base: checked
+against the adapter the run's settings put over that base (whole-model
+weights, or an adapter with tensors missing, are refused by name), and the
+first version announced is loaded whatever its number, as the engine
+samples nothing before it holds an adapter.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from asymptote.codec import read_signature
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import StagingError, WeightsError
 from asymptote.jetstream.names import Names
+from asymptote.lora import LoraSettings, adapter_config, adapter_signature
 from asymptote.policy import watch_policy
 from services.generator.engine import SwapReport
 from services.generator.fanout import WeightRelay
 from services.generator.metrics import GeneratorMetrics
-from services.generator.weights import StagingArea, WeightSource, check_signature
+from services.generator.weights import StagingArea, WeightSource, check_adapter, check_signature
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,7 @@ class Swapper:
         metrics: GeneratorMetrics,
         relay: WeightRelay | None = None,
         hold: EvalHold | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         self.engine = engine
         self.hold = hold
@@ -104,11 +111,20 @@ class Swapper:
         self.model_dir = model_dir
         self.relay = relay
         """Serves the staged version to peers, from when it is verified until a pull writes over it."""
-        self.staging = StagingArea(weights_dir, on_overwrite=relay.retire if relay is not None else None)
+        self.lora = lora
+        base = read_signature(model_dir)
+        self.signature = base if lora is None else adapter_signature(base, lora)
+        """What every version must hold: the model directory's tensors, or the adapter over them."""
+        self.awaiting_adapter = lora is not None
+        """A LoRA run before its first adapter: the engine samples nothing until one is loaded."""
+        self.staging = StagingArea(
+            weights_dir,
+            on_overwrite=relay.retire if relay is not None else None,
+            adapter_config=None if lora is None else adapter_config(lora, self.signature, str(model_dir)),
+        )
         self.staging.clear()
         self.mode = mode
         self.metrics = metrics
-        self.signature = read_signature(model_dir)
         self.latest: rollout_pb2.PolicyVersion | None = None
         self.refused: dict[int, str] = {}
         self._announced = asyncio.Event()
@@ -126,9 +142,15 @@ class Swapper:
                 continue
             self._announced.clear()
             policy = self.latest
-            if policy is None or policy.version <= self.engine.version or policy.version in self.refused:
+            if policy is None or policy.version in self.refused:
                 continue
-            if self.hold is not None and self.hold.holds(self.engine.version, int(policy.version)):
+            if policy.version <= self.engine.version and not self.awaiting_adapter:
+                continue
+            if (
+                self.hold is not None
+                and not self.awaiting_adapter
+                and self.hold.holds(self.engine.version, int(policy.version))
+            ):
                 held_from = time.monotonic()
                 await self.hold.wait(HOLD_RECHECK_S)
                 self.metrics.swap_held_s.inc(time.monotonic() - held_from)
@@ -147,15 +169,16 @@ class Swapper:
                 raise WeightsError(
                     f"version {version}: digest {weights.digest[:12]}… differs from the announced {policy.digest[:12]}…"
                 )
-            check_signature(weights, self.signature)
+            if self.lora is None:
+                check_signature(weights, self.signature)
+            else:
+                check_adapter(weights, self.signature)
             folder = await asyncio.to_thread(staged.commit, self.model_dir, weights.digest)
             if self.relay is not None:
                 self.relay.hold(weights)
         except WeightsError as exc:
             staged.discard()
-            self.refused[version] = str(exc)
-            self.metrics.swaps_refused.labels("invalid").inc()
-            log.error("refused weights: %s; still serving version %d", exc, self.engine.version)
+            self._refuse(version, exc)
             return False
         except StagingError as exc:  # not the version's fault: pull it again later
             staged.discard()
@@ -172,10 +195,16 @@ class Swapper:
         pulled = time.monotonic() - started
         try:
             report = await self.engine.swap(folder, version, "inflight" if self.mode == "inflight" else "drain")
+        except WeightsError as exc:  # an adapter vLLM would not load: the engine serves the one it had
+            self._refuse(version, exc)
+            return False
         finally:
             await asyncio.to_thread(self.staging.recycle, folder)
         m = self.metrics
         m.swaps.inc()
+        if self.lora is not None:
+            m.adapter_versions.inc()
+            self.awaiting_adapter = False
         m.swap_pull_s.observe(pulled)
         m.swap_pause_s.observe(report.paused_s)
         m.swap_load_s.observe(report.load_s)
@@ -199,6 +228,12 @@ class Swapper:
             report.num_running,
         )
         return True
+
+    def _refuse(self, version: int, exc: WeightsError) -> None:
+        self.refused[version] = str(exc)
+        self.metrics.swaps_refused.labels("invalid").inc()
+        serving = "no adapter yet" if self.awaiting_adapter else f"version {self.engine.version}"
+        log.error("refused weights: %s; still serving %s", exc, serving)
 
     async def _retry_later(self) -> None:
         await asyncio.sleep(RETRY_S)

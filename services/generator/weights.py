@@ -9,8 +9,10 @@ that changed since (``asymptote.delta``), rebuilt in place over that
 version's bytes, or with the whole version; a delta that fails its checks
 is pulled again whole. Every update is checked before it reaches the
 engine: digest, tensor names, shapes and dtypes against the model the
-engine was built from, and NaN/Inf. A refused update raises WeightsError
-and the engine keeps the version it has. Staged versions are written as
+engine was built from (in a LoRA run, against the adapter the run's
+settings put over that base: a version without its adapter is refused by
+name), and NaN/Inf. A refused update raises WeightsError and the engine
+keeps the version it has. Staged versions are written as
 safetensors (never pickle) under a tmpfs folder: a pull decodes straight
 into the file (``StagingArea``), so a swap's extra memory is one version's
 bytes, on tmpfs, shared with the engine's worker that reads it; a delta is
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
 import mmap
 import os
@@ -48,6 +51,7 @@ from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import services_pb2, tensors_pb2
 from asymptote.delta import DeltaDecoder
 from asymptote.errors import StagingError, WeightsError
+from asymptote.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_name
 from asymptote.rpc import channel, channel_credentials
 from services.generator.metrics import GeneratorMetrics
 
@@ -231,6 +235,26 @@ def check_signature(weights: DecodedWeights, signature: Signature) -> None:
             )
 
 
+def check_adapter(weights: DecodedWeights, signature: Signature) -> None:
+    """Refuse a LoRA run's version that is not the adapter ``signature`` describes: whole-model weights
+    (the base pushed, the adapter not), an adapter with tensors missing, or one of another shape."""
+    got = set(weights.tensors)
+    if not any(is_adapter_name(n) for n in got):
+        example = min(got) if got else "none"
+        raise WeightsError(
+            f"version {weights.version}: no LoRA adapter in it ({len(got)} tensors, e.g. {example!r}): "
+            "whole-model weights where this LoRA run's generator loads an adapter over its base; refused, "
+            "the base is never served alone"
+        )
+    missing = sorted(set(signature) - got)
+    if missing:
+        raise WeightsError(
+            f"version {weights.version}: {len(missing)} of the LoRA adapter's {len(signature)} tensors are "
+            f"missing (e.g. {missing[:3]}); refused, a partial adapter is never served"
+        )
+    check_signature(weights, signature)
+
+
 STAGED_FILE = "model.safetensors"
 SPARE_FILE = ".spare.safetensors"
 
@@ -253,12 +277,26 @@ class StagingArea:
     version number), so the next pull can be a delta applied over it in
     place. ``on_overwrite`` is called when a pull starts writing over it
     (whoever serves those bytes to peers stops).
+
+    ``adapter_config``: a LoRA run's area, whose versions are peft adapter
+    folders (``adapter_model.safetensors`` with this ``adapter_config.json``).
+    A loaded adapter's folder is removed, not kept as the spare: vLLM keeps
+    the adapter it loaded in its CPU cache, as tensors that may view the
+    file's pages (safetensors maps it), so a version is never written over
+    another's pages. An adapter is small; each version is pulled whole.
     """
 
-    def __init__(self, root: Path, on_overwrite: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        on_overwrite: Callable[[], None] | None = None,
+        adapter_config: dict[str, object] | None = None,
+    ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.on_overwrite = on_overwrite
+        self.adapter_config = adapter_config
+        self.file_name = STAGED_FILE if adapter_config is None else ADAPTER_WEIGHTS
         self.held: HeldVersion | None = None
         """The verified version the area's file holds; None once a pull has started writing over it."""
 
@@ -276,7 +314,12 @@ class StagingArea:
         return StagedVersion(self, version, signature)
 
     def recycle(self, folder: Path) -> None:
-        """Keep ``folder``'s file (its version loaded, or dropped) as the buffer of the next pull."""
+        """Keep ``folder``'s file (its version loaded, or dropped) as the buffer of the next pull (an
+        adapter's folder: removed)."""
+        if self.adapter_config is not None:
+            self.held = None
+            shutil.rmtree(folder, ignore_errors=True)
+            return
         try:
             (folder / STAGED_FILE).rename(self.root / SPARE_FILE)
         except OSError:
@@ -330,7 +373,7 @@ class StagedVersion:
         self.area._overwriting()
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
-        path = self.tmp / STAGED_FILE
+        path = self.tmp / self.area.file_name
         spare = self.area.root / SPARE_FILE
         try:
             if spare.exists():
@@ -357,7 +400,10 @@ class StagedVersion:
         ``digest``: the version's verified digest, so the next pull can be a
         delta from it (none: the next pull is whole).
         """
-        shutil.copy2(model_dir / "config.json", self.tmp / "config.json")
+        if self.area.adapter_config is None:
+            shutil.copy2(model_dir / "config.json", self.tmp / "config.json")
+        else:
+            (self.tmp / ADAPTER_CONFIG).write_text(json.dumps(self.area.adapter_config, indent=2))
         folder = self.area.root / f"v{self.version}"
         shutil.rmtree(folder, ignore_errors=True)
         self.tmp.rename(folder)
@@ -377,13 +423,14 @@ def _free_space(root: Path) -> str:
     return f"it holds {st.f_blocks * st.f_frsize / 2**30:.2f} GiB, {st.f_bavail * st.f_frsize / 2**30:.2f} GiB free"
 
 
-def stage(weights: DecodedWeights, root: Path, model_dir: Path) -> Path:
-    """Write a verified version held in memory as a loadable checkpoint folder; returns it.
-
-    The same file layout a pull into a ``StagingArea`` writes.
+def stage(
+    weights: DecodedWeights, root: Path, model_dir: Path, adapter_config: dict[str, object] | None = None
+) -> Path:
+    """Write a verified version held in memory as a loadable checkpoint folder (with ``adapter_config``, a
+    peft adapter folder); returns it. The same file layout a pull into a ``StagingArea`` writes.
     """
     signature = {name: (t.dtype, t.shape) for name, t in weights.tensors.items()}
-    staged = StagingArea(root).open(weights.version, signature)
+    staged = StagingArea(root, adapter_config=adapter_config).open(weights.version, signature)
     buffer = staged.take(weights.num_bytes)
     offset = 0
     for name in sorted(weights.tensors):

@@ -3,13 +3,14 @@
 Owns writing and finding checkpoints. A checkpoint is a folder
 ``ckpt-<version>``:
 
-- ``state/``: the model's parameters and AdamW's state in
+- ``state/``: the model's parameters (with a LoRA, the adapter's only) and AdamW's state in
   ``torch.distributed.checkpoint`` (DCP) format. Every rank writes its own
   shards (FSDP2) or its share of the replicated tensors (DDP, one process),
   keyed by parameter name, so any number of ranks in either layout resumes it
   (DCP reshards on load) and no rank ever gathers the whole model;
 - ``trainer.json``: the policy version, the step, the counters, the ids of
-  the groups trained into the weights, the learning-rate scheduler's state;
+  the groups trained into the weights, the learning-rate scheduler's state
+  and, for a LoRA, its settings and its base (model directory and digest);
 - ``rng.pt``: rank 0's random-number generator states;
 - ``DONE``: the marker that makes it count.
 
@@ -90,6 +91,10 @@ class Restored:
     """The learning-rate scheduler's state dict."""
     stepped: bool = True
     """Whether the optimizer has state (False: saved before its first step; a fresh optimizer then)."""
+    lora: dict[str, Any] | None = None
+    """The LoRA settings of an adapter checkpoint (it holds the adapter and its AdamW state only); None: whole weights."""
+    base: dict[str, str] | None = None
+    """An adapter checkpoint's base: its ``model_dir`` and ``digest`` (``adapter.base_digest``)."""
 
     @property
     def legacy(self) -> bool:
@@ -109,6 +114,8 @@ class Meta:
     stepped: bool
     world_size: int
     layout: str
+    lora: dict[str, Any] | None = None
+    base: dict[str, str] | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -353,6 +360,8 @@ def read(path: Path) -> Restored:
         step=int(meta.get("step", meta["version"])),
         scheduler=dict(meta["scheduler"]),
         stepped=bool(meta["stepped"]),
+        lora=meta.get("lora"),
+        base=meta.get("base"),
     )
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from asymptote.config import Frozen, ListenSettings, MeteredServiceSettings
+from asymptote.lora import LoraSettings
 
 
 class LossSettings(Frozen):
@@ -179,6 +180,10 @@ class LearnerConfig(MeteredServiceSettings):
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less
     memory, about one more forward pass of compute)."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter (peft's) in place of the whole model: the base frozen in the compute dtype
+    (no float32 copy, gradients or AdamW state for it), float32 adapter weights with AdamW; checkpoints
+    hold the adapter and its AdamW state, and generators get the adapter. None: every weight trains."""
 
     @model_validator(mode="after")
     def _check_updates_per_batch(self) -> LearnerConfig:

@@ -15,6 +15,14 @@ interrupted export leaves nothing that looks complete.
 from the run directory alone: the round from ``eval.jsonl``
 (``asymptote.best_round``), its checkpoint the one at its version, else the
 one the learner kept for it and marked ``BEST`` (the newest before it).
+
+A LoRA run's checkpoint holds the adapter only: export writes it as peft's
+adapter directory (``adapter_config.json`` and ``adapter_model.safetensors``
+in float32, under peft's names), which peft and vLLM load over the base; with
+``merge`` it writes a whole model directory instead, each adapted weight
+``W + scaling * B @ A`` computed in float32 from the base's stored tensor and
+then cast to the base's dtype (the base read from the directory the
+checkpoint names, checked against its digest, or ``model_dir``).
 """
 
 from __future__ import annotations
@@ -24,17 +32,20 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from asymptote.best_round import best_round, read_eval_rows
-from asymptote.codec import PICKLE_SUFFIXES, read_signature
+from asymptote.codec import PICKLE_SUFFIXES, read_signature, safetensors_files
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ConfigError, WeightsError
-from services.learner import checkpoint
+from asymptote.lora import ADAPTER_WEIGHTS, LoraSettings
+from services.learner import adapter, checkpoint
 from services.learner.model import TORCH_DTYPES
 
 log = logging.getLogger(__name__)
@@ -139,18 +150,27 @@ def export(
     model_dir: Path | None = None,
     shard_bytes: int = SHARD_BYTES,
     best: bool = False,
+    merge: bool = False,
 ) -> Path:
     """Write checkpoint ``step`` (newest: None; ``best``: the best held-out round's, ``find_best``) of
     ``run_dir`` as a model directory ``to``; returns ``to``.
 
     ``model_dir``: where the config and tokenizer come from when the run
-    kept no copy of them. Tensors go in safetensors shards of at most
-    ``shard_bytes`` (one file when they fit). ConfigError for a destination
-    that exists and is not empty, or a run without what export needs.
+    kept no copy of them (a LoRA's base, for ``merge``). Tensors go in
+    safetensors shards of at most ``shard_bytes`` (one file when they fit).
+    A LoRA run's checkpoint is written as peft's adapter directory, or with
+    ``merge`` as the merged model. ConfigError for a destination that exists
+    and is not empty, or a run without what export needs.
     """
     run_dir, to = run_dir.resolve(), to.resolve()
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError(f"--to {to}: exists and is not an empty directory")
+    path = find_best(run_dir).path if best else find_checkpoint(run_dir, step)
+    meta = json.loads((path / checkpoint.META).read_text()) if (path / checkpoint.META).exists() else {}
+    if meta.get("lora") is not None:
+        return _export_lora(run_dir, to, path, meta, model_dir, shard_bytes, merge)
+    if merge:
+        raise ConfigError(f"--merge: checkpoint {path.name} holds whole weights (the run trained no LoRA)")
     source = model_dir if model_dir is not None else run_dir / MODEL_FILES
     flag = f"--model {source}" if model_dir is not None else str(source)
     if not (source / "config.json").is_file():
@@ -159,36 +179,133 @@ def export(
         signature = _signature(source)
     except (WeightsError, OSError) as exc:
         raise ConfigError(f"{flag}: its weights cannot be read: {exc}") from exc
-    path = find_best(run_dir).path if best else find_checkpoint(run_dir, step)
     check_fits(signature, checkpoint.weight_names(path), path, flag)
     started = time.perf_counter()
+    tmp = _staging(to)
+
+    def read(names: list[str]) -> dict[str, torch.Tensor]:
+        tensors = checkpoint.read_weights(path, names)
+        return {n: tensors[n].to(TORCH_DTYPES[signature[n][0]]) for n in names}
+
+    total = _write_shards(tmp, signature, shard_bytes, read)
+    _copy_small_files(source, tmp)
+    return _finish(tmp, to, run_dir, path, meta, total, started)
+
+
+def _export_lora(
+    run_dir: Path,
+    to: Path,
+    path: Path,
+    meta: dict[str, Any],
+    model_dir: Path | None,
+    shard_bytes: int,
+    merge: bool,
+) -> Path:
+    """A LoRA checkpoint as peft's adapter directory, or with ``merge`` as the merged model directory."""
+    settings = LoraSettings.model_validate(meta["lora"])
+    base = meta.get("base") or {}
+    base_dir = model_dir if model_dir is not None else Path(base["model_dir"]) if base else None
+    flag = f"--model {base_dir}" if model_dir is not None else f"the base {base_dir} (checkpoint {path.name})"
+    started = time.perf_counter()
+    stored = checkpoint.read_weights(path)
+    tensors = {adapter.file_name(name): t.to(torch.float32).contiguous() for name, t in stored.items()}
+    if not merge:
+        tmp = _staging(to)
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (tmp / ADAPTER_WEIGHTS).chmod(0o666 & ~_umask())
+        adapter.write_config(settings, str(base_dir or ""), tensors, tmp)
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        return _finish(tmp, to, run_dir, path, meta, total, started)
+    if base_dir is None or not (base_dir / "config.json").is_file():
+        raise ConfigError(f"--merge: {flag} is no model directory; name the base with --model")
+    try:
+        signature = read_signature(base_dir)
+        digest = adapter.base_digest(base_dir)
+    except (WeightsError, OSError) as exc:
+        raise ConfigError(f"--merge: {flag}: its weights cannot be read: {exc}") from exc
+    if base and digest != base["digest"]:
+        raise ConfigError(
+            f"--merge: {flag} is not the base checkpoint {path.name} trained over (digest {digest[:12]}, "
+            f"the checkpoint's {base['digest'][:12]})"
+        )
+    targets = adapter.base_layer_names(tensors)
+    unknown = sorted(set(targets) - set(signature))
+    if unknown:
+        raise ConfigError(f"--merge: {flag} has no weight {unknown[0]} the adapter changes: not this run's base")
+    tmp = _staging(to)
+
+    def read(names: list[str]) -> dict[str, torch.Tensor]:
+        out = _read_stored(base_dir, names)
+        for name in names:
+            if name in targets:
+                a, b = targets[name]
+                out[name] = adapter.merged(out[name], tensors[a], tensors[b], settings.scaling, out[name].dtype)
+        return out
+
+    total = _write_shards(tmp, signature, shard_bytes, read)
+    _copy_small_files(run_dir / MODEL_FILES if (run_dir / MODEL_FILES).is_dir() else base_dir, tmp)
+    return _finish(tmp, to, run_dir, path, meta, total, started)
+
+
+def _read_stored(model_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The stored tensors ``names`` of ``model_dir``, in their stored dtypes."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    wanted = set(names)
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt") as f:
+            for name in wanted.intersection(f.keys()):
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def _staging(to: Path) -> Path:
+    """The folder an export is written in, beside ``to`` (renamed into place by ``_finish``)."""
     tmp = to.parent / f".{to.name}.export-tmp"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     except OSError as exc:
         raise ConfigError(f"--to {to}: cannot write there: {exc.strerror or exc}") from exc
+    return tmp
+
+
+def _write_shards(
+    tmp: Path,
+    signature: dict[str, tuple[str, tuple[int, ...]]],
+    shard_bytes: int,
+    read: Callable[[list[str]], dict[str, torch.Tensor]],
+) -> int:
+    """Write the tensors ``read`` gives, a shard of names at a time, as safetensors shards with their index;
+    returns their bytes."""
     shards = _plan_shards(signature, shard_bytes)
     weight_map: dict[str, str] = {}
     total = 0
     for i, names in enumerate(shards):
         file = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        tensors = checkpoint.read_weights(path, names)
-        out = {n: tensors[n].to(TORCH_DTYPES[signature[n][0]]).contiguous() for n in names}
+        out = {n: t.contiguous() for n, t in read(names).items()}
         save_file(out, str(tmp / file), metadata={"format": "pt"})
         # safetensors writes its files 0600: give them the mode the folder's other files get.
         (tmp / file).chmod(0o666 & ~_umask())
         total += sum(t.numel() * t.element_size() for t in out.values())
         weight_map.update(dict.fromkeys(names, file))
         log.info("export: %s (%d of %d shards)", file, i + 1, len(shards))
-        del tensors, out
+        del out
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX).write_text(json.dumps(index, indent=2))
+    return total
+
+
+def _copy_small_files(source: Path, tmp: Path) -> None:
     for f in sorted(source.iterdir()):
         if f.is_file() and f.name != SIGNATURE and not f.name.endswith(_WEIGHT_FILES) and f.name != INDEX:
             shutil.copy2(f, tmp / f.name)
-    meta = json.loads((path / checkpoint.META).read_text()) if (path / checkpoint.META).exists() else {}
+
+
+def _finish(tmp: Path, to: Path, run_dir: Path, path: Path, meta: dict[str, Any], total: int, started: float) -> Path:
+    """Write the export's provenance into ``tmp`` and rename it into place as ``to``."""
     provenance = {
         "run_dir": str(run_dir),
         "checkpoint": path.name,

@@ -166,6 +166,7 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         micro_batch_tokens=config.micro_batch_tokens,
         activation_checkpointing=config.activation_checkpointing,
         packing=config.packing,
+        lora=config.lora,
     )
     trainer.checkpointer = Checkpointer(
         config.run_dir / "checkpoints",
@@ -194,7 +195,7 @@ class Learner:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
         self.store = WeightStore(
-            read_signature(config.model_dir),
+            self.trainer.served_signature() or read_signature(config.model_dir),
             keep=config.served_versions_kept,
             host_buffers=HostBuffers.for_device(self.trainer.precision.device),
         )

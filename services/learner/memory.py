@@ -2,7 +2,8 @@
 pod's host memory and the checkpoints on its volume.
 
 Owns the bytes each piece of the learner holds on a GPU (float32 master
-weights, gradients and AdamW moments, FSDP2's gathered layers and unsharded
+weights, gradients and AdamW moments; with a LoRA the frozen base in the
+compute dtype and the adapter's float32 weights, gradients and moments, FSDP2's gathered layers and unsharded
 gradients, activations and the FP32 head's logits from ``activations``,
 a reserve), what a generator's GPU holds (weights and KV cache), what a
 learner pod holds on the host (a load, the served versions, checkpoint
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asymptote.errors import ConfigError
+from asymptote.lora import ALL_LINEAR, LoraSettings
 from services.learner.activations import DTYPE_BYTES, FLOAT32, ModelShape, activation_bytes, chunk_rows
 from services.learner.config import LearnerConfig
 
@@ -57,6 +59,34 @@ MAX_SUGGESTED_TOKENS = 1 << 24
 
 
 # -- the learner's GPUs --------------------------------------------------------------------------------------
+
+
+def linear_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """Each decoder linear layer of a Llama, Qwen2 or Qwen3 layer: name -> (in features, out features)."""
+    h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_width, shape.kv_width
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+
+
+def adapter_parameters(shape: ModelShape, lora: LoraSettings) -> int:
+    """A LoRA's parameters: r x (in + out) for every adapted linear layer of every decoder layer; ConfigError
+    naming a target module these models do not have."""
+    linears = linear_shapes(shape)
+    targets = list(linears) if lora.target_modules == ALL_LINEAR else list(lora.target_modules)
+    unknown = [t for t in targets if t not in linears]
+    if unknown:
+        raise ConfigError(
+            f"lora.target_modules: {shape.model_type} has no linear layer named {', '.join(unknown)}; "
+            f"its decoder's are {', '.join(sorted(linears))} (or all-linear)"
+        )
+    return shape.num_layers * lora.rank * sum(sum(linears[t]) for t in targets)
 
 
 @dataclass(frozen=True)
@@ -141,19 +171,52 @@ def plan_learner(
         tokens = math.ceil(config.batch_prompts / world) * group_size * sequence_tokens
     else:
         tokens = max(config.micro_batch_tokens, sequence_tokens)
-    held = [
-        Item("weights", MASTER_BYTES_PER_PARAM * p // shards, "float32 master weights" + _shard_note(shards)),
-        Item("gradients", GRADIENT_BYTES_PER_PARAM * p // shards, "float32" + _shard_note(shards)),
-        Item("AdamW moments", ADAMW_BYTES_PER_PARAM * p // shards, "two float32 moments" + _shard_note(shards)),
+    layer, root = shape.layer_parameters, shape.root_parameters
+    # The parameters with float32 masters, gradients and AdamW moments: a LoRA's adapter only.
+    trained = p if config.lora is None else adapter_parameters(shape, config.lora)
+    held = []
+    what = "" if config.lora is None else f"LoRA rank {config.lora.rank}: {trained / 1e6:,.1f}M adapter parameters, "
+    if config.lora is not None:
+        base = shape.num_layers * layer * c + root * FLOAT32
+        held.append(
+            Item(
+                "frozen base",
+                base // shards,
+                f"the decoder layers in {dtype}, embeddings, norm and head in float32, no gradients or AdamW"
+                + _shard_note(shards),
+            )
+        )
+    held += [
+        Item(
+            "weights" if config.lora is None else "adapter weights",
+            MASTER_BYTES_PER_PARAM * trained // shards,
+            f"{what}float32 master weights" + _shard_note(shards),
+        ),
+        Item("gradients", GRADIENT_BYTES_PER_PARAM * trained // shards, "float32" + _shard_note(shards)),
+        Item("AdamW moments", ADAMW_BYTES_PER_PARAM * trained // shards, "two float32 moments" + _shard_note(shards)),
     ]
     if layout == "ddp":
         held.append(
-            Item("DDP gradient buckets", GRADIENT_BYTES_PER_PARAM * p, "float32, a second copy of the gradients")
+            Item("DDP gradient buckets", GRADIENT_BYTES_PER_PARAM * trained, "float32, a second copy of the gradients")
         )
     held.append(Item("CUDA reserve", LEARNER_RESERVE_BYTES, "context, NCCL buffers, workspaces, fragmentation"))
     training = []
-    layer, root = shape.layer_parameters, shape.root_parameters
-    if layout == "fsdp":
+    if layout == "fsdp" and config.lora is not None:
+        training.append(
+            Item(
+                "FSDP2 gathered weights",
+                2 * layer * c + root * FLOAT32 + 2 * trained // shape.num_layers * FLOAT32,
+                f"two layers in {dtype} with their adapters (one prefetched); the root in float32",
+            )
+        )
+        training.append(
+            Item(
+                "FSDP2 unsharded gradients",
+                trained // shape.num_layers * (c + FLOAT32),
+                f"a layer's adapter's in {dtype}, and in float32 to reduce-scatter (the base has none)",
+            )
+        )
+    elif layout == "fsdp":
         training.append(
             Item(
                 "FSDP2 gathered weights",
@@ -169,9 +232,9 @@ def plan_learner(
             )
         )
     elif c < FLOAT32:
-        training.append(
-            Item("autocast weight copies", shape.num_layers * layer * c, f"the layers' weights cast to {dtype}")
-        )
+        copies = shape.num_layers * layer * c if config.lora is None else trained * c
+        of = "the layers' weights" if config.lora is None else "the adapter's weights (the base is held in it)"
+        training.append(Item("autocast weight copies", copies, f"{of} cast to {dtype}"))
     acts = activation_bytes(
         shape,
         tokens=tokens,
@@ -205,7 +268,7 @@ def plan_learner(
     stepping = [
         Item(
             "AdamW / serving temporaries",
-            max(FLOAT32 * p // shards, FLOAT32 * shape.largest_tensor_elements),
+            max(FLOAT32 * trained // shards, FLOAT32 * shape.largest_tensor_elements if config.lora is None else 0),
             "foreach AdamW's sqrt of a moment, or a whole tensor gathered in float32 to serve",
         )
     ]
@@ -492,11 +555,14 @@ def plan_host(shape: ModelShape, config: LearnerConfig, *, gpus_per_node: int, n
     moments (12 bytes a parameter over the world) in host memory.
     """
     p, world = shape.num_parameters, gpus_per_node * nodes
+    # A LoRA serves and checkpoints its adapter only, served in float32.
+    trained = p if config.lora is None else adapter_parameters(shape, config.lora)
+    served = p * DTYPE_BYTES[shape.stored_dtype] if config.lora is None else trained * FLOAT32
     return HostPlan(
         load_bytes=gpus_per_node * FLOAT32 * shape.largest_tensor_elements,
-        served_bytes=(config.served_versions_kept + 1) * p * DTYPE_BYTES[shape.stored_dtype],
-        staging_bytes=CHECKPOINT_BYTES_PER_PARAM * p * gpus_per_node // world,
-        checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * p + CHECKPOINT_EXTRA_BYTES,
+        served_bytes=(config.served_versions_kept + 1) * served,
+        staging_bytes=CHECKPOINT_BYTES_PER_PARAM * trained * gpus_per_node // world,
+        checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained + CHECKPOINT_EXTRA_BYTES,
         checkpoints_on_disk=config.keep_checkpoints + int(config.keep_best_checkpoint) + 1,
     )
 

@@ -249,8 +249,9 @@ def fill_from_dir(model: torch.nn.Module, model_dir: Path) -> None:
     for name, target in model.state_dict().items():
         if name in tied:
             continue
+        name = stored_name(name)
         if name not in stored:
-            continue  # a name transformers ignores (checked by empty_model)
+            continue  # a name transformers ignores (checked by empty_model), or a LoRA adapter's
         by_file.setdefault(stored[name][0], []).append((name, target))
     with torch.no_grad():
         for path, targets in by_file.items():
@@ -266,6 +267,12 @@ def fill_from_dir(model: torch.nn.Module, model_dir: Path) -> None:
                             local.copy_(f.get_slice(name)[index])
                     else:
                         target.copy_(f.get_tensor(name))
+
+
+def stored_name(name: str) -> str:
+    """The stored tensor a parameter reads: its own name, or for a layer a LoRA adapter wraps (peft's
+    ``base_layer``) the wrapped layer's."""
+    return name.replace(".base_layer.", ".")
 
 
 def _describe(key: object) -> str:

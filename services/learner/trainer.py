@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -29,10 +30,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim.optimizer import _get_scalar_dtype
 from transformers import PreTrainedModel
 
+from asymptote.codec import Signature
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
-from asymptote.errors import ConfigError, PayloadError
+from asymptote.errors import ConfigError, ModelError, PayloadError
 from asymptote.faults import failpoint
-from services.learner import checkpoint
+from asymptote.lora import LoraSettings
+from services.learner import adapter, checkpoint
 from services.learner.attention import has_sliding_window, is_packed, use_packed_attention
 from services.learner.checkpoint import Checkpointer, Restored
 from services.learner.config import LossSettings, OptimizerSettings
@@ -251,10 +254,17 @@ class Trainer:
         micro_batch_tokens: int | None = None,
         activation_checkpointing: bool = False,
         packing: bool = True,
+        lora: LoraSettings | None = None,
     ) -> None:
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be at least 1 (or None: whole batch), got {micro_batch_tokens}")
         self.model = model
+        self.lora = lora
+        """The adapter trained in place of the whole model; None: every parameter trains."""
+        if lora is not None:
+            adapter.add_adapter(model, lora, precision)
+        self.base: dict[str, str] | None = None
+        """With ``lora``: the base model's directory and digest, as the checkpoints record them (``start``)."""
         if packing:
             if has_sliding_window(model.config):
                 raise ConfigError(
@@ -273,19 +283,23 @@ class Trainer:
         # each rank only ever holds its own shards; ``start`` then reads its weights.
         if self.sharded:
             shard(policy, model, precision)
-            materialize(model, precision.device)
-            self.policy: torch.nn.Module = policy
-        else:
-            materialize(model, precision.device)
-            self.policy = self.dp.wrap(policy)
+        materialize(model, precision.device)
+        if lora is not None:
+            adapter.initialize(model)  # before DDP's wrap, which hands every rank rank 0's values
+        self.policy: torch.nn.Module = policy if self.sharded else self.dp.wrap(policy)
         self._released = False
         self.checkpointer: Checkpointer | None = None
         """Where ``save`` writes (set on every rank by the learner before the first save)."""
         self.loss_settings = loss
         self.opt_settings = opt
-        # After sharding: the optimizer holds (and keeps float32 state for) this rank's shards.
+        # After sharding: the optimizer holds (and keeps float32 state for) this rank's shards, of the
+        # parameters that train (with a LoRA the adapter's only: the frozen base has no AdamW state).
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
         )
         warmup = max(opt.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -303,15 +317,22 @@ class Trainer:
         Rank 0 names a checkpoint (``resume``) or none; every rank then reads
         its own part: of the checkpoint (its shards, with AdamW and scheduler
         state), else of ``model_dir``'s stored tensors (``model_dir`` None: the
-        model's weights as they are, e.g. random). Nothing whole is gathered or
-        sent between ranks. Returns the checkpoint's counters when one was read.
+        model's weights as they are, e.g. random). With a LoRA the base always
+        comes from ``model_dir`` and a checkpoint holds the adapter and its AdamW
+        state only (ModelError for a checkpoint of another kind, shape or base).
+        Nothing whole is gathered or sent between ranks. Returns the
+        checkpoint's counters when one was read.
         """
         named = self.dp.broadcast(None if resume is None else str(resume)) if self.dp.distributed else resume
-        if named is None:
+        if named is None or self.lora is not None:  # a LoRA's checkpoint holds the adapter, over this base
             if model_dir is not None:
                 fill_from_dir(self.model, model_dir)
+                if self.lora is not None and self.dp.is_main:
+                    self.base = {"model_dir": str(Path(model_dir).resolve()), "digest": adapter.base_digest(model_dir)}
+        if named is None:
             return None
         restored = checkpoint.read(Path(named))
+        self._check_kind(restored)
         if restored.legacy:
             weights, optimizer = checkpoint.load_legacy(restored.path)
             load_full_state(self.model, self.optimizer, weights, optimizer, False, restored.stepped)
@@ -320,11 +341,37 @@ class Trainer:
                 self._allocate_optimizer_state()
             state = self.state_dict(with_optimizer=restored.stepped)
             checkpoint.load_state(restored.path, state)
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=self._state_options())
             if restored.stepped:
                 set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         self.scheduler.load_state_dict(restored.scheduler)
         return restored
+
+    def _check_kind(self, restored: Restored) -> None:
+        """ModelError when a checkpoint is not of this trainer's kind: whole weights for a LoRA, an adapter
+        of another shape or another base, or an adapter for full training."""
+        path = restored.path
+        if self.lora is None:
+            if restored.lora is not None:
+                raise ModelError(f"checkpoint {path} holds a LoRA adapter; this learner trains every weight (no lora)")
+            return
+        if restored.lora is None:
+            raise ModelError(f"checkpoint {path} holds whole weights; this learner trains a LoRA (lora is set)")
+        saved = LoraSettings.model_validate(restored.lora)
+        if saved != self.lora:
+            raise ModelError(
+                f"lora: checkpoint {path} trained {saved.model_dump()}, the config says {self.lora.model_dump()}"
+            )
+        if self.base is not None and restored.base is not None and restored.base["digest"] != self.base["digest"]:
+            raise ModelError(
+                f"model_dir {self.base['model_dir']}: not the base checkpoint {path} trained its adapter over "
+                f"({restored.base['model_dir']}, digest {restored.base['digest'][:12]}, this one {self.base['digest'][:12]})"
+            )
+
+    def _state_options(self) -> StateDictOptions:
+        """The model's part of a checkpoint: every tensor, or with a LoRA the adapter's only."""
+        # strict off for a LoRA: the frozen base is not in the dict (DCP's load already refuses a missing adapter key).
+        return StateDictOptions(ignore_frozen_params=self.lora is not None, strict=self.lora is None)
 
     def _allocate_optimizer_state(self) -> None:
         """AdamW's state for every parameter, zero, as its first step would make it (for a checkpoint to
@@ -349,11 +396,16 @@ class Trainer:
     def init_random(self) -> None:
         """Initialise the weights as the model's constructor would (a model built on the meta device)."""
         self.model.init_weights()
+        if self.lora is not None:
+            adapter.initialize(self.model)
 
     def state_dict(self, with_optimizer: bool | None = None) -> dict[str, Any]:
         """This rank's model and AdamW state by parameter name, as a checkpoint holds them (its shards
         under FSDP2). ``with_optimizer`` None: when the optimizer has taken a step."""
-        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        weights = get_model_state_dict(self.model, options=self._state_options())
+        if self.lora is not None:  # a tied head's alias of the frozen embeddings passes ignore_frozen_params
+            weights = {k: v for k, v in weights.items() if adapter.is_adapter(k)}
+        state: dict[str, Any] = {"model": weights}
         if with_optimizer if with_optimizer is not None else bool(self.optimizer.state):
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         return state
@@ -371,6 +423,8 @@ class Trainer:
             stepped=bool(self.optimizer.state),
             world_size=self.dp.world_size,
             layout="fsdp" if self.sharded else "ddp" if self.dp.distributed else "single",
+            lora=None if self.lora is None else self.lora.model_dump(mode="json"),
+            base=self.base,
         )
 
     def save(self, version: int, meta: checkpoint.Meta) -> None:
@@ -441,19 +495,33 @@ class Trainer:
         what the caller keeps. KeyError before any gather for a name the model lacks.
         """
         state = self.model.state_dict()
-        missing = [n for n in names if n not in state]
+        served = self._served_names()
+        missing = [n for n in names if served.get(n, n) not in state]
         if missing:
             raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
         if self.sharded:
             self.dp.broadcast(("weights", list(names)))
         return self._gathered(list(names), state)
 
+    def _served_names(self) -> dict[str, str]:
+        """Served name -> state-dict name where they differ: a LoRA's adapter is served under peft's file names."""
+        return {} if self.lora is None else adapter.file_names(self.model)
+
+    def served_signature(self) -> Signature | None:
+        """With a LoRA, what it serves: the adapter's tensors by peft's file names, in float32 (the engine
+        casts them to its own dtype); None: the model directory's tensors, in their stored dtypes."""
+        if self.lora is None:
+            return None
+        state = self.model.state_dict()
+        return {name: ("float32", tuple(state[key].shape)) for name, key in self._served_names().items()}
+
     def _gathered(
         self, names: list[str], state: dict[str, torch.Tensor] | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:
         state = self.model.state_dict() if state is None else state
+        served = self._served_names()
         for name in names:
-            yield name, full_tensor(state[name].detach())
+            yield name, full_tensor(state[served.get(name, name)].detach())
 
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics."""

@@ -21,6 +21,7 @@ from pydantic import Field, ModelWrapValidatorHandler, ValidationError, field_va
 
 from asymptote.config import Frozen, merge
 from asymptote.faults import parse as parse_failpoints
+from asymptote.lora import LoraSettings
 from asymptote.tasks import TaskSettings
 from services.broker.config import ZeroVariance
 from services.local.workloads import DEFAULT_WORKLOAD, workload
@@ -37,8 +38,9 @@ STACK_OWNED: dict[str, tuple[str, ...]] = {
         "run_dir",
         "broker_endpoint",
         "advertise_host",
+        "lora",
     ),
-    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task", "sandbox_pool"),
+    "generator": ("nats", "prefix", "grpc", "http", "log_format", "task", "sandbox_pool", "lora"),
     "fitter": ("nats", "prefix", "grpc", "http", "log_format", "run_dir", "run_name"),
 }
 """Each service's fields the stack sets itself (its wiring, and the one task every service shares)."""
@@ -191,6 +193,10 @@ class StackConfig(Frozen):
     """k samples per held-out prompt in an eval round."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter in place of the whole model (``asymptote up --lora-rank N``): the learner's,
+    given here once for every service; the learning rate the stack picks is then 10x full fine-tuning's
+    (asymptote.lora.LORA_LR_FACTOR). None: every weight trains."""
     task: TaskSettings
     """The task; the workload's when the config gives none (the default: the shipped word problems,
     data/words/)."""

@@ -396,6 +396,7 @@ class LocalStack:
             updates_per_batch=c.updates_per_batch,
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
+            lora=c.lora,
         )
         if self.placement is not None:
             learner = learner_on_gpus(learner, model_dir, self.placement, c.max_tokens)
@@ -431,6 +432,7 @@ class LocalStack:
                 # A hold within half the staleness bound: train groups sampled meanwhile stay admissible.
                 eval_hold_versions=min(HOLD_VERSIONS, broker.max_staleness_versions // 2),
                 task=c.task,
+                lora=c.lora,
                 device_kind="gpu" if self.placement else "cpu-core",
                 num_devices=c.tensor_parallel_size if self.placement else 1,
                 sandbox_pool=sandbox_pool,

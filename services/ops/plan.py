@@ -29,6 +29,7 @@ from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.errors import ConfigError
+from asymptote.lora import LoraSettings
 from services.generator.config import EngineSettings
 from services.learner.activations import ModelShape
 from services.learner.config import LearnerConfig
@@ -180,6 +181,11 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         help="the GPU the time estimate assumes (its datasheet bandwidth and bf16 FLOPs)",
     )
     parser.add_argument(
+        "--lora-rank",
+        type=int,
+        help="train a LoRA of this rank (over learner.config.lora, else its defaults) in place of every weight",
+    )
+    parser.add_argument(
         "--mean-completion-tokens",
         type=int,
         help="mean completion length the time estimate assumes (default: half of max_tokens)",
@@ -192,6 +198,7 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         ("--max-tokens", args.max_tokens),
         ("--generator-gpus", args.generator_gpus),
         ("--mean-completion-tokens", args.mean_completion_tokens),
+        ("--lora-rank", args.lora_rank),
     ):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value}: must be at least 1")
@@ -228,6 +235,12 @@ def plan_inputs(argv: list[str]) -> PlanInputs:
         learner = LearnerConfig.model_validate({**learner_settings, "model_dir": args.model})
     except ValidationError as exc:
         raise ConfigError(f"{where}: " + _problems(exc, learner_key)) from exc
+    if args.lora_rank is not None:
+        lora = {**(learner.lora.model_dump() if learner.lora else {}), "rank": args.lora_rank}
+        try:
+            learner = learner.model_copy(update={"lora": LoraSettings.model_validate(lora)})
+        except ValidationError as exc:
+            raise ConfigError(f"--lora-rank {args.lora_rank}: " + _problems(exc, "")) from exc
 
     def setting(*keys: str) -> tuple[Any, str]:
         """A value of the merged values, and which file it came from."""
@@ -431,7 +444,8 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
     for when, items in (("always", learner.held), ("forward, backward", learner.training), ("step", learner.stepping)):
         for item in items:
             rank.add_row(when, item.name, gib(item.num_bytes), item.note)
-    verdict = "fits" if learner.fits else "does NOT fit"
+    spare = (learner.usable_bytes - learner.total_bytes) / GIB
+    verdict = f"fits with {spare:,.1f} GiB to spare" if learner.fits else f"does NOT fit by {-spare:,.1f} GiB"
     rank.add_row(
         "",
         "total",
@@ -476,7 +490,9 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
     pod.add_row(
         "served versions",
         gib(host.served_bytes),
-        f"served_versions_kept + 1 (being copied out) x the model in {shape.stored_dtype}",
+        f"served_versions_kept + 1 (being copied out) x the model in {shape.stored_dtype}"
+        if inputs.learner.lora is None
+        else "served_versions_kept + 1 (being copied out) x the adapter in float32",
     )
     pod.add_row(
         "checkpoint staging", gib(host.staging_bytes), "the pod's ranks' shards of float32 weights and AdamW moments"
@@ -485,7 +501,8 @@ def print_plan(run: RunPlan, inputs: PlanInputs) -> None:
     console.print(pod)
 
     disk = table("Checkpoints", "", "GiB", "how it is counted")
-    disk.add_row("one checkpoint", gib(host.checkpoint_bytes), "12 bytes a parameter: float32 weights, AdamW moments")
+    kept = "a parameter" if inputs.learner.lora is None else "an adapter parameter (the base is not saved)"
+    disk.add_row("one checkpoint", gib(host.checkpoint_bytes), f"12 bytes {kept}: float32 weights, AdamW moments")
     disk.add_row(
         "on the volume",
         gib(host.disk_bytes),

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from asymptote.errors import ConfigError
+from asymptote.lora import LoraSettings
 from services.generator.config import EngineSettings
-from services.generator.engine import Engine, check_platform, engine_args
+from services.generator.engine import Engine, check_lora, check_platform, engine_args
 from tests.helpers.refusals import refusal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,6 +136,27 @@ async def test_the_engine_refuses_quantization_before_starting_vllm(
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", None)
     with pytest.raises(ConfigError, match=r"^engine.quantization 'fp8': vLLM's CPU build serves unquantized"):
         await Engine(EngineSettings(model_dir=tmp_path, quantization="fp8")).start()
+
+
+@pytest.mark.parametrize(("rank", "slot"), [(1, 1), (4, 8), (8, 8), (9, 16), (512, 512)])
+def test_a_lora_gives_the_engine_one_slot_of_the_smallest_rank_that_holds_it(rank: int, slot: int) -> None:
+    args = engine_args(EngineSettings(model_dir=Path("/m")), LoraSettings(rank=rank))
+    assert (args.enable_lora, args.max_lora_rank, args.max_loras) == (True, slot, 1)
+    assert args.model == "/m"  # the base, loaded once
+    assert not engine_args(EngineSettings(model_dir=Path("/m"))).enable_lora
+
+
+def test_a_lora_the_engine_cannot_serve_as_trained_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    plain = EngineSettings(model_dir=tmp_path)
+    check_lora(plain, None)
+    check_lora(plain, LoraSettings(rank=8))
+    with pytest.raises(ConfigError, match=r"^lora.rank 1024 is above vLLM's largest max_lora_rank, 512"):
+        check_lora(plain, LoraSettings(rank=1024))
+    with pytest.raises(ConfigError, match=r"^lora with engine.quantization 'fp8': the learner trains the adapter"):
+        check_lora(EngineSettings(model_dir=tmp_path, quantization="fp8"), LoraSettings(rank=8))
+    (tmp_path / "config.json").write_text('{"quantization_config": {"quant_method": "awq"}}')
+    with pytest.raises(ConfigError, match=r"^lora with engine.model_dir .*: its base is awq-quantized"):
+        check_lora(plain, LoraSettings(rank=8))
 
 
 def test_the_generator_command_refuses_quantization_in_one_line(tmp_path: Path) -> None:
