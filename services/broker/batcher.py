@@ -74,6 +74,16 @@ def no_stream_seq(msg: Ackable) -> int | None:
     return None
 
 
+def _carried(batch: HandedOut | None, group_ids: Sequence[str]) -> list[str]:
+    """The groups an acked batch carried: a known batch's own, else those the learner names."""
+    return list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
+
+
+def _carried(batch: HandedOut | None, group_ids: Sequence[str]) -> list[str]:
+    """The groups an acked batch carried: a known batch's own, else those the learner names."""
+    return list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
+
+
 class Batcher:
     def __init__(
         self,
@@ -96,6 +106,8 @@ class Batcher:
         """Every group held now (ready or handed out), by group id."""
         self.ready: deque[Held] = deque()
         self.handed_out: dict[str, HandedOut] = {}
+        self._overdue: set[str] = set()
+        """Batches handed out past the release deadline and not acked (:meth:`report_overdue`)."""
         self.dropped: Counter[str] = Counter()
         self.num_received = 0
         self.num_served = 0
@@ -315,7 +327,8 @@ class Batcher:
         does not know (it restarted since handing the batch out) are recorded
         under the same batch id, so their redelivered messages are acked, never
         served again, and a record the previous broker made is not doubled.
-        Returns (groups acked, unknown batch ids).
+        A group named by several batches of the call is recorded trained once
+        (see the loop below). Returns (groups acked, unknown batch ids).
         """
         acked = [
             (batch_id, self.handed_out.get(batch_id), group_ids, set(dups)) for batch_id, group_ids, dups in batches
@@ -324,22 +337,25 @@ class Batcher:
         if self.ledger is not None:
             ledger = self.ledger
             first = await self._first_outcomes(acked)
-            await ledger.record(
-                *(
-                    ledger.entry(
-                        gid,
-                        Event.LEDGER_EVENT_DUPLICATE
-                        if gid in dups and gid not in first
-                        else Event.LEDGER_EVENT_TRAINED,
-                        policy_version=self.learner_version,
-                        batch_id=batch_id,
-                    )
-                    for batch_id, batch, group_ids, dups in acked
-                    for gid in (group_ids if batch is None else [h.group.group_id for h in batch.items])
-                )
-            )
-            for _, _, _, dups in acked:
-                dups -= first
+            # A group the call names twice (a batch handed out before a broker restart and its
+            # redelivered copy, both in one checkpoint) is trained once: where the learner trained it,
+            # else in the first batch naming it; every other naming is a duplicate.
+            trained = {
+                gid for _, batch, group_ids, dups in acked for gid in _carried(batch, group_ids) if gid not in dups
+            }
+            entries = []
+            for batch_id, batch, group_ids, dups in acked:
+                recorded_dups = set()
+                for gid in _carried(batch, group_ids):
+                    if gid in dups and (gid not in first or gid in trained):
+                        recorded_dups.add(gid)
+                        event = Event.LEDGER_EVENT_DUPLICATE
+                    else:
+                        trained.add(gid)
+                        event = Event.LEDGER_EVENT_TRAINED
+                    entries.append(ledger.entry(gid, event, policy_version=self.learner_version, batch_id=batch_id))
+                dups &= recorded_dups
+            await ledger.record(*entries)
         num, unknown = 0, []
         for batch_id, batch, group_ids, dups in acked:
             if batch is None:
@@ -376,9 +392,7 @@ class Batcher:
                 seqs.update(
                     (h.group.group_id, int(h.group.task.ledger_seq)) for h in batch.items if h.group.group_id in dups
                 )
-            named += [
-                gid for gid in (group_ids if batch is None else [h.group.group_id for h in batch.items]) if gid in dups
-            ]
+            named += [gid for gid in _carried(batch, group_ids) if gid in dups]
         if not named:
             return set()
         ended = await self.ledger.ended([(gid, seqs.get(gid, 0)) for gid in named])

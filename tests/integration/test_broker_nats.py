@@ -505,3 +505,40 @@ async def test_a_corrupt_curriculum_state_stops_the_broker_and_is_left_as_it_was
         assert (await nc.jetstream().stream_info(h.names.tasks_stream)).state.messages == 0
     finally:
         await nc.close()
+
+
+async def test_a_batch_and_its_redelivered_copy_in_one_ack_are_trained_once(nats: NatsServer) -> None:
+    # The broker restarted while the learner held a batch it had trained and not acked (its checkpoint
+    # was not written yet); the groups came back redelivered in another batch, which the learner kept
+    # out of the loss as already trained. The checkpoint's Ack names both batches.
+    async with running(Harness(nats, ack_wait_s=2.0)) as h:
+        for t, m in [(t, m) for t, m in await lease(h, 7) if t.kind == rollout_pb2.TASK_KIND_TRAIN][:2]:
+            await publish_group(h, make_group(t, [1.0, 0.0]))
+            await m.ack()  # type: ignore[attr-defined]
+        first, groups = await next_batch(h)
+        ids = [g.group_id for g in groups]
+        await h.restart_broker()
+        second, again = await next_batch(h, timeout_s=20.0)
+        assert [g.group_id for g in again] == ids
+        resp = await h.stub.Ack(
+            services_pb2.AckRequest(
+                batches=[
+                    services_pb2.AckedBatch(batch_id=first.batch_id, group_ids=ids),
+                    services_pb2.AckedBatch(batch_id=second.batch_id, group_ids=ids, duplicate_group_ids=ids),
+                ]
+            )
+        )
+        assert resp.num_acked == 2 and list(resp.unknown_batch_ids) == [first.batch_id]
+        await wait_for_count(h, h.names.rollouts_stream, 0)
+        trainings = [e for e in await read_entries(h.js, h.names) if e.event == Event.LEDGER_EVENT_TRAINED]
+        assert sorted((e.task_id, e.batch_id) for e in trainings) == sorted((gid, first.batch_id) for gid in ids)
+        for gid in ids:
+            assert await task_events(h, gid) == {
+                Event.LEDGER_EVENT_ISSUED: 1,
+                Event.LEDGER_EVENT_TRAINED: 1,
+                Event.LEDGER_EVENT_DUPLICATE: 1,
+            }
+        status = await h.stub.Status(services_pb2.StatusRequest())
+        assert status.gauges["groups_trained"] == 2
+        result = await audit(h.js, h.names)
+        assert result.ok and result.trained == 2 and result.trained_twice == []
