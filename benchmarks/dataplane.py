@@ -16,7 +16,10 @@ everything it holds, which JetStream redelivers after the lease. The
 simulated learner pulls batches through the broker's real ``NextBatch`` and
 ``Ack`` over gRPC, spends ``step_s`` on each step, bumps its version, and
 acks each batch after its step (retrying across a broker restart, as the
-learner does). Knows nothing of sweeps or reports.
+learner does). Like the learner, it remembers the groups it trained: a
+copy served again (redelivered after a broker restart, before the ack of
+its first batch landed) is named a duplicate in the ack and kept out of
+the step, never trained twice. Knows nothing of sweeps or reports.
 """
 
 from __future__ import annotations
@@ -282,6 +285,8 @@ class SimLearner:
     steps: list[Step] = field(default_factory=list)
     num_acked: int = 0
     ack_failures: int = 0
+    trained_ids: set[str] = field(default_factory=set)
+    """Every group trained (the learner keeps the newest 200,000 in its checkpoint; a run here holds fewer)."""
     _pending_acks: list[services_pb2.AckedBatch] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -296,11 +301,18 @@ class SimLearner:
                 if got is None:
                     break
                 batch_id, group_ids = got
-                arrived = time.monotonic()
-                self.steps.append(Step(arrived, arrived - asked, len(group_ids)))
-                await asyncio.sleep(self.shape.step_s)  # the step's compute
-                self.version += 1
-                self._pending_acks.append(services_pb2.AckedBatch(batch_id=batch_id, group_ids=group_ids))
+                # As the learner does: a redelivered copy of a group it trained (a broker restart before its
+                # ack landed) is named a duplicate and kept out of the step; a batch of nothing else is no step.
+                dups = [g for g in group_ids if g in self.trained_ids]
+                self.trained_ids.update(group_ids)
+                self._pending_acks.append(
+                    services_pb2.AckedBatch(batch_id=batch_id, group_ids=group_ids, duplicate_group_ids=dups)
+                )
+                if len(dups) < len(group_ids):
+                    arrived = time.monotonic()
+                    self.steps.append(Step(arrived, arrived - asked, len(group_ids) - len(dups)))
+                    await asyncio.sleep(self.shape.step_s)  # the step's compute
+                    self.version += 1
                 await self._ack(stub)
             await self._ack(stub)
 
