@@ -79,11 +79,6 @@ def _carried(batch: HandedOut | None, group_ids: Sequence[str]) -> list[str]:
     return list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
 
 
-def _carried(batch: HandedOut | None, group_ids: Sequence[str]) -> list[str]:
-    """The groups an acked batch carried: a known batch's own, else those the learner names."""
-    return list(group_ids) if batch is None else [h.group.group_id for h in batch.items]
-
-
 class Batcher:
     def __init__(
         self,
