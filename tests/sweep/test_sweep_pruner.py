@@ -57,5 +57,6 @@ def test_the_pruner_prunes_the_dominated_trial_and_not_the_others() -> None:
         assert done[number].state == optuna.trial.TrialState.COMPLETE
         assert done[number].user_attrs["sweep_outcome"] in ("leader", "undecided", "equivalent")
         assert done[number].user_attrs["determined"] is True
-        assert abs(done[number].value - 0.68) < 0.06
-        assert done[number].user_attrs["a_low"] < done[number].value < done[number].user_attrs["a_high"]
+        value = done[number].value
+        assert value is not None and abs(value - 0.68) < 0.06
+        assert done[number].user_attrs["a_low"] < value < done[number].user_attrs["a_high"]
