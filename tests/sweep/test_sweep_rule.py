@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from benchmarks.sweep import simulate_arms
-from services.fitter.curve import CurveFitSettings
-from services.fitter.decision import decide
+from services.fitter.curve import CurveFitSettings, Interval
+from services.fitter.decision import Decision, decide
 from services.sweep.rule import (
     Arm,
     EvalRound,
     SweepSettings,
+    Verdict,
     choose,
     fit_arm,
     judge,
@@ -148,3 +149,17 @@ def test_prompt_counts_must_match_the_sweeps_held_out_set() -> None:
     (arm,) = simulate_arms([0.6], [2.0], [0.2], np.random.default_rng(0), ROUNDS, num_prompts=500)
     with pytest.raises(ValueError, match="held-out set has 1000"):
         fit_arm(arm, SETTINGS, DRAWS)
+
+
+def test_efficiency_picks_only_among_arms_equivalent_on_a() -> None:
+    """An arm that projects a higher pass rate at the budget than the leader is picked only when it is
+    equivalent to the leader on A; one merely not told apart (undecided) may lie beyond the margin below."""
+    arms = simulate_arms([0.66, 0.60], [2.0, 2.0], [0.2, 0.2], np.random.default_rng(11), ROUNDS)
+    fits = [fit_arm(arm, SETTINGS, DRAWS) for arm in arms]
+    faster = Decision(
+        "b_higher", "pass_rate", -0.03, Interval(-0.05, -0.025), Interval(-0.03, 0.05), 1.0, 0.02, 0.05, ""
+    )
+    verdicts = {"arm0": Verdict("leader", "", "arm0"), "arm1": Verdict("undecided", "", "arm0", faster)}
+    assert choose(fits, verdicts) == "arm0"
+    verdicts["arm1"] = Verdict("equivalent", "", "arm0", faster)
+    assert choose(fits, verdicts) == "arm1"
