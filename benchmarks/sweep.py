@@ -8,7 +8,7 @@ crossing pair (a fast starter with a lower A, a slow starter with a higher one),
 its recipe's by the seed spread (0.015), all evaluated on one held-out set of 1,000 prompts x 16 samples
 whose per-prompt difficulties (logit offsets, sd 1.5) every arm shares, every 1% of the budget, from one
 step-0 round of the shared base model (R0 0.2). Warm-up (the fit's early cutoff) is 10% of the budget;
-the looks are at 20%, 40%, 80% and 100%.
+the looks are geometric by sqrt(2) from there (14%, 20%, 28%, 40%, 57%, 80%) and at 100%.
 
 Figures, against the recipes' true A:
 
@@ -74,6 +74,8 @@ SETTINGS = SweepSettings(
 ROUND_COMPUTE = BUDGET * np.arange(1, NUM_ROUNDS + 1) / NUM_ROUNDS
 STEPS_PER_BUDGET = NUM_ROUNDS
 """The Optuna step of a round: its compute in units of 1% of the budget."""
+HALVING_MIN_STEPS = 20
+"""SuccessiveHalving's first rung: 20% of the budget, twice warm-up; its rungs double from there."""
 
 FloatArray = npt.NDArray[np.float64]
 FIGURE_TARGETS = (
@@ -168,12 +170,14 @@ def run_rule(sweep: SimulatedSweep, settings: SweepSettings = SETTINGS) -> dict[
     chosen: str | None = None
     fits_made = 0
     for look in settings.looks:
-        fits = [fit_arm(_upto(arm, look), settings, draws) for arm in sweep.arms if arm.name not in stopped]
+        # A look falls at the first eval round at or past its compute, as the pruner sees it.
+        at = float(ROUND_COMPUTE[min(int(np.searchsorted(ROUND_COMPUTE, look * (1 - 1e-9))), NUM_ROUNDS - 1)])
+        fits = [fit_arm(_upto(arm, at), settings, draws) for arm in sweep.arms if arm.name not in stopped]
         fits_made += len(fits)
         verdicts = judge(fits, settings, NUM_ARMS)
         for name, verdict in verdicts.items():
             if verdict.stop:
-                stopped[name] = (look, verdict.outcome)
+                stopped[name] = (at, verdict.outcome)
         if look == settings.budget_compute:
             chosen = choose(fits, verdicts)
     spent = {arm.name: stopped.get(arm.name, (settings.budget_compute, ""))[0] for arm in sweep.arms}
@@ -182,20 +186,20 @@ def run_rule(sweep: SimulatedSweep, settings: SweepSettings = SETTINGS) -> dict[
 
 def run_successive_halving(sweep: SimulatedSweep) -> dict[str, Any]:
     """The same sweep under Optuna's SuccessiveHalvingPruner (asynchronous successive halving) on the
-    round's pass rate, halving at the rule's looks (min_resource 20 steps, reduction factor 2), the arms
+    round's pass rate, halving at its rungs (min_resource 20 steps, reduction factor 2: 20%, 40%, 80%), the arms
     stepping together round by round through ask-and-tell; the pick is the best final pass rate."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     pruner = optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=round(SETTINGS.looks[0] * STEPS_PER_BUDGET), reduction_factor=2, min_early_stopping_rate=0
+        min_resource=HALVING_MIN_STEPS, reduction_factor=2, min_early_stopping_rate=0
     )
     study = optuna.create_study(direction="maximize", pruner=pruner, storage=optuna.storages.InMemoryStorage())
     trials = [study.ask() for _ in sweep.arms]
     alive = dict(zip((arm.name for arm in sweep.arms), trials))
     spent: dict[str, float] = {}
     last: dict[str, float] = {}
-    look_steps = {round(look * STEPS_PER_BUDGET) for look in SETTINGS.looks}
+    look_steps = {HALVING_MIN_STEPS * 2**k for k in range(3)}
     for j in range(NUM_ROUNDS):
         step = j + 1
         for arm in sweep.arms:

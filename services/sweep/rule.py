@@ -82,8 +82,11 @@ class SweepSettings(Frozen):
     """Delta (pass rate): arms within it are equivalent; an arm is dominated only beyond it."""
     alpha: float = Field(default=ALPHA, gt=0.0, lt=1.0)
     """The sweep's error rate, split over the arms compared and the planned looks (``look_alpha``)."""
-    look_ratio: float = Field(default=2.0, gt=1.0)
-    """Planned looks are geometric from the end of warm-up: warm-up x ratio, x ratio^2, ..., then the budget."""
+    look_ratio: float = Field(default=math.sqrt(2.0), gt=1.0)
+    """Planned looks are geometric from the end of warm-up: warm-up x ratio, x ratio^2, ..., then the budget.
+    sqrt(2) (7 looks from warm-up at 10%) stops arms soon after their fits are determined; by replay on 60
+    simulated sweeps it spent 0.840 of the compute against 0.862 at ratio 2 (4 looks) with the same errors
+    and picks, and 1.25 (11 looks) 0.837."""
     seed_sd_a: float = Field(default=SEED_SD_A, ge=0.0)
     """Seed-to-seed standard deviation of A for an arm without replicate seeds (pass rate)."""
     num_resamples: int = Field(default=200, ge=20, le=10_000)

@@ -47,7 +47,8 @@ def test_the_pruner_prunes_the_dominated_trial_and_not_the_others() -> None:
             for key, value in pruner.user_attrs(number).items():
                 trial.set_user_attr(key, value)
             study.tell(trial, pruner.objective_value(number))
-    assert list(pruned_at) == [2] and pruned_at[2] in SETTINGS.looks
+    # Pruned at a look: the first round at or past a look's compute (rounds every 2%).
+    assert list(pruned_at) == [2] and any(0 <= pruned_at[2] - look < 0.02 for look in SETTINGS.looks)
     done = {t.number: t for t in study.get_trials()}
     assert done[2].state == optuna.trial.TrialState.PRUNED
     assert done[2].user_attrs["sweep_outcome"] == "dominated"
