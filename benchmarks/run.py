@@ -18,7 +18,7 @@ on the same machine:
                       RSS beside it), FSDP2 vs DDP step time on the CPU    >= 1
   fitter              1,000-point fit with bootstrap intervals             < 2 s
   sweep               500 simulated sweeps of 8 arms decided by the sweep  wrong eliminations <= 0.05,
-                      rule, beside SuccessiveHalving at the same looks     chosen within 0.02 >= 95%,
+                      rule, beside SuccessiveHalving at its rungs          chosen within 0.02 >= 95%,
                                                                            compute <= 50%
   learning speed      training time to +0.1 held-out pass rate (word       >= 1.3
                       problems), on-policy single process vs the local     (interval's

@@ -13,7 +13,7 @@ the looks are geometric by sqrt(2) from there (14%, 20%, 28%, 40%, 57%, 80%) and
 Figures, against the recipes' true A:
 
 - wrong eliminations: sweeps in which an arm was stopped whose true A is within the margin of the best,
-  or above it (target: at most alpha, 0.05); beside it, SuccessiveHalving's (halving at the same looks);
+  or above it (target: at most alpha, 0.05); beside it, SuccessiveHalving's (halving at its rungs, 20%, 40%, 80%);
 - the chosen arm within the margin of the true best (target: at least 95%), beside the same rate for the
   arm whose run has the highest A, read without error (what one seed an arm allows at best);
 - compute spent against running every arm to its budget (target: at most 50%).
@@ -313,7 +313,7 @@ def _figures(rows: list[dict[str, Any]], rule_s: float, wall_s: float) -> list[F
             name="sweep_wrong_eliminations",
             value=ours_wrong,
             unit="fraction of sweeps",
-            baseline=f"SuccessiveHalving on the pass rate at the same looks: {theirs_wrong:.3f}",
+            baseline=f"SuccessiveHalving on the pass rate at its rungs: {theirs_wrong:.3f}",
             measured=f"sweeps with an arm stopped within {margin:g} of the true best A, or above it ({sizes}); "
             f"{arms_wrong:.3f} of such arms",
             targets=(Target(of="value", direction="at most", bound=alpha),),
