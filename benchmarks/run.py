@@ -17,6 +17,9 @@ on the same machine:
                       (with and without activation checkpointing; peak
                       RSS beside it), FSDP2 vs DDP step time on the CPU    >= 1
   fitter              1,000-point fit with bootstrap intervals             < 2 s
+  sweep               500 simulated sweeps of 8 arms decided by the sweep  wrong eliminations <= 0.05,
+                      rule, beside SuccessiveHalving at its rungs          chosen within 0.02 >= 95%,
+                                                                           compute <= 50%
   learning speed      training time to +0.1 held-out pass rate (word       >= 1.3
                       problems), on-policy single process vs the local     (interval's
                       stack, read from fitted curves of 3 runs a side      lower end)
@@ -284,6 +287,18 @@ def fitter_figure(quick: bool) -> Figure:
     return bench_fitter(quick)
 
 
+def sweep_figures() -> list[Figure]:
+    from benchmarks.sweep import NUM_SWEEPS, bench_sweep
+
+    return bench_sweep(NUM_SWEEPS)
+
+
+def sweep_figure_names() -> list[tuple[str, str, tuple[Target, ...]]]:
+    from benchmarks.sweep import FIGURE_TARGETS
+
+    return list(FIGURE_TARGETS)
+
+
 def transfer_figures(quick: bool, out: Path) -> list[Figure]:
     from benchmarks.transfer import bench_digest, bench_transfer
 
@@ -444,7 +459,7 @@ def _num(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:,.0f}"
 
 
-SECTIONS = ("learner", "memory", "fitter", "transfer", "broker", "stack", "learning", "scaling")
+SECTIONS = ("learner", "memory", "fitter", "sweep", "transfer", "broker", "stack", "learning", "scaling")
 """The benchmark's sections, in the order they run (``--only`` picks one)."""
 
 
@@ -476,6 +491,10 @@ def run_all(out: Path, quick: bool, only: str | None = None) -> tuple[dict[str, 
     section("learner", "learner step", lambda: [learner_figure(quick), serving_figure(quick, out)])
     section("memory", "learner memory (FSDP2)", lambda: learner_memory_figures(quick, out))
     section("fitter", "fitter", lambda: [fitter_figure(quick)])
+    if quick:
+        figures.extend(not_run(name, unit, targets, "full mode only") for name, unit, targets in sweep_figure_names())
+    else:
+        section("sweep", "sweep rule on simulated sweeps", sweep_figures)
     section("transfer", "weight transfer", lambda: transfer_figures(quick, out))
     section("broker", "broker", lambda: [broker_figure(quick, out)])
     runs: dict[str, StackRun] = {}

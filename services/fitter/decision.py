@@ -23,6 +23,8 @@ from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import numpy.typing as npt
+from scipy.optimize import brentq
+from scipy.special import ndtr
 
 from asymptote.compute import ComputeUnit, compute_text
 from services.fitter.curve import (
@@ -240,11 +242,39 @@ class Decision:
         return self.outcome in ("a_higher", "b_higher")
 
 
-def _difference(first: npt.NDArray[np.float64], second: npt.NDArray[np.float64], level: float) -> Interval:
-    """The ``level`` percentile interval of first - second over every pair of their bootstrap samples: the
-    runs are independent, so any draw of one goes with any draw of the other."""
-    low, high = np.quantile(np.subtract.outer(first, second).ravel(), [(1 - level) / 2, (1 + level) / 2])
-    return Interval(float(low), float(high))
+def _difference(
+    first: npt.NDArray[np.float64], second: npt.NDArray[np.float64], level: float, paired: bool, spread: float
+) -> Interval:
+    """The ``level`` interval of first - second from two bootstraps' samples.
+
+    Unpaired, over every pair of their samples: independent runs, so any draw of one goes with any draw of
+    the other. Paired, sample by sample: the two bootstraps drew the same resamples (the same held-out
+    prompts), so the noise they share cancels in each difference. ``spread`` is the standard deviation of a
+    noise neither bootstrap sees (the seed-to-seed spread): the interval is then the percentiles of the
+    bootstrap difference plus an independent normal of that spread, solved exactly, not drawn.
+    """
+    if paired:
+        if first.shape != second.shape:
+            raise ValueError(f"paired samples must line up one to one, got {first.size} and {second.size}")
+        difference = first - second
+    else:
+        difference = np.subtract.outer(first, second).ravel()
+    levels = ((1 - level) / 2, (1 + level) / 2)
+    if spread <= 0.0:
+        low, high = np.quantile(difference, levels)
+        return Interval(float(low), float(high))
+
+    def quantile(p: float) -> float:
+        # The mixture's distribution function mean(Phi((x - d) / spread)) rises from 0 to 1 across this bracket.
+        lo, hi = float(difference.min()) - 10.0 * spread, float(difference.max()) + 10.0 * spread
+        return float(brentq(lambda x: float(ndtr((x - difference) / spread).mean()) - p, lo, hi, xtol=1e-7))
+
+    return Interval(quantile(levels[0]), quantile(levels[1]))
+
+
+def _percent(level: float) -> str:
+    """A level for a reader: 95% as "95%", a Bonferroni-split 99.88% as "99.9%"."""
+    return f"{100 * level:.3g}%"
 
 
 def _signed(interval: Interval) -> str:
@@ -258,6 +288,9 @@ def decide(
     margin: float = MARGIN,
     alpha: float = ALPHA,
     compute_unit: ComputeUnit = "flops",
+    *,
+    paired: bool = False,
+    spread: float = 0.0,
 ) -> Decision:
     """Compare run "a" (``first``: its fit and bootstrap intervals) with run "b" (``second``): the one rule
     ``asymptote fit``, the live fitter and a sweep share.
@@ -279,11 +312,19 @@ def decide(
     prompts x 4 samples a round, 31 rounds) came out decided in 4 of 200 pairs (the rule it replaces, B's
     point estimate within the margin: 125), and pairs 0.06 apart in A decided the right way in 187 of 200,
     never the wrong way (``tests/fitter/test_fitter_compare.py``).
+
+    ``paired``: the two intervals' samples come from the same resamples (``curve.resampled_intervals`` over
+    the same held-out prompt draws), so differences are taken sample by sample. ``spread``: the standard
+    deviation of the difference that neither bootstrap sees (seed-to-seed), added to both differences'
+    intervals. ``asymptote fit`` takes neither (independent runs, the margin standing for the seeds); a sweep
+    (``services/sweep/rule.py``) takes both.
     """
     if not (0.0 < alpha < 1.0):
         raise ValueError(f"alpha must be an error rate in (0, 1), got {alpha}")
     if not (math.isfinite(target_compute) and target_compute > 0):
         raise ValueError(f"target_compute must be a finite compute > 0, got {target_compute}")
+    if not (math.isfinite(spread) and spread >= 0.0):
+        raise ValueError(f"spread must be a finite standard deviation >= 0, got {spread}")
     level = 1.0 - alpha
     shortfalls = [
         f"{name} not determined: {judged.why_not}"
@@ -294,19 +335,19 @@ def decide(
         reason = "; ".join(shortfalls)
         return Decision("undecided", "determination", None, None, None, target_compute, margin, alpha, reason)
     (fit_a, iv_a), (fit_b, iv_b) = first, second
-    a_diff = _difference(iv_a.a_samples, iv_b.a_samples, level)
+    a_diff = _difference(iv_a.a_samples, iv_b.a_samples, level, paired, spread)
     a_said = f"A {fit_a.a - fit_b.a:+.3f} {_signed(a_diff)}"
     if a_diff.low > margin or a_diff.high < -margin:
         outcome: Outcome = "a_higher" if a_diff.low > margin else "b_higher"
-        reason = f"{a_said} at {level:.0%}, beyond the margin {margin:g}"
+        reason = f"{a_said} at {_percent(level)}, beyond the margin {margin:g}"
         return Decision(outcome, "asymptote", fit_a.a - fit_b.a, a_diff, a_diff, target_compute, margin, alpha, reason)
 
     def at_target(fit: CurveFit, iv: Intervals) -> npt.NDArray[np.float64]:
         return predict(target_compute, iv.a_samples, iv.b_samples, iv.c_mid_samples, fit.r0)
 
-    rate_diff = _difference(at_target(fit_a, iv_a), at_target(fit_b, iv_b), level)
+    rate_diff = _difference(at_target(fit_a, iv_a), at_target(fit_b, iv_b), level, paired, spread)
     difference = float(fit_a.predict(target_compute) - fit_b.predict(target_compute))
-    said = f"pass rate at {compute_text(target_compute, compute_unit)} {difference:+.3f} {_signed(rate_diff)} at {level:.0%}"
+    said = f"pass rate at {compute_text(target_compute, compute_unit)} {difference:+.3f} {_signed(rate_diff)} at {_percent(level)}"
     if rate_diff.low > margin or rate_diff.high < -margin:
         outcome = "a_higher" if rate_diff.low > margin else "b_higher"
         reason = f"{said}, beyond the margin {margin:g} ({a_said} is not)"
