@@ -12,6 +12,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from asymptote.contracts.v1 import rollout_pb2
@@ -25,8 +28,29 @@ POLL_AFTER_QUIET_S = 2.0
 """Seconds without a watch update after which the key is read directly."""
 
 
-async def publish_policy(kv: KeyValue, names: Names, policy: rollout_pb2.PolicyVersion) -> None:
-    await kv.put(names.policy_key, policy.SerializeToString())
+PUBLISH_RETRY_S = 60.0
+"""Seconds a policy announcement is retried for while JetStream cannot take it."""
+
+
+async def publish_policy(
+    kv: KeyValue, names: Names, policy: rollout_pb2.PolicyVersion, retry_s: float = PUBLISH_RETRY_S
+) -> None:
+    """Put ``policy`` under the policy key. After a NATS restart the client reconnects before JetStream
+    has recovered its streams, and a put then times out or finds no responders for some seconds: it is
+    retried with backoff for up to ``retry_s``, then the error is raised. A put that reached the store
+    before its reply was lost is harmless to repeat: watchers yield each version once."""
+    deadline = asyncio.get_running_loop().time() + retry_s
+    delay = 0.25
+    while True:
+        try:
+            await kv.put(names.policy_key, policy.SerializeToString())
+            return
+        except (NatsTimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            log.warning("policy version %d not announced yet (%r); retrying in %.2fs", policy.version, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 4.0)
 
 
 async def current_policy(kv: KeyValue, names: Names) -> rollout_pb2.PolicyVersion | None:
