@@ -11,8 +11,9 @@ carry the marker. ``bench`` is stopped once every service of its stack runs (its
 generator before vLLM's engine is up: the same teardown as ``up``'s, which
 is stopped with its engine's processes running and checked for them too).
 ``up`` is stopped after its first eval round as Ctrl-C in a terminal stops
-it (SIGINT to its whole process group, whatever shares it), and resumed
-from what it says; the stop acked every batch the final checkpoint holds: the run then ends with one continuous
+it (SIGINT to its whole process group, whatever shares it), with far more
+steps to go than the stop can race, and resumed from what it says for a few
+steps more; the stop acked every batch the final checkpoint holds: the run then ends with one continuous
 curve (eval rounds at increasing versions, before and after the stop, one
 fit over all of them), every step trained once, and the ledger at 0 lost,
 0 trained twice.
@@ -149,19 +150,29 @@ def test_a_stop_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
 EVAL_EVERY = 4
 STOP_AFTER = 5
 """The step after which ``up`` is stopped: past its first eval round after version 0."""
-MAX_STEPS = 10
-"""Not a multiple of the eval interval: the final version is evaluated all the same."""
+STOPPED_RUN_STEPS = 1000
+"""The stopped run's max_steps: far more than it can train before the stop lands (steps take half a
+second on an idle machine, so a run of ten could end first)."""
+RESUMED_STEPS = 5
+"""Steps the resumed run trains past the stop (``up --resume --max-steps``)."""
 
 
 def small_run(tmp_path: Path) -> Path:
-    """The stop-and-resume run: the arithmetic workload, MAX_STEPS steps, eval rounds of 32 prompts x 1
-    every EVAL_EVERY versions (the rounds are what the curve's continuity is checked on, not a pass rate)."""
+    """The stop-and-resume run: the arithmetic workload, eval rounds of 32 prompts x 1 every EVAL_EVERY
+    versions (the rounds are what the curve's continuity is checked on, not a pass rate)."""
     path = tmp_path / "up.yaml"
     path.write_text(
-        f"workload: arithmetic\nmax_steps: {MAX_STEPS}\neval_every_versions: {EVAL_EVERY}\neval_num_samples: 1\n"
-        "services:\n  broker:\n    eval: {num_prompts: 32}\n"
+        f"workload: arithmetic\nmax_steps: {STOPPED_RUN_STEPS}\neval_every_versions: {EVAL_EVERY}\n"
+        "eval_num_samples: 1\nservices:\n  broker:\n    eval: {num_prompts: 32}\n"
     )
     return path
+
+
+def resumed_max_steps(stopped_at: int) -> int:
+    """RESUMED_STEPS past the stop, never a multiple of the eval interval: the final version is evaluated
+    all the same."""
+    target = stopped_at + RESUMED_STEPS
+    return target + 1 if target % EVAL_EVERY == 0 else target
 
 
 def trained_past(run_dir: Path, step: int) -> bool:
@@ -178,9 +189,10 @@ def resume_and_check(run_dir: Path, token: str) -> None:
     # The stop acked every batch its final checkpoint holds: the learner was stopped before the broker.
     trained = sum(int(r["batch/prompts"]) for r in read_jsonl(run_dir / "metrics.jsonl"))
     assert (stopped_ledger["trained"], stopped_ledger["lost"]) == (trained, 0), stopped_ledger
+    max_steps = resumed_max_steps(stopped_at)
     with (run_dir.parent / "resume.log").open("wb") as out:
         resumed = subprocess.run(
-            [sys.executable, "-m", "services.cli", "up", "--resume", str(run_dir)],
+            [sys.executable, "-m", "services.cli", "up", "--resume", str(run_dir), "--max-steps", str(max_steps)],
             cwd=REPO,
             env=dict(os.environ, **{MARKER: token}),
             stdout=out,
@@ -196,11 +208,11 @@ def resume_and_check(run_dir: Path, token: str) -> None:
     assert summary["outcome"] == "completed", summary
     rows = read_jsonl(run_dir / "metrics.jsonl")
     # The stop drained: its final checkpoint held every step, so none was trained twice.
-    assert [int(r["step"]) for r in rows] == list(range(1, MAX_STEPS + 1)), stopped_at
+    assert [int(r["step"]) for r in rows] == list(range(1, max_steps + 1)), stopped_at
     evals = read_jsonl(run_dir / "eval.jsonl")
     versions = [int(e["policy_version"]) for e in evals]
     assert versions == sorted(set(versions)) and len(evals) > evals_before >= 1
-    assert versions[0] == 0 and versions[-1] >= MAX_STEPS
+    assert versions[0] == 0 and versions[-1] >= max_steps
     fit = json.loads((run_dir / "fit.json").read_text())
     assert fit["num_points"] == len(evals)  # one fit over the rounds of both parts
     ledger = json.loads((run_dir / "ledger.json").read_text())
