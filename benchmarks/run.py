@@ -25,10 +25,10 @@ on the same machine:
                       stack, read from fitted curves of 3 runs a side      lower end)
 
 plus a sweep of generator and broker throughput over 1, 2 and 4 generator
-processes and over group sizes. ``--quick`` (CI smoke run, under 3 minutes)
-runs every benchmark that does not need several local-stack runs at a small
-size, one short stack run for the generator and swap figures, and lists the
-pipeline, learning-speed and scaling figures as not run.
+processes and over group sizes. ``--quick`` (CI smoke run) runs every
+benchmark that does not need several local-stack runs or a second engine at a
+small size, one short stack run for the swap figure, and lists the pipeline,
+generator-efficiency, learning-speed and scaling figures as not run.
 
 A stack run whose metrics give an in-loop rate runs at least its number of
 steps and on until its steady part holds ``RATE_SAMPLES`` samples of the
@@ -75,6 +75,7 @@ from services.local.config import StackConfig
 from services.local.progress import read_jsonl
 from services.local.stack import INTERRUPTED, LocalStack
 
+GENERATOR_FIGURE = "generator_tokens_per_s_in_loop_vs_standalone"
 GENERATOR_TARGETS = (Target(of="ratio", direction="at least", bound=0.9),)
 SCALING_GENERATORS = (1, 2, 4)
 SCALING_GROUP_SIZES = (4, 8, 16)
@@ -350,7 +351,7 @@ def generator_figure(run: StackRun, standalone: dict[str, Any]) -> Figure:
             f"(at most {run.config.max_steps})"
         )
     return Figure(
-        name="generator_tokens_per_s_in_loop_vs_standalone",
+        name=GENERATOR_FIGURE,
         value=in_loop,
         unit="tokens/s",
         ratio=in_loop / standalone["tokens_per_s"],
@@ -501,16 +502,20 @@ def run_all(out: Path, quick: bool, only: str | None = None) -> tuple[dict[str, 
 
     def stack_figures() -> list[Figure]:
         runs["inflight"] = measured_run(out, "pipeline-inflight", steps, mode="async")
-        standalone = standalone_generator(runs["inflight"], out, window_s=3.0 if quick else 8.0)
-        made = [
-            generator_figure(runs["inflight"], standalone),
-            swap_figure(runs["inflight"].run_dir, runs["inflight"].model_dir),
-        ]
-        if quick:
-            name = "pipeline_samples_per_s_inflight_vs_sync"
-            return [not_run(name, "samples/s", PIPELINE_TARGETS, "full mode only"), *made]
+        swap = swap_figure(runs["inflight"].run_dir, runs["inflight"].model_dir)
+        if quick:  # the engine alone would be a second engine start, most of a quick run's stack section
+            return [
+                not_run("pipeline_samples_per_s_inflight_vs_sync", "samples/s", PIPELINE_TARGETS, "full mode only"),
+                not_run(GENERATOR_FIGURE, "tokens/s", GENERATOR_TARGETS, "full mode only"),
+                swap,
+            ]
+        standalone = standalone_generator(runs["inflight"], out, window_s=8.0)
         runs["sync"] = run_stack(out, "pipeline-sync", mode="sync", max_steps=steps, eval_every_versions=steps)
-        return [pipeline_figure(runs["inflight"].run_dir, runs["sync"].run_dir), *made]
+        return [
+            pipeline_figure(runs["inflight"].run_dir, runs["sync"].run_dir),
+            generator_figure(runs["inflight"], standalone),
+            swap,
+        ]
 
     section("stack", "pipeline, generator efficiency and weight swaps (local stack)", stack_figures)
     if quick:
@@ -548,7 +553,7 @@ def writable_dir(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="asymptote bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="directory for bench.json, bench.md and the runs")
-    parser.add_argument("--quick", action="store_true", help="CI smoke run (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="CI smoke run (a few minutes)")
     parser.add_argument(
         "--only", choices=SECTIONS, metavar="SECTION", help=f"run this section alone: {', '.join(SECTIONS)}"
     )

@@ -36,6 +36,7 @@ FIGURES = {
     "sweep_compute_share",
 }
 FULL_ONLY = {
+    "generator_tokens_per_s_in_loop_vs_standalone",
     "sweep_wrong_eliminations",
     "sweep_chosen_within_margin",
     "sweep_compute_share",
@@ -99,8 +100,6 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["learner_step_service_vs_bare"]["met"] == (figures["learner_step_service_vs_bare"]["ratio"] <= 1.15)
     fitter = figures["fitter_fit_and_bootstrap_1000_points"]
     assert fitter["unit"] == "s" and fitter["met"] == (fitter["value"] < 2.0)
-    gen = figures["generator_tokens_per_s_in_loop_vs_standalone"]
-    assert gen["met"] == (gen["ratio"] >= 0.9)
     # The markdown table has one row per figure, with its verdict.
     table = (out / "bench.md").read_text()
     for name, f in figures.items():
