@@ -37,6 +37,8 @@ class Gpu:
     id: str
     """Its name for CUDA_VISIBLE_DEVICES (an index, or a UUID when the caller's variable uses them)."""
     memory_bytes: int
+    name: str = ""
+    """The card's product name as ``nvidia-smi`` gives it ("NVIDIA H100 80GB HBM3"); empty when unknown."""
 
 
 def visible_gpus(env: dict[str, str] | None = None) -> list[Gpu]:
@@ -51,7 +53,7 @@ def visible_gpus(env: dict[str, str] | None = None) -> list[Gpu]:
         return []
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=index,uuid,memory.total,name", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -62,25 +64,26 @@ def visible_gpus(env: dict[str, str] | None = None) -> list[Gpu]:
     return narrow(parse_smi(out), env.get("CUDA_VISIBLE_DEVICES"))
 
 
-def parse_smi(out: str) -> list[tuple[str, str, int]]:
-    """``nvidia-smi --query-gpu=index,uuid,memory.total --format=csv,noheader,nounits`` as (index, uuid, bytes)."""
+def parse_smi(out: str) -> list[tuple[str, str, int, str]]:
+    """``nvidia-smi --query-gpu=index,uuid,memory.total,name --format=csv,noheader,nounits`` as (index, uuid,
+    bytes, name)."""
     rows = []
     for line in out.strip().splitlines():
-        index, uuid, mib = (part.strip() for part in line.split(","))
-        rows.append((index, uuid, int(float(mib)) * 1024 * 1024))
+        index, uuid, mib, name = (part.strip() for part in line.split(",", 3))
+        rows.append((index, uuid, int(float(mib)) * 1024 * 1024, name))
     return rows
 
 
-def narrow(rows: list[tuple[str, str, int]], visible: str | None) -> list[Gpu]:
+def narrow(rows: list[tuple[str, str, int, str]], visible: str | None) -> list[Gpu]:
     """The GPUs of ``rows`` that ``CUDA_VISIBLE_DEVICES`` (None: unset) lets through, in its order."""
     if visible is None:
-        return [Gpu(index, memory) for index, _, memory in rows]
+        return [Gpu(index, memory, name) for index, _, memory, name in rows]
     chosen = []
     for want in (v.strip() for v in visible.split(",") if v.strip()):
         match = next((r for r in rows if want in (r[0], r[1])), None)
         if match is None:
             break  # CUDA stops at the first entry it cannot find
-        chosen.append(Gpu(want, match[2]))
+        chosen.append(Gpu(want, match[2], match[3]))
     return chosen
 
 
@@ -92,6 +95,8 @@ class Placement:
     """Generator i's GPUs (``tensor_parallel_size`` of them)."""
     learner: tuple[Gpu, ...]
     """One GPU per learner rank."""
+    why: str = ""
+    """How the split was chosen, when not by the settings or the half-and-half default."""
 
     @property
     def shared(self) -> bool:
@@ -123,7 +128,8 @@ class Placement:
             f"generator-{i}: GPU {self.visible_devices(f'generator-{i}')}" for i in range(len(self.generators))
         )
         how = "sharing" if self.shared else "on"
-        return f"{gens}; learner ({len(self.learner)} ranks) {how} GPU {self.visible_devices('learner')}"
+        why = f" ({self.why})" if self.why else ""
+        return f"{gens}; learner ({len(self.learner)} ranks) {how} GPU {self.visible_devices('learner')}{why}"
 
 
 def place(

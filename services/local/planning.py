@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from asymptote.errors import ConfigError
 from services.learner.activations import ModelShape
 from services.learner.config import LearnerConfig
 from services.learner.memory import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
@@ -48,19 +49,85 @@ def learner_on_gpus(learner: LearnerConfig, model_dir: Path, placement: Placemen
     return fitted
 
 
-def described_gpus(count: int, memory_gib: float) -> list[Gpu]:
-    """``count`` GPUs of ``memory_gib`` each, numbered from 0: a machine planned for, not this one."""
-    return [Gpu(str(i), int(memory_gib * GIB)) for i in range(count)]
+def described_gpus(count: int, memory_gib: float, name: str = "") -> list[Gpu]:
+    """``count`` GPUs of ``memory_gib`` each (cards named ``name``), numbered from 0: a machine planned for,
+    not this one."""
+    return [Gpu(str(i), int(memory_gib * GIB), name) for i in range(count)]
 
 
 def placement_of(config: StackConfig, gpus: list[Gpu]) -> Placement:
-    """How ``config`` splits ``gpus`` (its ``gpus`` of them): the stack's own rule."""
-    return place(
-        gpus[: config.gpus] if config.gpus else gpus,
+    """How ``config`` splits ``gpus`` (its ``gpus`` of them): the stack's own rule.
+
+    With neither ``num_generators`` nor ``learner_gpus`` set, a model directory to plan by and a card the
+    step-time estimate knows, the split is ``balanced_split``'s; otherwise ``place``'s half and half.
+    """
+    chosen = gpus[: config.gpus] if config.gpus else gpus
+    placement = place(
+        chosen,
         tensor_parallel_size=config.tensor_parallel_size,
         num_generators=config.num_generators,
         learner_gpus=config.learner_gpus,
     )
+    if config.num_generators is not None or config.learner_gpus is not None or config.model_dir is None:
+        return placement
+    return balanced_split(config, chosen, config.model_dir) or placement
+
+
+def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Placement | None:
+    """The split of ``gpus`` with the shortest step by ``asymptote plan``'s estimate (services/ops/cost.py:
+    generating and training overlap, the slower sets the pace), among those whose learner ranks fit; None
+    when the estimate does not apply (fewer than three GPUs, a card it has no figures for).
+
+    A generator takes ``tensor_parallel_size`` GPUs, so the candidates are the multiples of it. The
+    estimate reads the up config's batch (``batch_prompts`` x ``group_size`` completions of half
+    ``max_tokens`` on average) and the model's shape; the placement says it was chosen so.
+    """
+    from services.learner.memory import GeneratorSettings, plan_generator
+    from services.local.placement import GPU_FRACTION
+    from services.ops.cost import ACCELERATORS, accelerator_key, step_cost
+
+    tp = config.tensor_parallel_size
+    key = accelerator_key(gpus[0].name) if len(gpus) >= 3 else None
+    if key is None:
+        return None
+    shape = ModelShape.read(model_dir)
+    generator = plan_generator(
+        shape,
+        GeneratorSettings(dtype="bfloat16", gpu_memory_utilization=GPU_FRACTION, tensor_parallel_size=tp),
+        gpu_memory_gib=min(g.memory_bytes for g in gpus) / GIB,
+        sequence_tokens=DEFAULT_PROMPT_TOKENS + config.max_tokens,
+    )
+    costs = []
+    for generators in range(1, len(gpus) // tp + 1):
+        learner_gpus = len(gpus) - generators * tp
+        if learner_gpus < 1:
+            break
+        placement = place(gpus, tensor_parallel_size=tp, num_generators=generators, learner_gpus=learner_gpus)
+        try:
+            planned_learner(config, model_dir, placement)
+        except ConfigError:
+            continue  # the learner's ranks do not fit on so few GPUs
+        cost = step_cost(
+            shape,
+            generator,
+            accelerator=ACCELERATORS[key],
+            generator_gpus=generators * tp,
+            learner_gpus=learner_gpus,
+            batch_prompts=config.batch_prompts,
+            group_size=config.group_size,
+            prompt_tokens=DEFAULT_PROMPT_TOKENS,
+            mean_completion_tokens=max(1, config.max_tokens // 2),
+            activation_checkpointing=True,
+        )
+        costs.append((cost.step_s, -learner_gpus, placement, cost))
+    if not costs:
+        return None
+    _, _, placement, cost = min(costs, key=lambda c: (c[0], c[1]))
+    why = (
+        f"split by the plan's estimate on {ACCELERATORS[key].name}: {cost.generate_s:,.1f} s generating and "
+        f"{cost.train_s:,.1f} s training a step; num_generators or learner_gpus sets it"
+    )
+    return Placement(generators=placement.generators, learner=placement.learner, why=why)
 
 
 def planned_learner(config: StackConfig, model_dir: Path, placement: Placement) -> LearnerConfig:

@@ -40,6 +40,15 @@ ACCELERATORS = {
     "l40s": Accelerator("L40S", 0.864e12, 362e12, 45.0),
 }
 """Vendor datasheet peaks, and each card's memory (H200: 143,771 MiB; L40S: 46,068 MiB)."""
+
+
+def accelerator_key(card_name: str) -> str | None:
+    """The ``ACCELERATORS`` key of a card by its product name ("NVIDIA H100 80GB HBM3": "h100"); None for a
+    card with no estimate here."""
+    name = card_name.upper()
+    return next((key for key in ACCELERATORS if key.upper() in name), None)
+
+
 DECODE_BANDWIDTH_EFFICIENCY = 0.5
 """Share of peak bandwidth a decode step achieves (kernels, scheduling, sampling and swaps between)."""
 TRAIN_MFU = 0.35

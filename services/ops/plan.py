@@ -345,7 +345,8 @@ def up_plan_inputs(args: Any, shape: ModelShape, flags: dict[str, int]) -> PlanI
     if args.max_tokens is not None:
         argv += ["--max-tokens", str(args.max_tokens)]
     config = up_config(argv)
-    return stack_plan_inputs(config, described_gpus(flags["--gpus"], args.gpu_memory), args.gpu, args.prompt_tokens)
+    gpus = described_gpus(flags["--gpus"], args.gpu_memory, ACCELERATORS[args.gpu].name)
+    return stack_plan_inputs(config, gpus, args.gpu, args.prompt_tokens)
 
 
 def stack_plan_inputs(config: Any, gpus: list[Any], accelerator: str, prompt_tokens: int) -> PlanInputs:
@@ -601,7 +602,7 @@ def up_dry_run(argv: list[str]) -> int:
         if len(found) < wanted:
             card = ACCELERATORS[DRY_RUN_CARD]
             print(f"({len(found)} GPUs visible here: planned for {wanted} x {card.name}, {card.memory_gib:g} GiB each)")
-            found = described_gpus(wanted, card.memory_gib)
+            found = described_gpus(wanted, card.memory_gib, card.name)
         report(stack_plan_inputs(config, found[:wanted], DRY_RUN_CARD, DEFAULT_PROMPT_TOKENS))
     print("resolved config (asymptote up --config takes it as it is):")
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")

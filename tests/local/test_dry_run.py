@@ -10,6 +10,7 @@ disagree; these tests say they do not, on GPUs described rather than found
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,12 @@ def test_plan_and_dry_run_print_the_same_split_and_rank_memory(
     wanted = ("placement", "learner (", "Learner rank", "│                   │ total", "│ total")
     assert len(lines_of(planned, *wanted)) == 6  # the split (two lines), the rank's header, three totals
     assert lines_of(planned, *wanted) == lines_of(dry, *wanted)
-    # The stack's own split of 8 GPUs: half to the learner, a generator on each of the rest.
+    # The stack's own split of 8 GPUs: for this config's 8 x 8 completions of 1,024 tokens, half to the
+    # learner is the balanced one, a generator on each of the rest.
     placement = " ".join(lines_of(planned, "placement", "learner ("))
     assert "generator-3: GPU 3" in placement and "generator-4" not in placement
-    assert "learner (4 ranks) on GPU 4,5,6,7" in placement
+    assert "learner (4 ranks) on GPU 4,5,6,7 (split by the plan's estimate on H100 SXM" in placement
+    assert "balanced split" not in planned  # the plan finds nothing better than what up runs
     assert "Learner rank: 1 of 4 (1 x 4 GPUs, FSDP2)" in planned
     # The dry run ends with the config up would run, which up takes back as it is.
     resolved = yaml.safe_load(dry.split("resolved config (asymptote up --config takes it as it is):\n", 1)[1])
@@ -92,3 +95,38 @@ def test_up_only_flags_need_an_up_config(qwen3_1_7b: Path, capsys: pytest.Captur
     with BAD_INPUTS.trying("command line", "plan --config examples/qwen3-gsm8k.yaml --model QWEN3_1_7B"):
         assert cli(["plan", "--config", str(EXAMPLE), "--model", str(qwen3_1_7b)]) == 2
         assert "--gpus: needed to plan an `asymptote up` config" in capsys.readouterr().err
+
+
+def plan_step_seconds(out: str) -> tuple[float, float]:
+    """(generating, training) seconds a step, from the plan's time table."""
+    found = dict(re.findall(r"│ (generating|training) .*?([\d.,]+) s a step", out))
+    return float(found["generating"].replace(",", "")), float(found["training"].replace(",", ""))
+
+
+def test_the_default_split_follows_the_plan_s_balance_and_says_so(
+    qwen3_1_7b: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen3-1.7B's size preset (48 x 16 completions of 8,192 tokens) on 8 H100s: half and half is
+    generation-bound by the plan's own estimate, so up's default gives the generators six GPUs and says
+    why; the step it plans is shorter than half and half's, which the same command plans when asked."""
+    args = ["up", "--dry-run", "--model", str(qwen3_1_7b), "--gpus", "8", "--run-dir", str(tmp_path / "run")]
+    assert cli(args) == 0
+    balanced = capsys.readouterr().out
+    flat = " ".join(balanced.split())  # the table wraps its lines at spaces
+    assert "generator-5: GPU 5; learner (2 ranks) on GPU 6,7 (split by the plan's estimate on H100 SXM:" in flat
+    assert "generator-6" not in flat and "num_generators or learner_gpus sets it)" in flat
+    assert cli([*args, "--learner-gpus", "4"]) == 0
+    half = capsys.readouterr().out
+    assert "learner (4 ranks) on GPU 4,5,6,7" in " ".join(half.split()) and "split by the plan" not in half
+    gen_b, train_b = plan_step_seconds(balanced)
+    gen_h, train_h = plan_step_seconds(half)
+    assert gen_h > train_h  # half and half waits on generation
+    assert max(gen_b, train_b) < max(gen_h, train_h) / 1.3  # about 1.5x shorter a step
+    # The balanced split is the best of every split of 8 whose learner fits (1 to 7 generators).
+    steps = []
+    for learner_gpus in range(1, 8):
+        code = cli([*args, "--learner-gpus", str(learner_gpus)])
+        out = capsys.readouterr()
+        if code == 0:
+            steps.append(max(plan_step_seconds(out.out)))
+    assert steps and max(gen_b, train_b) == pytest.approx(min(steps), rel=0.01)

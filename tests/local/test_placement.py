@@ -32,11 +32,15 @@ def ids(group: tuple[Gpu, ...]) -> list[str]:
 
 
 def test_nvidia_smi_s_list_is_narrowed_as_cuda_narrows_it() -> None:
-    out = "0, GPU-aaa, 81559\n1, GPU-bbb, 81559\n2, GPU-ccc, 40960\n"
+    out = (
+        "0, GPU-aaa, 81559, NVIDIA H100 80GB HBM3\n1, GPU-bbb, 81559, NVIDIA H100 80GB HBM3\n"
+        "2, GPU-ccc, 40960, NVIDIA A100-PCIE-40GB\n"
+    )
     rows = parse_smi(out)
-    assert rows[2] == ("2", "GPU-ccc", 40960 * 1024 * 1024)
+    assert rows[2] == ("2", "GPU-ccc", 40960 * 1024 * 1024, "NVIDIA A100-PCIE-40GB")
     assert [g.id for g in narrow(rows, None)] == ["0", "1", "2"]
     assert [g.id for g in narrow(rows, "2,0")] == ["2", "0"]  # in the variable's order
+    assert [g.name for g in narrow(rows, "2,0")] == ["NVIDIA A100-PCIE-40GB", "NVIDIA H100 80GB HBM3"]
     assert [g.id for g in narrow(rows, "GPU-bbb")] == ["GPU-bbb"]
     assert [g.id for g in narrow(rows, "1,7,2")] == ["1"]  # CUDA stops at the first it cannot find
     assert narrow(rows, "") == []
@@ -129,6 +133,60 @@ def test_the_stack_on_eight_gpus_writes_gpu_configs(tmp_path: Path) -> None:
     from services.generator.config import GeneratorConfig
 
     assert load_config(GeneratorConfig, paths["generator-0"], "ASY_GENERATOR").engine.kv_cache_memory_bytes is None
+
+
+def test_the_stack_s_default_split_is_the_plan_s_balanced_one_on_a_known_card(tmp_path: Path) -> None:
+    """Qwen3-8B, 32 x 16 completions of 4,096 tokens on 8 cards: the stack runs the split with the shortest
+    step by the plan's estimate among those whose learner ranks fit, and says so; a card the estimate has no
+    figures for, or a split the settings give, keeps half and half."""
+    from services.ops.cost import ACCELERATORS, step_cost
+
+    model = model_dir(tmp_path)
+    config = StackConfig(run_dir=tmp_path / "run", model_dir=model, max_tokens=4096, batch_prompts=32, group_size=16)
+    h100 = [Gpu(str(i), 80 * GIB, "NVIDIA H100 80GB HBM3") for i in range(8)]
+    chosen = LocalStack(config).resolve_placement(h100)
+    assert chosen is not None and "split by the plan's estimate on H100 SXM" in chosen.why
+    assert chosen.why in chosen.describe()
+    # By hand: every split of the eight whose learner fits, timed by the same estimate.
+    from services.learner.activations import ModelShape
+    from services.learner.memory import GeneratorSettings, plan_generator
+    from services.local.planning import planned_learner
+
+    shape = ModelShape.read(model)
+    generator = plan_generator(
+        shape,
+        GeneratorSettings(dtype="bfloat16", gpu_memory_utilization=0.9),
+        gpu_memory_gib=80,
+        sequence_tokens=512 + 4096,
+    )
+    timed = {}
+    for learner_gpus in range(1, 8):
+        split = place(h100, learner_gpus=learner_gpus)
+        try:
+            planned_learner(config, model, split)
+        except ConfigError:
+            continue
+        cost = step_cost(
+            shape,
+            generator,
+            accelerator=ACCELERATORS["h100"],
+            generator_gpus=8 - learner_gpus,
+            learner_gpus=learner_gpus,
+            batch_prompts=32,
+            group_size=16,
+            prompt_tokens=512,
+            mean_completion_tokens=2048,
+            activation_checkpointing=True,
+        )
+        timed[learner_gpus] = cost.step_s
+    assert len(timed) >= 2 and 1 not in timed  # one 80 GiB rank cannot hold the 8B model's training state
+    assert len(chosen.learner) == min(timed, key=lambda n: (timed[n], -n))
+    assert len(chosen.generators) + len(chosen.learner) == 8
+    unknown = LocalStack(config.model_copy(update={"run_dir": tmp_path / "run2"})).resolve_placement(gpus(8))
+    assert unknown is not None and (len(unknown.generators), len(unknown.learner), unknown.why) == (4, 4, "")
+    given = LocalStack(config.model_copy(update={"run_dir": tmp_path / "run3", "learner_gpus": 4}))
+    placement = given.resolve_placement(h100)
+    assert placement is not None and (len(placement.learner), placement.why) == (4, "")
 
 
 def test_a_model_that_does_not_fit_the_learner_s_gpus_is_refused_in_one_line(tmp_path: Path) -> None:
