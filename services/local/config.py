@@ -153,7 +153,10 @@ class StackConfig(Frozen):
     tensor_parallel_size: int = Field(default=1, ge=1)
     """On GPUs: the GPUs one generator's engine shards the model over."""
     learner_gpus: int | None = Field(default=None, ge=1)
-    """On GPUs: the learner's ranks, one GPU each; None: half the GPUs (one GPU: shared with the generator)."""
+    """On GPUs: the learner's ranks, one GPU each; None (with ``num_generators`` None too): the split with the
+    shortest step by ``asymptote plan``'s estimate among those whose ranks fit, for a model directory and a
+    card it has figures for (H100, H200, A100, L40S), else half the GPUs (one GPU: shared with the
+    generator)."""
     num_generators: int | None = Field(default=None, ge=1, le=16)
     """Generator processes (each one vLLM engine); None: one on the CPU, and on GPUs as many as the GPUs
     beside the learner's hold."""
