@@ -95,6 +95,15 @@ def alive(procs: set[psutil.Process]) -> set[psutil.Process]:
     return running
 
 
+def as_in_a_terminal() -> None:
+    """In the command's process before it starts: SIGINT at its default, as a terminal's foreground job has it.
+
+    A shell starts background jobs with SIGINT ignored, and a process keeps an ignored SIGINT ignored
+    (Python then installs no KeyboardInterrupt handler): a suite run in the background would send its
+    Ctrl-C to a command that cannot hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("command", ["up", "bench"])
 def test_a_stop_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
@@ -112,6 +121,7 @@ def test_a_stop_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=as_in_a_terminal,
         )
     try:
         if command == "up":
