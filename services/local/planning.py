@@ -17,7 +17,12 @@ from typing import Any
 from asymptote.errors import ConfigError
 from services.learner.activations import ModelShape
 from services.learner.config import LearnerConfig
-from services.learner.memory import DEFAULT_PROMPT_TOKENS, check_learner, suggest_micro_batch_tokens
+from services.learner.memory import (
+    DEFAULT_PROMPT_TOKENS,
+    GeneratorSettings,
+    check_learner,
+    suggest_micro_batch_tokens,
+)
 from services.local.config import StackConfig
 from services.local.placement import Gpu, Placement, place
 
@@ -82,8 +87,7 @@ def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Pla
     estimate reads the up config's batch (``batch_prompts`` x ``group_size`` completions of half
     ``max_tokens`` on average) and the model's shape; the placement says it was chosen so.
     """
-    from services.learner.memory import GeneratorSettings, plan_generator
-    from services.local.placement import GPU_FRACTION
+    from services.learner.memory import plan_generator
     from services.ops.cost import ACCELERATORS, accelerator_key, step_cost
 
     tp = config.tensor_parallel_size
@@ -91,12 +95,6 @@ def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Pla
     if key is None:
         return None
     shape = ModelShape.read(model_dir)
-    generator = plan_generator(
-        shape,
-        GeneratorSettings(dtype="bfloat16", gpu_memory_utilization=GPU_FRACTION, tensor_parallel_size=tp),
-        gpu_memory_gib=min(g.memory_bytes for g in gpus) / GIB,
-        sequence_tokens=DEFAULT_PROMPT_TOKENS + config.max_tokens,
-    )
     costs = []
     for generators in range(1, len(gpus) // tp + 1):
         learner_gpus = len(gpus) - generators * tp
@@ -104,9 +102,15 @@ def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Pla
             break
         placement = place(gpus, tensor_parallel_size=tp, num_generators=generators, learner_gpus=learner_gpus)
         try:
-            planned_learner(config, model_dir, placement)
+            learner = planned_learner(config, model_dir, placement)
         except ConfigError:
             continue  # the learner's ranks do not fit on so few GPUs
+        generator = plan_generator(
+            shape,
+            planned_engine(config, placement),
+            gpu_memory_gib=min(g.memory_bytes for g in gpus) / GIB,
+            sequence_tokens=DEFAULT_PROMPT_TOKENS + config.max_tokens,
+        )
         cost = step_cost(
             shape,
             generator,
@@ -116,8 +120,8 @@ def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Pla
             batch_prompts=config.batch_prompts,
             group_size=config.group_size,
             prompt_tokens=DEFAULT_PROMPT_TOKENS,
-            mean_completion_tokens=max(1, config.max_tokens // 2),
-            activation_checkpointing=True,
+            mean_completion_tokens=planned_completion_tokens(config),
+            activation_checkpointing=learner.activation_checkpointing,
         )
         costs.append((cost.step_s, -learner_gpus, placement, cost))
     if not costs:
@@ -128,6 +132,21 @@ def balanced_split(config: StackConfig, gpus: list[Gpu], model_dir: Path) -> Pla
         f"{cost.train_s:,.1f} s training a step; num_generators or learner_gpus sets it"
     )
     return Placement(generators=placement.generators, learner=placement.learner, why=why)
+
+
+def planned_engine(config: StackConfig, placement: Placement) -> GeneratorSettings:
+    """A generator's engine as the memory plan sizes it on ``placement``: bf16, the placement's share of its
+    GPUs, ``tensor_parallel_size`` of them."""
+    return GeneratorSettings(
+        dtype="bfloat16",
+        gpu_memory_utilization=placement.generator_fraction,
+        tensor_parallel_size=config.tensor_parallel_size,
+    )
+
+
+def planned_completion_tokens(config: StackConfig) -> int:
+    """The mean completion the step-time estimate assumes: half ``max_tokens``."""
+    return max(1, config.max_tokens // 2)
 
 
 def planned_learner(config: StackConfig, model_dir: Path, placement: Placement) -> LearnerConfig:

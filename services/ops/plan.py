@@ -351,15 +351,13 @@ def up_plan_inputs(args: Any, shape: ModelShape, flags: dict[str, int]) -> PlanI
 
 def stack_plan_inputs(config: Any, gpus: list[Any], accelerator: str, prompt_tokens: int) -> PlanInputs:
     """The plan of the local stack ``config`` on ``gpus``, its placement and learner as the stack makes them."""
-    from services.local.planning import placement_of, planned_learner
+    from services.local.planning import placement_of, planned_completion_tokens, planned_engine, planned_learner
 
     assert config.model_dir is not None
     placement = placement_of(config, gpus)
     learner = planned_learner(config, config.model_dir, placement)
     tp = config.tensor_parallel_size
-    engine = GeneratorSettings(
-        dtype="bfloat16", gpu_memory_utilization=placement.generator_fraction, tensor_parallel_size=tp
-    )
+    engine = planned_engine(config, placement)
     return PlanInputs(
         shape=ModelShape.read(config.model_dir),
         learner=learner,
@@ -375,7 +373,7 @@ def stack_plan_inputs(config: Any, gpus: list[Any], accelerator: str, prompt_tok
         generator_gpus=len(placement.generators) * tp,
         generator_gpus_from=f"{len(placement.generators)} generators x {tp} GPUs each",
         accelerator=accelerator,
-        mean_completion_tokens=max(1, config.max_tokens // 2),
+        mean_completion_tokens=planned_completion_tokens(config),
         learner_key="services.learner.",
         placement=placement.describe(),
     )
