@@ -23,6 +23,9 @@ from tests.helpers.badinput import BAD_INPUTS
 # Child processes (subprocess tests, services) inherit this: the test machine
 # has few cores shared with other work.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# vLLM's CPU worker binds its OpenMP threads to the first core ("auto"), so every engine of the suite's
+# parallel workers would share core 0 while the other waits: the kernel places them instead.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def pytest_configure(config: pytest.Config) -> None:

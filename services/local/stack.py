@@ -616,6 +616,9 @@ class LocalStack:
                 self.killed_at_stop.append(p.name)
                 log.warning("%s did not stop within %.0f s of SIGTERM: killed", p.name, STOP_GRACE_S)
             self._signal(p, signal.SIGKILL)  # the whole group: vLLM's engine processes too
+        # A SIGKILL is delivered, not yet acted on: wait until each main process is gone and reaped, so that
+        # the stop returns with nothing of the run still running.
+        self._wait_all(self.procs, 10.0)
 
     @staticmethod
     def _signal(p: Proc, sig: signal.Signals) -> None:

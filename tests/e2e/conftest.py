@@ -40,6 +40,7 @@ def launch(tmp_path: Path) -> Launch:
                 "cache_dir": REPO / ".cache" / "asymptote",
                 "startup_timeout_s": 240,
                 "workload": "arithmetic",  # four-token answers: the quickest runs; words tests say so
+                "pin_cores": False,  # the kernel places the processes of stacks run side by side
                 **overrides,
             }
         )

@@ -96,6 +96,7 @@ def config(tmp_path: Path, url: str, prefix: str, **fields: Any) -> StackConfig:
             "cache_dir": REPO / ".cache" / "asymptote",
             "startup_timeout_s": 240,
             "workload": "arithmetic",
+            "pin_cores": False,  # two stacks side by side: the kernel places their processes
             "nats_url": url,
             "prefix": prefix,
             "max_steps": MAX_STEPS,
