@@ -62,6 +62,9 @@ STACK_DIALS: dict[str, str] = {
     "broker.mode": "mode",
     "broker.max_staleness_versions": "max_staleness_versions",
     "broker.zero_variance": "zero_variance",
+    "broker.seed": "seed",
+    "learner.seed": "seed",
+    "generator.engine.seed": "seed",
 }
 """Service settings that one of StackConfig's own dials sets (section path -> the dial): each setting has one
 place, so a size preset, the printed preset line and the run agree on what runs."""
@@ -196,6 +199,9 @@ class StackConfig(Frozen):
     """k samples per held-out prompt in an eval round."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
+    seed: int = Field(default=0, ge=0, le=2**31 - 1000)
+    """The run's seed: the broker's prompt order, the learner's torch seed and generator i's sampling seed
+    (seed + i). The warm-started model is the same whatever the seed: runs of one recipe differ in the RL alone."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter in place of the whole model (``asymptote up --lora-rank N``): the learner's,
     given here once for every service; the learning rate the stack picks is then 10x full fine-tuning's

@@ -381,6 +381,7 @@ class LocalStack:
             mode=c.mode,
             max_staleness_versions=c.max_staleness_versions,
             zero_variance=c.zero_variance,
+            seed=c.seed,
         )
         learner = LearnerConfig(
             nats=nats,
@@ -397,6 +398,7 @@ class LocalStack:
             max_steps=c.max_steps,
             checkpoint_every_steps=c.checkpoint_every_steps,
             lora=c.lora,
+            seed=c.seed,
         )
         if self.placement is not None:
             learner = learner_on_gpus(learner, model_dir, self.placement, c.max_tokens)
@@ -427,7 +429,7 @@ class LocalStack:
                 log_format="text",
                 grpc=ListenSettings(port=free_port()),
                 http=ListenSettings(port=free_port()),
-                engine=self.engine_settings(model_dir),
+                engine=self.engine_settings(model_dir).model_copy(update={"seed": c.seed + i}),
                 swap_mode="drain" if c.mode == "sync" else "inflight",
                 # A hold within half the staleness bound: train groups sampled meanwhile stay admissible.
                 eval_hold_versions=min(HOLD_VERSIONS, broker.max_staleness_versions // 2),

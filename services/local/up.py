@@ -43,6 +43,7 @@ UP_FLAGS = {
     "lr": "--lr",
     "batch_prompts": "--batch-prompts",
     "group_size": "--group-size",
+    "seed": "--seed",
     "report_to": "--report-to",
 }
 """StackConfig fields that ``asymptote up`` sets from flags, and their flags."""
@@ -147,6 +148,7 @@ def up_config(argv: list[str]) -> StackConfig:
     parser.add_argument("--lr", type=float, help="learner peak learning rate (with --model: the size preset's)")
     parser.add_argument("--batch-prompts", type=int, help="prompt groups per step (with --model: the size preset's)")
     parser.add_argument("--group-size", type=int, help="completions per prompt (with --model: the size preset's)")
+    parser.add_argument("--seed", type=int, help="the run's seed: prompt order, learner and sampling (default 0)")
     parser.add_argument(
         "--report-to",
         type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()),

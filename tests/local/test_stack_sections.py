@@ -35,7 +35,7 @@ RECIPE: dict[str, dict[str, Any]] = {
         "keep_checkpoints": 3,
     },
     "broker": {"sampling": {"temperature": 0.8, "top_p": 0.95}},
-    "generator": {"engine": {"max_model_len": 1024, "max_num_seqs": 64, "seed": 7}, "max_inflight_groups": 8},
+    "generator": {"engine": {"max_model_len": 1024, "max_num_seqs": 64}, "max_inflight_groups": 8},
     "fitter": {"planned_compute": 123456.0},
 }  # fmt: skip
 """A setting of every kind the recipe has: the loss and its clips, AdamW, memory dials, sampling,
@@ -62,7 +62,9 @@ def test_every_recipe_knob_reaches_its_service_s_recorded_config(
     monkeypatch.setenv("ASY_LEARNER__OPTIMIZER__LR", "0.5")  # the caller's: must change nothing
     monkeypatch.setenv("ASY_GENERATOR__ENGINE__SEED", "99")
     stack = LocalStack(
-        StackConfig(run_dir=tmp_path / "run", num_generators=2, lr=3e-6, max_staleness_versions=4, services=RECIPE)
+        StackConfig(
+            run_dir=tmp_path / "run", num_generators=2, lr=3e-6, max_staleness_versions=4, seed=7, services=RECIPE
+        )
     )
     paths = stack.write_configs(model_dir(tmp_path))
     models = {"broker": BrokerConfig, "learner": LearnerConfig, "fitter": FitterConfig}
@@ -72,6 +74,7 @@ def test_every_recipe_knob_reaches_its_service_s_recorded_config(
         generator = read_back(paths[f"generator-{i}"], GeneratorConfig)
         assert contains(generator, RECIPE["generator"])
         assert generator["eval_hold_versions"] == 2  # half the broker's staleness bound of 4 (at most 4)
+        assert generator["engine"]["seed"] == 7 + i  # the run's seed, one apiece
     # What each service starts with: its recorded file, and of overrides only the run's NATS credentials.
     for name in paths:
         role = name.split("-")[0].upper()
@@ -95,6 +98,7 @@ def test_the_stack_s_wiring_and_bad_values_are_refused_by_name() -> None:
         ({"learner": {"optimizer": {"lr": 1e-6}}}, r"learner.optimizer.lr is the stack's lr: set lr itself"),
         ({"broker": {"sampling": {"max_tokens": 64}}}, r"broker.sampling.max_tokens is the stack's max_tokens"),
         ({"learner": {"batch_prompts": 4}}, r"learner.batch_prompts is the stack's batch_prompts"),
+        ({"generator": {"engine": {"seed": 7}}}, r"generator.engine.seed is the stack's seed"),
     ):
         with pytest.raises(ValidationError, match=said):
             StackConfig(services=section)  # type: ignore[arg-type]
