@@ -25,7 +25,8 @@ SCHEMA_PATH = REPO / "deploy" / "helm" / "asymptote" / "values.schema.json"
 # service's template); a value for one of them would be overwritten, so the
 # schema refuses it. Dotted paths are fields of a nested section.
 # grpc_tls comes from the chart's grpcTls values, with the certificate it mounts;
-# task from the top-level `task`, one for the broker and every generator pool.
+# task from the top-level `task`, one for the broker and every generator pool; lora from the top-level
+# `lora`, one for the learner and every generator pool.
 OWNED_FIELDS: dict[str, tuple[str, ...]] = {
     "broker": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "batch_prompts", "task"),
     "generator": (
@@ -42,6 +43,7 @@ OWNED_FIELDS: dict[str, tuple[str, ...]] = {
         "fanout.peer_endpoint",
         "fanout.index",
         "sandbox_pool",
+        "lora",
     ),
     "learner": (
         "nats",
@@ -56,6 +58,7 @@ OWNED_FIELDS: dict[str, tuple[str, ...]] = {
         "broker_endpoint",
         "advertise_host",
         "num_devices",
+        "lora",
     ),
     "fitter": ("nats", "prefix", "grpc", "grpc_tls", "http", "log_format", "run_dir", "run_name"),
     # The generators' sandbox_pool above: the chart points them at sandboxPool when it is enabled.
@@ -159,6 +162,24 @@ def task_schema() -> tuple[dict[str, Any], dict[str, Any]]:
         "model.download or model.cache.initContainers)"
     )
     return _rename_refs(schema, "task"), {f"task.{k}": _rename_refs(v, "task") for k, v in defs.items()}
+
+
+def lora_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(schema of the top-level ``lora``, its $defs keyed ``lora.<Model>``): the learner's LoraSettings, or {}."""
+    sys.path.insert(0, str(REPO))
+    from asymptote.lora import LoraSettings
+
+    schema = copy.deepcopy(LoraSettings.model_json_schema(mode="validation"))
+    defs = schema.pop("$defs", {})
+    schema = {
+        "anyOf": [{"type": "object", "maxProperties": 0}, schema],
+        "description": (
+            "The run trains a LoRA adapter (asymptote.lora.LoraSettings), rendered into the learner's and every "
+            "generator pool's config; {} = none, every weight trains. The learning rate stays "
+            "learner.config.optimizer.lr: LoRA's is about 10x full fine-tuning's (docs/recipe.md)"
+        ),
+    }
+    return _rename_refs(schema, "lora"), {f"lora.{k}": _rename_refs(v, "lora") for k, v in defs.items()}
 
 
 def obj(
@@ -334,6 +355,8 @@ def values_schema() -> dict[str, Any]:
         defs.update(service_defs)
     task, task_defs = task_schema()
     defs.update(task_defs)
+    lora, lora_defs = lora_schema()
+    defs.update(lora_defs)
     pattern_prefix = config_models()["broker"].model_fields["prefix"].metadata
     prefix_pattern = next(m.pattern for m in pattern_prefix if hasattr(m, "pattern"))
     autoscaling = obj(
@@ -508,6 +531,7 @@ def values_schema() -> dict[str, Any]:
                 required=("prefix", "batchPrompts", "claimsOnUninstall"),
             ),
             "task": task,
+            "lora": lora,
             "nats": nats,
             "grpcTls": grpc_tls(),
             "model": obj(
