@@ -4,8 +4,10 @@ Owns reading any model directory that transformers and vLLM both load
 (``AutoModelForCausalLM`` and ``AutoTokenizer``; remote code only when
 asked), the check that the checkpoint's tensors and the model's parameters
 are the same set (a weight either side lacks is an error that names it,
-never a silent skip), where the model runs and in what precision
-(``Precision``), the FP32 LM head, and the inference primitives training
+never a silent skip), parameters a checkpoint stores in other tensors
+(transformers' own conversion mapping: a mixture of experts' fused 3-D
+expert tensors, stored one tensor per expert as the released models
+are), where the model runs and in what precision (``Precision``), the FP32 LM head, and the inference primitives training
 needs: per-token log-probs of given completions, and batched sampling with
 a KV cache. Knows nothing about losses or optimisers; ``trainer``,
 ``warmstart`` and ``onpolicy`` build on it. Nothing here names an
@@ -16,13 +18,15 @@ own accessors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -186,10 +190,15 @@ def _stored_tensors(model_dir: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
 
 def _check_fits(model: PreTrainedModel, model_dir: Path) -> None:
     """ModelError naming every parameter or buffer the stored tensors lack, every stored tensor the model
-    does not take, and every shape that differs (the names transformers itself ignores aside)."""
+    does not take, and every shape that differs (the names transformers itself ignores aside).
+
+    A parameter stored in other tensors (``stored_parts``) is checked as those tensors."""
     stored = _stored_tensors(model_dir)
     tied = aliases(model)
-    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    wanted: dict[str, tuple[int, ...]] = {}
+    for k, v in model.state_dict().items():
+        if k not in tied:
+            wanted |= stored_parts(model, k, tuple(v.shape))
     ignored_missing = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
     ignored_extra = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
     ignored_extra.append(re.compile(r"rotary_emb\.inv_freq"))  # a buffer older checkpoints stored
@@ -207,6 +216,41 @@ def _check_fits(model: PreTrainedModel, model_dir: Path) -> None:
             problems.append(f"{len(names)} {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
     if problems:
         raise ModelError(f"{model_dir} does not fit {type(model).__name__}: {'; '.join(problems)}")
+
+
+def stored_parts(model: torch.nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The stored tensors that hold state-dict entry ``name`` of ``shape``, with their shapes.
+
+    ``{name: shape}`` for most; for a parameter transformers converts on
+    loading (its checkpoint conversion mapping, e.g. a mixture of experts'
+    ``mlp.experts.gate_up_proj`` [experts, 2 x width, hidden], stored as
+    each expert's ``gate_proj`` and ``up_proj``), the tensors it is saved as.
+    """
+    if not isinstance(model, PreTrainedModel):
+        return {name: shape}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    parts = revert_weight_conversion(model, {name: torch.empty(shape, device="meta")})
+    return {k: tuple(v.shape) for k, v in parts.items()}
+
+
+def _assemble(
+    model: PreTrainedModel, name: str, shape: tuple[int, ...], read: dict[str, torch.Tensor], dtype: torch.dtype
+) -> torch.Tensor:
+    """State-dict entry ``name`` built from its stored parts ``read`` (``stored_parts``), in ``dtype``.
+
+    Loading's conversions only move elements (stack, concatenate,
+    transpose), so saving an index tensor through transformers' own reverse
+    conversion tells where each stored element goes.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    numel = math.prod(shape)
+    index = torch.arange(numel, dtype=torch.int32 if numel < 2**31 else torch.int64).view(shape)
+    whole = torch.empty(numel, dtype=dtype)
+    for part, where in revert_weight_conversion(model, {name: index}).items():
+        whole[where.reshape(-1).long()] = read[part].reshape(-1).to(dtype)
+    return whole.view(shape)
 
 
 def materialize(model: PreTrainedModel, device: torch.device) -> None:
@@ -237,36 +281,66 @@ def fill_from_dir(model: torch.nn.Module, model_dir: Path) -> None:
 
     A sharded parameter (FSDP2's DTensor) gets only this rank's rows, read
     as a slice of the stored tensor, so no rank ever holds a whole tensor it
-    does not own; the stored dtype is converted to the parameter's.
+    does not own; the stored dtype is converted to the parameter's. A
+    parameter stored in other tensors (``stored_parts``: an MoE layer's
+    experts) is assembled whole on the host from them first, then its rows
+    are copied.
     """
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     stored = _stored_tensors(model_dir)
     tied = aliases(model)
     by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
+    converted: list[tuple[str, dict[str, tuple[int, ...]], torch.Tensor]] = []
     for name, target in model.state_dict().items():
         if name in tied:
             continue
         name = stored_name(name)
-        if name not in stored:
-            continue  # a name transformers ignores (checked by empty_model), or a LoRA adapter's
-        by_file.setdefault(stored[name][0], []).append((name, target))
+        parts = stored_parts(model, name, tuple(target.shape))
+        if name not in parts:
+            converted.append((name, parts, target))
+        elif name in stored:
+            by_file.setdefault(stored[name][0], []).append((name, target))
+        # else: a name transformers ignores (checked by empty_model), or a LoRA adapter's
     with torch.no_grad():
         for path, targets in by_file.items():
             with safe_open(str(path), framework="pt") as f:
                 for name, target in targets:
-                    if isinstance(target, DTensor):
-                        local = target.to_local()
-                        shape, offset = compute_local_shape_and_global_offset(
-                            target.shape, target.device_mesh, target.placements
-                        )
-                        if local.numel():
-                            index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
-                            local.copy_(f.get_slice(name)[index])
-                    else:
-                        target.copy_(f.get_tensor(name))
+                    _copy_into(target, functools.partial(_read_stored, f, name))
+        for name, parts, target in converted:
+            read: dict[str, torch.Tensor] = {}
+            for part in parts:
+                with safe_open(str(stored[part][0]), framework="pt") as f:
+                    read[part] = f.get_tensor(part)
+            assert isinstance(model, PreTrainedModel), "only a transformers model converts its stored tensors"
+            whole = _assemble(model, name, tuple(target.shape), read, target.dtype)
+            _copy_into(target, functools.partial(_rows_of, whole))
+
+
+def _read_stored(file: Any, name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
+    """Stored tensor ``name`` of an open safetensors file: whole (``index`` None) or those rows."""
+    out: torch.Tensor = file.get_tensor(name) if index is None else file.get_slice(name)[index]
+    return out
+
+
+def _rows_of(whole: torch.Tensor, index: tuple[slice, ...] | None) -> torch.Tensor:
+    """``whole``, or its rows ``index``."""
+    return whole if index is None else whole[index]
+
+
+def _copy_into(target: torch.Tensor, source: Callable[[tuple[slice, ...] | None], torch.Tensor]) -> None:
+    """Copy into ``target`` what ``source`` reads: the whole tensor (``None``), or a sharded parameter's own
+    rows (FSDP2's DTensor; the index of its shard)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if isinstance(target, DTensor):
+        local = target.to_local()
+        shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+        if local.numel():
+            local.copy_(source(tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))))
+    else:
+        target.copy_(source(None))
 
 
 def stored_name(name: str) -> str:
