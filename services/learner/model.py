@@ -32,9 +32,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from asymptote.codec import safetensors_files
-from asymptote.errors import ConfigError, ModelError, WeightsError
+from asymptote.errors import ConfigError, ModelError, PayloadError, WeightsError
 from services.learner.attention import is_packed, sequence_lengths
 from services.learner.head import HeadPrecision, head_logprobs
+from services.learner.routing import ROUTING_KWARG, RouterReplay, RouterReport, RoutingPass
 
 log = logging.getLogger(__name__)
 
@@ -381,6 +382,11 @@ class PackedBatch:
     """L, the padded prompt length."""
     completion_mask: torch.Tensor
     """[N, T] 1 on real completion tokens."""
+    routing: torch.Tensor | None = None
+    """[N, L + T, MoE layers, k] the experts the generator routed each token to in each MoE layer (logical
+    ids, in the dtype they came in; 0 where none was recorded), laid out as ``input_ids``; None: none sent."""
+    routed: torch.Tensor | None = None
+    """[N, L + T] True where a token has recorded routing (with ``routing``)."""
 
     def to(self, device: torch.device) -> PackedBatch:
         """The same batch on ``device`` (itself when it is there already)."""
@@ -392,6 +398,8 @@ class PackedBatch:
             attention_mask=self.attention_mask.to(device),
             position_ids=self.position_ids.to(device),
             completion_mask=self.completion_mask.to(device),
+            routing=None if self.routing is None else self.routing.to(device),
+            routed=None if self.routed is None else self.routed.to(device),
         )
 
 
@@ -405,8 +413,20 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    """Lay out prompt and completion token ids for one forward pass (see PackedBatch)."""
+def pack(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    routing: Sequence[torch.Tensor] | None = None,
+) -> PackedBatch:
+    """Lay out prompt and completion token ids for one forward pass (see PackedBatch).
+
+    ``routing``: each row's recorded experts, [tokens, MoE layers, k] over
+    its prompt and completion tokens in order, as the generator records
+    them (all but the last completion token, which no forward has seen, or
+    all of them); one integer dtype and shape for every row. PayloadError
+    for a row that does not fit.
+    """
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"need as many prompts as completions (>0), got {len(prompts)} and {len(completions)}")
     prompt_ids, prompt_mask = _left_pad(prompts, pad_id)
@@ -418,13 +438,44 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
         comp_mask[i, : len(c)] = 1
     mask = torch.cat([prompt_mask, comp_mask], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
+    laid_out, routed = (None, None) if routing is None else _lay_out_routing(prompts, completions, routing, width)
     return PackedBatch(
         input_ids=torch.cat([prompt_ids, comp_ids], dim=1),
         attention_mask=mask,
         position_ids=positions,
         prompt_len=prompt_ids.shape[1],
         completion_mask=comp_mask,
+        routing=laid_out,
+        routed=routed,
     )
+
+
+def _lay_out_routing(
+    prompts: list[list[int]], completions: list[list[int]], routing: Sequence[torch.Tensor], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's routing at its tokens' columns of the packed layout, and where it was recorded."""
+    if len(routing) != len(prompts):
+        raise PayloadError(f"routing for {len(routing)} rows, the batch has {len(prompts)}")
+    first = routing[0]
+    prompt_len = max(len(p) for p in prompts)
+    out = torch.zeros((len(prompts), prompt_len + width, *first.shape[1:]), dtype=first.dtype)
+    routed = torch.zeros((len(prompts), prompt_len + width), dtype=torch.bool)
+    for n, (prompt, completion, rows) in enumerate(zip(prompts, completions, routing, strict=True)):
+        tokens = len(prompt) + len(completion)
+        if rows.dim() != 3 or rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
+            raise PayloadError(
+                f"row {n}'s routing is {list(rows.shape)} {rows.dtype}, row 0's {list(first.shape)} {first.dtype}: "
+                "every row takes [tokens, MoE layers, k] in one dtype"
+            )
+        if rows.shape[0] not in (tokens - 1, tokens):
+            raise PayloadError(
+                f"row {n}'s routing covers {rows.shape[0]} tokens, its prompt and completion are {tokens} "
+                f"({len(prompt)} + {len(completion)}): it takes {tokens - 1} (all but the last) or {tokens}"
+            )
+        start = prompt_len - len(prompt)
+        out[n, start : start + rows.shape[0]] = rows
+        routed[n, start : start + rows.shape[0]] = True
+    return out, routed
 
 
 class PolicyForward(torch.nn.Module):
@@ -436,15 +487,24 @@ class PolicyForward(torch.nn.Module):
     and that distribution's entropy (no gradient), 0 on padding. The body
     runs in ``precision``'s compute dtype; only the real completion tokens go
     through the head, in ``precision.head`` (services.learner.head).
+
+    ``replay``: an MoE model's routers (``routing.RouterReplay``): a batch's
+    ``routing`` is replayed in them, and ``report`` (a ``RouterReport``)
+    gets what they report for the forward.
     """
 
-    def __init__(self, model: PreTrainedModel, precision: Precision = CPU_FP32) -> None:
+    def __init__(
+        self, model: PreTrainedModel, precision: Precision = CPU_FP32, replay: RouterReplay | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.precision = precision
+        self.replay = replay
 
-    def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, batch = self._body(batch)
+    def forward(
+        self, batch: PackedBatch, temperature: torch.Tensor, report: RouterReport | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, batch = self._body(batch, report)
         real = batch.completion_mask.bool()
         targets = batch.input_ids[:, batch.prompt_len :][real]
         inv_temperature = (1.0 / temperature.to(hidden.device, torch.float32))[:, None].expand(real.shape)[real]
@@ -456,26 +516,31 @@ class PolicyForward(torch.nn.Module):
         entropy = torch.zeros_like(logp).masked_scatter(real, entropy_real.detach())
         return logp, entropy
 
-    def _body(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+    def _body(self, batch: PackedBatch, report: RouterReport | None) -> tuple[torch.Tensor, PackedBatch]:
         """The body's last hidden state before each real completion token, in row order, and the batch
         where the model is.
 
         Logits at position L-1+t of a padded row predict completion token t.
         A packed model (``attention.use_packed_attention``) gets the rows'
         real tokens end to end as one row, each sequence attending only to
-        itself; otherwise the padded rows go through as they are.
+        itself; otherwise the padded rows go through as they are. Routing
+        goes to the routers in the same token order.
         """
         device = self.precision.device
         if not is_packed(self.model):
             batch = batch.to(device)
+            tokens = None
+            routers = self._routers(batch, None, report)
             with self.precision.autocast():
                 out = self.model.base_model(
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids,
                     use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
+                    **routers,
                 )
             real = batch.completion_mask.bool()
+            self._report(batch, tokens, routers, out, report)
             return out.last_hidden_state[:, batch.prompt_len - 1 : -1][real], batch
         # Laid out on the host, where the batch arrives: no device sync for the sequences' lengths.
         tokens = batch.attention_mask.bool()
@@ -483,9 +548,57 @@ class PolicyForward(torch.nn.Module):
         source = at[:, batch.prompt_len - 1 : -1][batch.completion_mask.bool()]
         lengths = sequence_lengths(tokens.sum(1), device)
         ids, positions = batch.input_ids[tokens][None].to(device), batch.position_ids[tokens][None].to(device)
+        routers = self._routers(batch, tokens, report)
         with self.precision.autocast():
-            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False, **lengths)
+            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False, **lengths, **routers)
+        self._report(batch, tokens, routers, out, report)
         return out.last_hidden_state[0][source.to(device)], batch.to(device)
+
+    def _routers(self, batch: PackedBatch, tokens: torch.Tensor | None, report: RouterReport | None) -> dict[str, Any]:
+        """The forward's keywords for an MoE model's routers: the routing pass, in the order the routers see
+        the tokens (``tokens``: the real ones of a packed row; None: every position of the padded rows)."""
+        if self.replay is None:
+            return {}
+        experts = recorded = None
+        if batch.routing is not None and batch.routed is not None:
+            if tokens is None:
+                experts, recorded = batch.routing.flatten(0, 1), batch.routed.flatten()
+            else:
+                experts, recorded = batch.routing[tokens], batch.routed[tokens]
+            experts, recorded = experts.to(self.precision.device), recorded.to(self.precision.device)
+        keep_own = report is not None and report.keep_own
+        kwargs: dict[str, Any] = {ROUTING_KWARG: RoutingPass(experts, recorded, keep_own=keep_own)}
+        if report is not None and report.load_balancing:
+            kwargs["output_router_logits"] = True
+        return kwargs
+
+    def _report(
+        self,
+        batch: PackedBatch,
+        tokens: torch.Tensor | None,
+        routers: dict[str, Any],
+        out: Any,
+        report: RouterReport | None,
+    ) -> None:
+        """Fill ``report`` from the routing pass the forward's routers wrote into."""
+        if report is None or self.replay is None:
+            return
+        routing: RoutingPass = routers[ROUTING_KWARG]
+        layers = len(self.replay.layout.moe_layers)
+        if routing.keep_own:
+            own = torch.stack([routing.own[m] for m in range(layers)], dim=1)  # [tokens seen, layers, k]
+            if tokens is None:
+                report.own = own.view(*batch.input_ids.shape, *own.shape[1:])
+            else:
+                report.own = own.new_zeros((*tokens.shape, *own.shape[1:]))
+                report.own[tokens.to(own.device)] = own
+        if routing.recorded is not None:
+            report.decisions = routing.recorded.sum() * layers
+            report.differing = torch.stack([routing.differing[m] for m in range(layers)]).sum()
+        if report.load_balancing:
+            report.load_balancing_loss = self.replay.load_balancing_loss(
+                out.router_logits, None if tokens is not None else batch.attention_mask
+            )
 
 
 def completion_logprobs(
