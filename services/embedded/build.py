@@ -7,7 +7,8 @@ with ``<reserved_k>`` specials to a round vocabulary size so that every id
 the model can sample decodes), or a byte-level BPE tokenizer trained here
 on a small generated corpus, with ChatML special tokens and a chat template
 like Qwen's; a float32 causal LM of one of a few Hugging Face families
-(Llama, Qwen2, Qwen3) sized by ``ModelSpec``; and the directory layout both
+(Llama, Qwen2, Qwen3, and Qwen3-MoE: a mixture of experts with a dense
+first layer) sized by ``ModelSpec``; and the directory layout both
 transformers and vLLM load (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer files). This is the one module that
 names architectures: a directory built here is read back by
@@ -34,6 +35,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from asymptote.config import Frozen
@@ -48,13 +50,17 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # another head size loads in transformers but not in the generator.
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
-Family = Literal["llama", "qwen2", "qwen3"]
+# vLLM's CPU fused-MoE kernels take a residual stream whose width is a multiple of this.
+VLLM_CPU_MOE_HIDDEN_MULTIPLE = 32
+
+Family = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 _CONFIG_CLASSES: dict[Family, type[PretrainedConfig]] = {
     "llama": LlamaConfig,
     "qwen2": Qwen2Config,  # q/k/v projections with biases
     "qwen3": Qwen3Config,  # q/k RMSNorms, head size set apart from hidden_size / num_heads
+    "qwen3_moe": Qwen3MoeConfig,  # Qwen3's attention, a routed mixture of experts in place of the MLP
 }
 
 
@@ -62,7 +68,8 @@ class ModelSpec(Frozen):
     """Shape of a small causal LM; the vocabulary comes from the tokenizer."""
 
     family: Family = "llama"
-    """Hugging Face architecture: llama, qwen2 (attention biases) or qwen3 (q/k norms, explicit head size)."""
+    """Hugging Face architecture: llama, qwen2 (attention biases), qwen3 (q/k norms, explicit head size) or
+    qwen3_moe (Qwen3's attention, top-k routed experts in place of the MLP)."""
     hidden_size: int = Field(default=128, ge=32)
     """Width of the residual stream."""
     num_layers: int = Field(default=2, ge=1)
@@ -74,7 +81,15 @@ class ModelSpec(Frozen):
     head_dim: int | None = Field(default=None, ge=1)
     """Head size, one of VLLM_CPU_HEAD_SIZES; None: hidden_size / num_heads (the only choice for qwen2)."""
     intermediate_size: int = Field(default=256, ge=1)
-    """Width of the SwiGLU MLP."""
+    """Width of the SwiGLU MLP (qwen3_moe: of its dense layers')."""
+    num_experts: int = Field(default=8, ge=2)
+    """qwen3_moe: routed experts per MoE layer."""
+    num_experts_per_token: int = Field(default=2, ge=1)
+    """qwen3_moe: experts each token is routed to (top-k)."""
+    expert_intermediate_size: int = Field(default=64, ge=1)
+    """qwen3_moe: width of each expert's SwiGLU MLP."""
+    num_dense_layers: int = Field(default=1, ge=0)
+    """qwen3_moe: the first layers keep a dense MLP (``mlp_only_layers``), the rest route to experts."""
     max_position_embeddings: int = Field(default=64, ge=8)
     """Longest prompt plus completion, in tokens."""
     tie_word_embeddings: bool = True
@@ -109,7 +124,26 @@ class ModelSpec(Frozen):
             )
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads {self.kv_heads} does not divide num_heads {self.num_heads}")
+        if self.family == "qwen3_moe":
+            if self.hidden_size % VLLM_CPU_MOE_HIDDEN_MULTIPLE:
+                raise ValueError(
+                    f"qwen3_moe hidden_size {self.hidden_size} is not a multiple of {VLLM_CPU_MOE_HIDDEN_MULTIPLE}, "
+                    "which vLLM's CPU fused-MoE kernels need"
+                )
+            if self.num_experts_per_token > self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_token {self.num_experts_per_token} exceeds num_experts {self.num_experts}"
+                )
+            if self.num_dense_layers >= self.num_layers:
+                raise ValueError(
+                    f"num_dense_layers {self.num_dense_layers} leaves no MoE layer in {self.num_layers} layers"
+                )
         return self
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The layers that route to experts (none for a dense family)."""
+        return list(range(self.num_dense_layers, self.num_layers)) if self.family == "qwen3_moe" else []
 
 
 def build_tokenizer(alphabet: str, vocab_multiple: int = 16) -> PreTrainedTokenizerFast:
@@ -294,6 +328,18 @@ def model_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> Pretrai
     }
     if spec.family != "qwen2":  # Qwen2Config has no head_dim: it is always hidden_size / num_heads
         fields["head_dim"] = spec.head_size
+    if spec.family == "qwen3_moe":
+        fields |= {
+            "num_experts": spec.num_experts,
+            "num_experts_per_tok": spec.num_experts_per_token,
+            "moe_intermediate_size": spec.expert_intermediate_size,
+            "mlp_only_layers": list(range(spec.num_dense_layers)),
+            "decoder_sparse_step": 1,
+            # The released Qwen3-MoE models renormalise the top-k gate weights; the config class defaults to not.
+            "norm_topk_prob": True,
+            "sliding_window": None,
+            "use_sliding_window": False,
+        }
     return _CONFIG_CLASSES[spec.family](**fields)
 
 
@@ -352,9 +398,10 @@ def create_test_model_dir(
 
     The tokenizer is trained on ``texts`` (default: ``word_problem_corpus()``,
     well under a second). The shape has grouped-query attention (4 query
-    heads, 2 key/value heads) and, for qwen3, a head size other than
-    hidden_size / num_heads, as real Qwen3 models have; ``shape`` overrides
-    any ``ModelSpec`` field.
+    heads, 2 key/value heads) and, for qwen3 and qwen3_moe, a head size other
+    than hidden_size / num_heads, as real Qwen3 models have; qwen3_moe has
+    ``ModelSpec``'s 8 experts, top-2, and a dense first layer. ``shape``
+    overrides any ``ModelSpec`` field.
     """
     fields: dict[str, Any] = {
         "family": family,
@@ -362,7 +409,7 @@ def create_test_model_dir(
         "hidden_size": 128,
         "num_heads": 4,
         "num_kv_heads": 2,
-        "head_dim": 64 if family == "qwen3" else None,
+        "head_dim": 64 if family in ("qwen3", "qwen3_moe") else None,
         "max_position_embeddings": 256,
     }
     spec = ModelSpec(**{**fields, **shape})

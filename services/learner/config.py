@@ -56,6 +56,24 @@ class LossSettings(Frozen):
         return []
 
 
+class MoeSettings(Frozen):
+    """Mixture-of-experts policies (docs/recipe.md, "Mixtures of experts"); a dense model ignores them."""
+
+    routing_replay: bool = True
+    """Route every token to the experts the generator recorded for it, in every MoE layer (rollout routing
+    replay, R3), with gate weights from the learner's own router logits; a batch without routing is refused.
+    false: the learner's routers pick their own experts."""
+    load_balancing_coef: float | Literal["model"] = 0.0
+    """Weight of the routers' load-balancing loss (the model's own, Switch Transformer's) added to the policy
+    loss; "model": the model config's ``router_aux_loss_coef`` (Qwen3-MoE: 0.001). 0: none."""
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> MoeSettings:
+        if self.load_balancing_coef != "model" and self.load_balancing_coef < 0:
+            raise ValueError(f"load_balancing_coef must be >= 0 or 'model', got {self.load_balancing_coef}")
+        return self
+
+
 class OptimizerSettings(Frozen):
     """AdamW with linear warm-up then constant learning rate."""
 
@@ -180,6 +198,8 @@ class LearnerConfig(MeteredServiceSettings):
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (less
     memory, about one more forward pass of compute)."""
+    moe: MoeSettings = MoeSettings()
+    """Mixture-of-experts models: routing replay and the routers' load-balancing loss."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter (peft's) in place of the whole model: the base frozen in the compute dtype
     (no float32 copy, gradients or AdamW state for it), float32 adapter weights with AdamW; checkpoints

@@ -167,6 +167,7 @@ def build_trainer(config: LearnerConfig, dp: DataParallel) -> tuple[PreTrainedMo
         activation_checkpointing=config.activation_checkpointing,
         packing=config.packing,
         lora=config.lora,
+        moe=config.moe,
     )
     trainer.checkpointer = Checkpointer(
         config.run_dir / "checkpoints",

@@ -4,8 +4,10 @@ Owns reading any model directory that transformers and vLLM both load
 (``AutoModelForCausalLM`` and ``AutoTokenizer``; remote code only when
 asked), the check that the checkpoint's tensors and the model's parameters
 are the same set (a weight either side lacks is an error that names it,
-never a silent skip), where the model runs and in what precision
-(``Precision``), the FP32 LM head, and the inference primitives training
+never a silent skip), parameters a checkpoint stores in other tensors
+(transformers' own conversion mapping: a mixture of experts' fused 3-D
+expert tensors, stored one tensor per expert as the released models
+are), where the model runs and in what precision (``Precision``), the FP32 LM head, and the inference primitives training
 needs: per-token log-probs of given completions, and batched sampling with
 a KV cache. Knows nothing about losses or optimisers; ``trainer``,
 ``warmstart`` and ``onpolicy`` build on it. Nothing here names an
@@ -16,21 +18,24 @@ own accessors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from asymptote.codec import safetensors_files
-from asymptote.errors import ConfigError, ModelError, WeightsError
+from asymptote.errors import ConfigError, ModelError, PayloadError, WeightsError
 from services.learner.attention import is_packed, sequence_lengths
 from services.learner.head import HeadPrecision, head_logprobs
+from services.learner.routing import ROUTING_KWARG, RouterReplay, RouterReport, RoutingPass
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +191,15 @@ def _stored_tensors(model_dir: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
 
 def _check_fits(model: PreTrainedModel, model_dir: Path) -> None:
     """ModelError naming every parameter or buffer the stored tensors lack, every stored tensor the model
-    does not take, and every shape that differs (the names transformers itself ignores aside)."""
+    does not take, and every shape that differs (the names transformers itself ignores aside).
+
+    A parameter stored in other tensors (``stored_parts``) is checked as those tensors."""
     stored = _stored_tensors(model_dir)
     tied = aliases(model)
-    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+    wanted: dict[str, tuple[int, ...]] = {}
+    for k, v in model.state_dict().items():
+        if k not in tied:
+            wanted |= stored_parts(model, k, tuple(v.shape))
     ignored_missing = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
     ignored_extra = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
     ignored_extra.append(re.compile(r"rotary_emb\.inv_freq"))  # a buffer older checkpoints stored
@@ -207,6 +217,41 @@ def _check_fits(model: PreTrainedModel, model_dir: Path) -> None:
             problems.append(f"{len(names)} {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
     if problems:
         raise ModelError(f"{model_dir} does not fit {type(model).__name__}: {'; '.join(problems)}")
+
+
+def stored_parts(model: torch.nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The stored tensors that hold state-dict entry ``name`` of ``shape``, with their shapes.
+
+    ``{name: shape}`` for most; for a parameter transformers converts on
+    loading (its checkpoint conversion mapping, e.g. a mixture of experts'
+    ``mlp.experts.gate_up_proj`` [experts, 2 x width, hidden], stored as
+    each expert's ``gate_proj`` and ``up_proj``), the tensors it is saved as.
+    """
+    if not isinstance(model, PreTrainedModel):
+        return {name: shape}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    parts = revert_weight_conversion(model, {name: torch.empty(shape, device="meta")})
+    return {k: tuple(v.shape) for k, v in parts.items()}
+
+
+def _assemble(
+    model: PreTrainedModel, name: str, shape: tuple[int, ...], read: dict[str, torch.Tensor], dtype: torch.dtype
+) -> torch.Tensor:
+    """State-dict entry ``name`` built from its stored parts ``read`` (``stored_parts``), in ``dtype``.
+
+    Loading's conversions only move elements (stack, concatenate,
+    transpose), so saving an index tensor through transformers' own reverse
+    conversion tells where each stored element goes.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    numel = math.prod(shape)
+    index = torch.arange(numel, dtype=torch.int32 if numel < 2**31 else torch.int64).view(shape)
+    whole = torch.empty(numel, dtype=dtype)
+    for part, where in revert_weight_conversion(model, {name: index}).items():
+        whole[where.reshape(-1).long()] = read[part].reshape(-1).to(dtype)
+    return whole.view(shape)
 
 
 def materialize(model: PreTrainedModel, device: torch.device) -> None:
@@ -237,36 +282,66 @@ def fill_from_dir(model: torch.nn.Module, model_dir: Path) -> None:
 
     A sharded parameter (FSDP2's DTensor) gets only this rank's rows, read
     as a slice of the stored tensor, so no rank ever holds a whole tensor it
-    does not own; the stored dtype is converted to the parameter's.
+    does not own; the stored dtype is converted to the parameter's. A
+    parameter stored in other tensors (``stored_parts``: an MoE layer's
+    experts) is assembled whole on the host from them first, then its rows
+    are copied.
     """
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     stored = _stored_tensors(model_dir)
     tied = aliases(model)
     by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
+    converted: list[tuple[str, dict[str, tuple[int, ...]], torch.Tensor]] = []
     for name, target in model.state_dict().items():
         if name in tied:
             continue
         name = stored_name(name)
-        if name not in stored:
-            continue  # a name transformers ignores (checked by empty_model), or a LoRA adapter's
-        by_file.setdefault(stored[name][0], []).append((name, target))
+        parts = stored_parts(model, name, tuple(target.shape))
+        if name not in parts:
+            converted.append((name, parts, target))
+        elif name in stored:
+            by_file.setdefault(stored[name][0], []).append((name, target))
+        # else: a name transformers ignores (checked by empty_model), or a LoRA adapter's
     with torch.no_grad():
         for path, targets in by_file.items():
             with safe_open(str(path), framework="pt") as f:
                 for name, target in targets:
-                    if isinstance(target, DTensor):
-                        local = target.to_local()
-                        shape, offset = compute_local_shape_and_global_offset(
-                            target.shape, target.device_mesh, target.placements
-                        )
-                        if local.numel():
-                            index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
-                            local.copy_(f.get_slice(name)[index])
-                    else:
-                        target.copy_(f.get_tensor(name))
+                    _copy_into(target, functools.partial(_read_stored, f, name))
+        for name, parts, target in converted:
+            read: dict[str, torch.Tensor] = {}
+            for part in parts:
+                with safe_open(str(stored[part][0]), framework="pt") as f:
+                    read[part] = f.get_tensor(part)
+            assert isinstance(model, PreTrainedModel), "only a transformers model converts its stored tensors"
+            whole = _assemble(model, name, tuple(target.shape), read, target.dtype)
+            _copy_into(target, functools.partial(_rows_of, whole))
+
+
+def _read_stored(file: Any, name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
+    """Stored tensor ``name`` of an open safetensors file: whole (``index`` None) or those rows."""
+    out: torch.Tensor = file.get_tensor(name) if index is None else file.get_slice(name)[index]
+    return out
+
+
+def _rows_of(whole: torch.Tensor, index: tuple[slice, ...] | None) -> torch.Tensor:
+    """``whole``, or its rows ``index``."""
+    return whole if index is None else whole[index]
+
+
+def _copy_into(target: torch.Tensor, source: Callable[[tuple[slice, ...] | None], torch.Tensor]) -> None:
+    """Copy into ``target`` what ``source`` reads: the whole tensor (``None``), or a sharded parameter's own
+    rows (FSDP2's DTensor; the index of its shard)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if isinstance(target, DTensor):
+        local = target.to_local()
+        shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+        if local.numel():
+            local.copy_(source(tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))))
+    else:
+        target.copy_(source(None))
 
 
 def stored_name(name: str) -> str:
@@ -307,6 +382,11 @@ class PackedBatch:
     """L, the padded prompt length."""
     completion_mask: torch.Tensor
     """[N, T] 1 on real completion tokens."""
+    routing: torch.Tensor | None = None
+    """[N, L + T, MoE layers, k] the experts the generator routed each token to in each MoE layer (logical
+    ids, in the dtype they came in; 0 where none was recorded), laid out as ``input_ids``; None: none sent."""
+    routed: torch.Tensor | None = None
+    """[N, L + T] True where a token has recorded routing (with ``routing``)."""
 
     def to(self, device: torch.device) -> PackedBatch:
         """The same batch on ``device`` (itself when it is there already)."""
@@ -318,6 +398,8 @@ class PackedBatch:
             attention_mask=self.attention_mask.to(device),
             position_ids=self.position_ids.to(device),
             completion_mask=self.completion_mask.to(device),
+            routing=None if self.routing is None else self.routing.to(device),
+            routed=None if self.routed is None else self.routed.to(device),
         )
 
 
@@ -331,8 +413,20 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    """Lay out prompt and completion token ids for one forward pass (see PackedBatch)."""
+def pack(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    routing: Sequence[torch.Tensor] | None = None,
+) -> PackedBatch:
+    """Lay out prompt and completion token ids for one forward pass (see PackedBatch).
+
+    ``routing``: each row's recorded experts, [tokens, MoE layers, k] over
+    its prompt and completion tokens in order, as the generator records
+    them (all but the last completion token, which no forward has seen, or
+    all of them); one integer dtype and shape for every row. PayloadError
+    for a row that does not fit.
+    """
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"need as many prompts as completions (>0), got {len(prompts)} and {len(completions)}")
     prompt_ids, prompt_mask = _left_pad(prompts, pad_id)
@@ -344,13 +438,44 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
         comp_mask[i, : len(c)] = 1
     mask = torch.cat([prompt_mask, comp_mask], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
+    laid_out, routed = (None, None) if routing is None else _lay_out_routing(prompts, completions, routing, width)
     return PackedBatch(
         input_ids=torch.cat([prompt_ids, comp_ids], dim=1),
         attention_mask=mask,
         position_ids=positions,
         prompt_len=prompt_ids.shape[1],
         completion_mask=comp_mask,
+        routing=laid_out,
+        routed=routed,
     )
+
+
+def _lay_out_routing(
+    prompts: list[list[int]], completions: list[list[int]], routing: Sequence[torch.Tensor], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's routing at its tokens' columns of the packed layout, and where it was recorded."""
+    if len(routing) != len(prompts):
+        raise PayloadError(f"routing for {len(routing)} rows, the batch has {len(prompts)}")
+    first = routing[0]
+    prompt_len = max(len(p) for p in prompts)
+    out = torch.zeros((len(prompts), prompt_len + width, *first.shape[1:]), dtype=first.dtype)
+    routed = torch.zeros((len(prompts), prompt_len + width), dtype=torch.bool)
+    for n, (prompt, completion, rows) in enumerate(zip(prompts, completions, routing, strict=True)):
+        tokens = len(prompt) + len(completion)
+        if rows.dim() != 3 or rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
+            raise PayloadError(
+                f"row {n}'s routing is {list(rows.shape)} {rows.dtype}, row 0's {list(first.shape)} {first.dtype}: "
+                "every row takes [tokens, MoE layers, k] in one dtype"
+            )
+        if rows.shape[0] not in (tokens - 1, tokens):
+            raise PayloadError(
+                f"row {n}'s routing covers {rows.shape[0]} tokens, its prompt and completion are {tokens} "
+                f"({len(prompt)} + {len(completion)}): it takes {tokens - 1} (all but the last) or {tokens}"
+            )
+        start = prompt_len - len(prompt)
+        out[n, start : start + rows.shape[0]] = rows
+        routed[n, start : start + rows.shape[0]] = True
+    return out, routed
 
 
 class PolicyForward(torch.nn.Module):
@@ -362,15 +487,24 @@ class PolicyForward(torch.nn.Module):
     and that distribution's entropy (no gradient), 0 on padding. The body
     runs in ``precision``'s compute dtype; only the real completion tokens go
     through the head, in ``precision.head`` (services.learner.head).
+
+    ``replay``: an MoE model's routers (``routing.RouterReplay``): a batch's
+    ``routing`` is replayed in them, and ``report`` (a ``RouterReport``)
+    gets what they report for the forward.
     """
 
-    def __init__(self, model: PreTrainedModel, precision: Precision = CPU_FP32) -> None:
+    def __init__(
+        self, model: PreTrainedModel, precision: Precision = CPU_FP32, replay: RouterReplay | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.precision = precision
+        self.replay = replay
 
-    def forward(self, batch: PackedBatch, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, batch = self._body(batch)
+    def forward(
+        self, batch: PackedBatch, temperature: torch.Tensor, report: RouterReport | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, batch = self._body(batch, report)
         real = batch.completion_mask.bool()
         targets = batch.input_ids[:, batch.prompt_len :][real]
         inv_temperature = (1.0 / temperature.to(hidden.device, torch.float32))[:, None].expand(real.shape)[real]
@@ -382,26 +516,31 @@ class PolicyForward(torch.nn.Module):
         entropy = torch.zeros_like(logp).masked_scatter(real, entropy_real.detach())
         return logp, entropy
 
-    def _body(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+    def _body(self, batch: PackedBatch, report: RouterReport | None) -> tuple[torch.Tensor, PackedBatch]:
         """The body's last hidden state before each real completion token, in row order, and the batch
         where the model is.
 
         Logits at position L-1+t of a padded row predict completion token t.
         A packed model (``attention.use_packed_attention``) gets the rows'
         real tokens end to end as one row, each sequence attending only to
-        itself; otherwise the padded rows go through as they are.
+        itself; otherwise the padded rows go through as they are. Routing
+        goes to the routers in the same token order.
         """
         device = self.precision.device
         if not is_packed(self.model):
             batch = batch.to(device)
+            tokens = None
+            routers = self._routers(batch, None, report)
             with self.precision.autocast():
                 out = self.model.base_model(
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids,
                     use_cache=False,  # a KV cache is for sampling; checkpointed layers would fill it twice
+                    **routers,
                 )
             real = batch.completion_mask.bool()
+            self._report(batch, tokens, routers, out, report)
             return out.last_hidden_state[:, batch.prompt_len - 1 : -1][real], batch
         # Laid out on the host, where the batch arrives: no device sync for the sequences' lengths.
         tokens = batch.attention_mask.bool()
@@ -409,9 +548,57 @@ class PolicyForward(torch.nn.Module):
         source = at[:, batch.prompt_len - 1 : -1][batch.completion_mask.bool()]
         lengths = sequence_lengths(tokens.sum(1), device)
         ids, positions = batch.input_ids[tokens][None].to(device), batch.position_ids[tokens][None].to(device)
+        routers = self._routers(batch, tokens, report)
         with self.precision.autocast():
-            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False, **lengths)
+            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False, **lengths, **routers)
+        self._report(batch, tokens, routers, out, report)
         return out.last_hidden_state[0][source.to(device)], batch.to(device)
+
+    def _routers(self, batch: PackedBatch, tokens: torch.Tensor | None, report: RouterReport | None) -> dict[str, Any]:
+        """The forward's keywords for an MoE model's routers: the routing pass, in the order the routers see
+        the tokens (``tokens``: the real ones of a packed row; None: every position of the padded rows)."""
+        if self.replay is None:
+            return {}
+        experts = recorded = None
+        if batch.routing is not None and batch.routed is not None:
+            if tokens is None:
+                experts, recorded = batch.routing.flatten(0, 1), batch.routed.flatten()
+            else:
+                experts, recorded = batch.routing[tokens], batch.routed[tokens]
+            experts, recorded = experts.to(self.precision.device), recorded.to(self.precision.device)
+        keep_own = report is not None and report.keep_own
+        kwargs: dict[str, Any] = {ROUTING_KWARG: RoutingPass(experts, recorded, keep_own=keep_own)}
+        if report is not None and report.load_balancing:
+            kwargs["output_router_logits"] = True
+        return kwargs
+
+    def _report(
+        self,
+        batch: PackedBatch,
+        tokens: torch.Tensor | None,
+        routers: dict[str, Any],
+        out: Any,
+        report: RouterReport | None,
+    ) -> None:
+        """Fill ``report`` from the routing pass the forward's routers wrote into."""
+        if report is None or self.replay is None:
+            return
+        routing: RoutingPass = routers[ROUTING_KWARG]
+        layers = len(self.replay.layout.moe_layers)
+        if routing.keep_own:
+            own = torch.stack([routing.own[m] for m in range(layers)], dim=1)  # [tokens seen, layers, k]
+            if tokens is None:
+                report.own = own.view(*batch.input_ids.shape, *own.shape[1:])
+            else:
+                report.own = own.new_zeros((*tokens.shape, *own.shape[1:]))
+                report.own[tokens.to(own.device)] = own
+        if routing.recorded is not None:
+            report.decisions = routing.recorded.sum() * layers
+            report.differing = torch.stack([routing.differing[m] for m in range(layers)]).sum()
+        if report.load_balancing:
+            report.load_balancing_loss = self.replay.load_balancing_loss(
+                out.router_logits, None if tokens is not None else batch.attention_mask
+            )
 
 
 def completion_logprobs(

@@ -15,7 +15,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from asymptote.lora import LoraSettings
 from services.learner import adapter, checkpoint
 from services.learner.attention import has_sliding_window, is_packed, use_packed_attention
 from services.learner.checkpoint import Checkpointer, Restored
-from services.learner.config import LossSettings, OptimizerSettings
+from services.learner.config import LossSettings, MoeSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
 from services.learner.losses import (
     RatioStats,
@@ -49,6 +49,7 @@ from services.learner.losses import (
     policy_loss,
 )
 from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, fill_from_dir, materialize, pack
+from services.learner.routing import RouterReplay, RouterReport
 from services.learner.sharding import (
     Parallelism,
     checkpoint_activations,
@@ -229,6 +230,8 @@ def select_rows(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
         position_ids=batch.position_ids[rows],
         prompt_len=batch.prompt_len,
         completion_mask=batch.completion_mask[rows],
+        routing=None if batch.routing is None else batch.routing[rows],
+        routed=None if batch.routed is None else batch.routed[rows],
     )
 
 
@@ -241,6 +244,8 @@ class Trainer:
     micro-batches of at most ``micro_batch_tokens`` padded tokens whose
     gradients add up to the share's. Several ranks keep a DDP replica each
     or FSDP2 shards (``parallelism``, see ``sharding.resolve_parallelism``).
+    An MoE model's routers replay the batch's recorded routing (``moe``,
+    ``routing.RouterReplay``).
     """
 
     def __init__(
@@ -255,6 +260,7 @@ class Trainer:
         activation_checkpointing: bool = False,
         packing: bool = True,
         lora: LoraSettings | None = None,
+        moe: MoeSettings | None = None,
     ) -> None:
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be at least 1 (or None: whole batch), got {micro_batch_tokens}")
@@ -263,6 +269,11 @@ class Trainer:
         """The adapter trained in place of the whole model; None: every parameter trains."""
         if lora is not None:
             adapter.add_adapter(model, lora, precision)
+        self.moe = moe or MoeSettings()
+        # Before activation checkpointing wraps the layers: their recompute then replays the same experts.
+        self.replay = RouterReplay.install(model)
+        """An MoE model's routers; None for a dense model."""
+        self.load_balancing_coef = self._load_balancing_coef()
         self.base: dict[str, str] | None = None
         """With ``lora``: the base model's directory and digest, as the checkpoints record them (``start``)."""
         if packing:
@@ -278,7 +289,7 @@ class Trainer:
         if activation_checkpointing:
             checkpoint_activations(model)
         self.sharded = self.dp.distributed and resolve_parallelism(parallelism, precision.device) == "fsdp"
-        policy = PolicyForward(model, precision)
+        policy = PolicyForward(model, precision, self.replay)
         # A model built on the meta device (``model.empty_model``) is allocated after sharding, so
         # each rank only ever holds its own shards; ``start`` then reads its weights.
         if self.sharded:
@@ -305,6 +316,30 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)) if warmup else 1.0
         )
+
+    def _load_balancing_coef(self) -> float:
+        """``moe.load_balancing_coef`` as a number (``model``: the model config's ``router_aux_loss_coef``)."""
+        setting = self.moe.load_balancing_coef
+        coef = getattr(self.model.config, "router_aux_loss_coef", None) if setting == "model" else setting
+        if coef is None:
+            raise ConfigError(f"moe.load_balancing_coef 'model': {type(self.model).__name__}'s config has none")
+        if coef and self.replay is None:
+            raise ConfigError(f"moe.load_balancing_coef is {coef}, but {type(self.model).__name__} has no routers")
+        return float(coef)
+
+    def check_routing(self, inputs: StepInputs) -> StepInputs:
+        """The inputs this model trains on: PayloadError (one line) for an MoE batch without routing while
+        ``moe.routing_replay`` is on, or with routing that does not fit the model; routing dropped when off."""
+        batch, name = inputs.batch, type(self.model).__name__
+        if self.replay is None or not self.moe.routing_replay:
+            return inputs if batch.routing is None else replace(inputs, batch=replace(batch, routing=None, routed=None))
+        if batch.routing is None or batch.routed is None:
+            raise PayloadError(
+                f"the batch carries no routing, but {name} is a mixture of experts and the learner's "
+                "moe.routing_replay is on: the generators must record each token's experts (or set it false)"
+            )
+        self.replay.check(batch.routing, batch.routed, name)
+        return inputs
 
     # -- data parallelism: rank 0 leads, the other ranks follow ---------------
     #
@@ -476,7 +511,7 @@ class Trainer:
         checkpoints' process group: they must be gone before the process group is destroyed."""
         if self.checkpointer is not None:
             self.checkpointer.close()
-        self.policy = PolicyForward(self.model, self.precision)
+        self.policy = PolicyForward(self.model, self.precision, self.replay)
         gc.collect()
 
     def full_state(self) -> TrainingState:
@@ -524,7 +559,10 @@ class Trainer:
             yield name, full_tensor(state[served.get(name, name)].detach())
 
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
-        """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics."""
+        """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics.
+
+        PayloadError, before anything is trained, for routing that does not fit (``check_routing``)."""
+        inputs = self.check_routing(inputs)
         if self.dp.distributed:
             self.dp.broadcast(("step", inputs, learner_version))
         return self._step(inputs, learner_version)
@@ -586,10 +624,13 @@ class Trainer:
         padding_share = self.padding_share(inputs, chunks)
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[_Scored] = []
+        reports: list[RouterReport] = []
+        num_real = int(inputs.batch.attention_mask.sum())
         for i, (rows, live) in enumerate(chunks):
             sync = contextlib.nullcontext() if i == len(chunks) - 1 else _no_sync(self.policy)
             with sync, torch.set_grad_enabled(train):
-                logp, entropy = self.policy(select_rows(inputs.batch, rows), inputs.temperature[rows])
+                report = RouterReport(load_balancing=self.load_balancing_coef > 0)
+                logp, entropy = self.policy(select_rows(inputs.batch, rows), inputs.temperature[rows], report)
                 # Everything the loss and the scores read lives where the model does.
                 device = logp.device
                 loss_mask = (all_loss_mask[rows] * live).to(device)
@@ -606,11 +647,20 @@ class Trainer:
                     tis_cap=s.tis_cap,
                     weights=(all_weights[rows] * live).to(device),
                 )
+                objective = loss
+                if report.load_balancing_loss is not None:
+                    # Each micro-batch's own loss, weighed by its share of the batch's tokens: they add up to
+                    # about the whole batch's (the loss is a product of means, so not exactly).
+                    share = live * int(inputs.batch.attention_mask[rows].sum()) / max(num_real, 1)
+                    report.load_balancing_loss = report.load_balancing_loss * share
+                    objective = loss + self.load_balancing_coef * report.load_balancing_loss
                 if train:
                     # DDP and FSDP2 average gradients over ranks; the batch's loss is the sum of the shards'.
-                    (loss * self.dp.world_size).backward()
+                    (objective * self.dp.world_size).backward()
                 if i == 0:  # mid-step on every rank: the collectives of the step are under way
                     failpoint(f"learner.step.backward.rank{self.dp.rank}", learner_version)
+            if live:
+                reports.append(report)
             parts.append(
                 _Scored(
                     loss=loss.detach(),
@@ -656,7 +706,35 @@ class Trainer:
             "staleness/max": float(staleness.max()) if staleness.numel() else 0.0,
             **{f"staleness/hist/{k}": float(v) for k, v in sorted(hist.items())},
             **scored,
+            **self._router_stats(reports),
         }
+        return metrics
+
+    def _router_stats(self, reports: Sequence[RouterReport]) -> dict[str, float]:
+        """An MoE model's router metrics, summed over micro-batches and ranks: the share of replayed decisions
+        where the learner's own top-k is another set of experts, and the load-balancing loss."""
+        if self.replay is None:
+            return {}
+        zero = torch.zeros((), dtype=torch.float64)
+        with torch.no_grad():
+            local = torch.stack(
+                [
+                    sum((r.differing.double().cpu() for r in reports if r.differing is not None), zero),
+                    sum((r.decisions.double().cpu() for r in reports if r.decisions is not None), zero),
+                    sum(
+                        (
+                            r.load_balancing_loss.detach().double().cpu()
+                            for r in reports
+                            if r.load_balancing_loss is not None
+                        ),
+                        zero,
+                    ),
+                ]
+            )
+            differing, decisions, balance = self.dp.sum(local).tolist()
+        metrics = {"moe/routing_differs_frac": differing / decisions if decisions else 0.0}
+        if self.load_balancing_coef > 0:
+            metrics["moe/load_balancing_loss"] = balance
         return metrics
 
     def _scored_stats(self, part: _Scored) -> dict[str, float]:

@@ -1,5 +1,8 @@
 """Model directories built from nothing: every family, tied and untied, with a locally trained BPE tokenizer.
 
+A mixture of experts is stored as the released models are, one tensor per
+expert, and read into transformers' fused expert tensors.
+
 Each directory must load strictly through the Auto classes (no weight
 either side lacks), hold exactly the parameters transformers counts (a tied
 head once), load every tensor's values (checked after the file's values are
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.core_model_loading import revert_weight_conversion
 
 from asymptote.codec import count_stored_parameters
 from asymptote.tasks import ALPHABET
@@ -63,8 +67,8 @@ def test_directory_loads_strictly_with_its_parameters_counted_once(model_dir: Pa
     tied = model.config.tie_word_embeddings
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     assert (head.weight is embed.weight) == tied
-    # A tied head is not in the file at all (its embedding is).
-    assert len(tensors) == len(model.state_dict()) - (1 if tied else 0)
+    # A tied head is not in the file at all (its embedding is); an MoE's experts are stored one by one.
+    assert len(tensors) == len(revert_weight_conversion(model, model.state_dict())) - (1 if tied else 0)
     assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(str(model_dir)))
 
 
@@ -75,7 +79,8 @@ def test_every_tensor_is_loaded_from_the_file(model_dir: Path, tmp_path: Path) -
     for f in model_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    state = load_model(tmp_path).state_dict()
+    model = load_model(tmp_path)
+    state = revert_weight_conversion(model, model.state_dict())  # as stored: each expert's tensors apart
     for name, value in tensors.items():
         torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
 
@@ -87,12 +92,16 @@ def test_each_family_has_its_own_parameters(model_dir: Path) -> None:
     layers = model.config.num_hidden_layers
     norms = {f"model.layers.{i}.self_attn.{n}.weight" for i in range(layers) for n in ("q_norm", "k_norm")}
     biases = {f"model.layers.{i}.self_attn.{p}.bias" for i in range(layers) for p in ("q_proj", "k_proj", "v_proj")}
-    assert (norms <= names) == (family == "qwen3")
+    assert (norms <= names) == (family in ("qwen3", "qwen3_moe"))
     assert (biases <= names) == (family == "qwen2")
     assert model.config.num_key_value_heads == 2 and model.config.num_attention_heads == 4
     q_out = model.get_parameter("model.layers.0.self_attn.q_proj.weight").shape[0]
     # Qwen3's head size is its own (64 here), not hidden_size / num_heads (32).
-    assert q_out == 4 * (64 if family == "qwen3" else 32)
+    assert q_out == 4 * (64 if family in ("qwen3", "qwen3_moe") else 32)
+    # The MoE's first layer is dense; the second routes to 8 experts, each stored apart.
+    experts = {f"model.layers.1.mlp.experts.{e}.{p}.weight" for e in range(8) for p in ("gate_proj", "up_proj")}
+    assert (experts | {"model.layers.1.mlp.gate.weight"} <= names) == (family == "qwen3_moe")
+    assert "model.layers.0.mlp.gate_proj.weight" in names
 
 
 def test_directory_building_is_deterministic(tmp_path: Path) -> None:
@@ -182,3 +191,14 @@ def test_model_spec_checks_head_sizes_per_family() -> None:
     with pytest.raises(ValidationError, match="does not divide"):
         ModelSpec(num_heads=4, num_kv_heads=3)
     assert ModelSpec(num_kv_heads=2).kv_heads == 2
+
+
+def test_model_spec_checks_the_mixture_of_experts() -> None:
+    assert ModelSpec(family="qwen3_moe", num_layers=3).moe_layers == [1, 2]
+    assert ModelSpec(family="qwen3", num_layers=3).moe_layers == []
+    with pytest.raises(ValidationError, match="hidden_size 48 is not a multiple of 32"):
+        ModelSpec(family="qwen3_moe", hidden_size=48, num_heads=1, head_dim=32)
+    with pytest.raises(ValidationError, match="num_experts_per_token 9 exceeds num_experts 8"):
+        ModelSpec(family="qwen3_moe", num_experts_per_token=9)
+    with pytest.raises(ValidationError, match="num_dense_layers 2 leaves no MoE layer in 2 layers"):
+        ModelSpec(family="qwen3_moe", num_dense_layers=2)
