@@ -59,6 +59,7 @@ STACK_DIALS: dict[str, str] = {
     "broker.sampling.overlong_cache_tokens": "overlong_cache_tokens",
     "broker.eval.every_versions": "eval_every_versions",
     "broker.eval.num_samples": "eval_num_samples",
+    "broker.eval.num_prompts": "eval_num_prompts",
     "broker.mode": "mode",
     "broker.max_staleness_versions": "max_staleness_versions",
     "broker.zero_variance": "zero_variance",
@@ -197,6 +198,9 @@ class StackConfig(Frozen):
     """Eval round interval in policy versions."""
     eval_num_samples: int = Field(default=2, ge=1)
     """k samples per held-out prompt in an eval round."""
+    eval_num_prompts: int | None = Field(default=None, ge=1)
+    """Held-out prompts per eval round (the first this many, every round); None: as many as the broker's
+    ``eval.max_share`` allows (BrokerConfig.eval_num_prompts)."""
     checkpoint_every_steps: int = Field(default=10, ge=1)
     """Learner checkpoint interval."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1000)

@@ -376,7 +376,9 @@ class LocalStack:
             sampling=SamplingSettings(
                 group_size=c.group_size, max_tokens=c.max_tokens, overlong_cache_tokens=c.overlong_cache_tokens
             ),
-            eval=EvalSettings(every_versions=c.eval_every_versions, num_samples=c.eval_num_samples),
+            eval=EvalSettings(
+                every_versions=c.eval_every_versions, num_samples=c.eval_num_samples, num_prompts=c.eval_num_prompts
+            ),
             batch_prompts=c.batch_prompts,
             mode=c.mode,
             max_staleness_versions=c.max_staleness_versions,

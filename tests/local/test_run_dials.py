@@ -1,5 +1,5 @@
-"""``asymptote up --seed``: one dial for the run's randomness, carried to the broker (prompt order), the
-learner (torch) and each generator (sampling, one seed apiece)."""
+"""Stack dials: ``asymptote up --seed``, one for the run's randomness, carried to the broker (prompt order), the
+learner (torch) and each generator (sampling, one seed apiece); the eval round's size, carried to the broker."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ def test_a_negative_seed_is_refused_naming_the_flag() -> None:
     with pytest.raises(ConfigError) as caught:
         up_config(["--seed", "-1"])
     assert str(caught.value).startswith("--seed") and "\n" not in str(caught.value)
+
+
+def test_the_eval_round_size_is_a_stack_dial(tmp_path: Path) -> None:
+    config = tmp_path / "up.yaml"
+    config.write_text("eval_num_prompts: 150\neval_num_samples: 4\neval_every_versions: 40\n")
+    stack = LocalStack(up_config(["--config", str(config), "--run-dir", str(tmp_path / "run")]))
+    broker = load_config(BrokerConfig, stack.write_configs(tmp_path / "model")["broker"], "ASY_BROKER", environ={})
+    assert (broker.eval.num_prompts, broker.eval.num_samples, broker.eval.every_versions) == (150, 4, 40)
+    assert broker.eval_num_prompts(heldout=200) == 150 and broker.eval_num_prompts(heldout=100) == 100
+    config.write_text("services: {broker: {eval: {num_prompts: 150}}}\n")
+    with pytest.raises(ConfigError, match=r"broker\.eval\.num_prompts is the stack's eval_num_prompts"):
+        up_config(["--config", str(config)])
