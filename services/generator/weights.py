@@ -212,10 +212,15 @@ class GrpcWeightSource:
         return weights, received
 
     def _parse(self, frame: bytes, version: int) -> tensors_pb2.WeightsPart:
-        try:
-            return tensors_pb2.WeightsPart.FromString(frame)
-        except DecodeError as exc:
-            raise WeightsError(f"version {version}: the {self.sender} sent bytes that are not a WeightsPart") from exc
+        return parse_part(frame, version, self.sender)
+
+
+def parse_part(frame: bytes, version: int, sender: str = "learner") -> tensors_pb2.WeightsPart:
+    """One received frame as its ``WeightsPart``; WeightsError naming ``sender`` when it is not one."""
+    try:
+        return tensors_pb2.WeightsPart.FromString(frame)
+    except DecodeError as exc:
+        raise WeightsError(f"version {version}: the {sender} sent bytes that are not a WeightsPart") from exc
 
 
 def check_signature(weights: DecodedWeights, signature: Signature) -> None:
