@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from asymptote.codec import (
+    HASH_BYTES,
     DecodedWeights,
     Signature,
     WeightsDecoder,
@@ -58,14 +59,13 @@ from asymptote.codec import (
     signature_num_bytes,
 )
 from asymptote.contracts.v1 import services_pb2
-from asymptote.rpc import channel
+from asymptote.rpc import channel, reuse_freed_message_buffers
 from benchmarks.transfer import MODELS, child_server, model_dir_for, pull_and_stage, read_file, serve_weights
 from services.generator.weights import (
     LEARNER_PULL,
     GrpcWeightSource,
     StagingArea,
     parse_part,
-    reuse_freed_message_buffers,
 )
 
 FRAME, WIRE, PARSE, WRITE, DIGEST, SCAN, DECODE, COMMIT, PULL, READ = STAGES = (
@@ -99,7 +99,7 @@ async def receive(endpoint: str, keep: bool) -> list[bytes]:
 
 def parse(frames: list[bytes]) -> int:
     """Every frame parsed and its chunk's data taken out, each dropped before the next (as a pull does)."""
-    return sum(len(parse_part(frame, 1).chunk.data) for frame in frames)
+    return sum(len(data) for _, data in (parse_part(frame, 1) for frame in frames) if data is not None)
 
 
 def decode(frames: list[bytes], area: StagingArea, signature: Signature) -> DecodedWeights:
@@ -107,7 +107,7 @@ def decode(frames: list[bytes], area: StagingArea, signature: Signature) -> Deco
     staged = area.open(1, signature)
     with WeightsDecoder(staged) as decoder:
         for frame in frames:
-            decoder.feed(parse_part(frame, 1))
+            decoder.feed(*parse_part(frame, 1))
         weights = decoder.finish()
     staged.discard()
     return weights
@@ -116,7 +116,7 @@ def decode(frames: list[bytes], area: StagingArea, signature: Signature) -> Deco
 def write(frames: list[bytes], area: StagingArea, signature: Signature) -> float:
     """Seconds to copy every chunk's data into a freshly opened staged file (parsed beforehand)."""
     staged = area.open(1, signature)
-    chunks = [parse_part(frame, 1).chunk.data for frame in frames[1:]]
+    chunks = [data for _, data in (parse_part(frame, 1) for frame in frames[1:]) if data is not None]
     started = time.perf_counter()
     buffer = staged.take(signature_num_bytes(signature))
     offset = 0
@@ -130,11 +130,12 @@ def write(frames: list[bytes], area: StagingArea, signature: Signature) -> float
 
 
 def digest(weights: DecodedWeights) -> str:
+    """BLAKE3 over the version in the decoder's updates (``HASH_BYTES`` of a tensor at a time)."""
     h = hasher()
     for name in sorted(weights.tensors):
         data = memoryview(weights.tensors[name].data)
-        for offset in range(0, len(data), 1 << 20):
-            h.update(data[offset : offset + (1 << 20)])
+        for offset in range(0, len(data), HASH_BYTES):
+            h.update(data[offset : offset + HASH_BYTES])
     return str(h.hexdigest())
 
 
