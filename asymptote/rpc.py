@@ -9,7 +9,9 @@ both stay plaintext.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import platform
 from collections.abc import Callable, Collection
 
 import grpc
@@ -35,6 +37,37 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 4 << 20
+"""gRPC's default largest message: every message-sized buffer comes from the heap and is reused."""
+_TRIM_THRESHOLD_BYTES = 8 << 20
+"""Freed memory kept at the top of a heap before glibc hands it back to the kernel: a few
+messages' worth, enough to reuse them (32 MiB measured no faster, and held 20 MB more per swap)."""
+
+
+def reuse_freed_message_buffers() -> None:
+    """Make glibc reuse the ~1 MiB buffers a weights stream allocates and frees for every message.
+
+    On the receiving side gRPC's receive buffers and each message's bytes,
+    on the sending side each frame and gRPC's copy of it, are about a
+    chunk each. With glibc's defaults such buffers are mmapped, or
+    the heap grows and is trimmed back, for every message, and the kernel
+    faults in and zeroes fresh pages each time: receiving an 82 MB version
+    took over three times the CPU it takes with the buffers reused, and
+    serving one took about a quarter more. Costs
+    at most the trim threshold of idle memory per malloc arena.
+    Process-wide and idempotent; does nothing on a C library other than
+    glibc.
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL(None)
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
 
 
 def already_serialized(frame: bytes) -> bytes:

@@ -303,7 +303,7 @@ def sweep_figure_names() -> list[tuple[str, str, tuple[Target, ...]]]:
 def transfer_figures(quick: bool, out: Path) -> list[Figure]:
     from benchmarks.transfer import bench_digest, bench_transfer
 
-    return [bench_transfer(quick=quick, workdir=out / "transfer"), bench_digest(quick)]
+    return [*bench_transfer(quick=quick, workdir=out / "transfer"), bench_digest(quick)]
 
 
 def broker_figure(quick: bool, out: Path) -> Figure:

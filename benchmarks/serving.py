@@ -12,7 +12,8 @@ blocks of steps in turn:
   the next step, as ``Learner.serve`` does; the previous version's digest
   is awaited before the next copy;
 - **inline** (for reference, the learner before): the step, then the copy
-  and the digest on the step's path.
+  and the digest on the step's path; their seconds give the serving rate
+  (a version's bytes copied out and digested per second).
 
 The figure is the median seconds a step takes serving over the median
 alone, side by side in one run.
@@ -72,6 +73,9 @@ def worker(quick: bool, out: Path) -> None:
     version = 0
     blocks, steps_each = (2, 2) if quick else (4, 3)
 
+    serve_s: list[float] = []
+    """Seconds each version took to copy out and digest, inline: the serving rate."""
+
     def stage() -> Staged:
         return store.stage(version, trainer.served_tensors(store.names))
 
@@ -86,7 +90,9 @@ def worker(quick: bool, out: Path) -> None:
                         publishing.result()
                     publishing = background.submit(store.publish, stage())
                 elif mode == "inline":
+                    served_from = time.perf_counter()
                     store.publish(stage())
+                    serve_s.append(time.perf_counter() - served_from)
                 if i:  # the block's first step warms up (and lets the last block's digest finish)
                     times[mode].append(time.perf_counter() - t0)
             if publishing is not None:
@@ -99,6 +105,7 @@ def worker(quick: bool, out: Path) -> None:
         "num_parameters": count_parameters(trainer.model),
         "served_bytes": served.num_bytes,
         "samples_per_step": int(inputs.rewards.numel()),
+        "serve_s": serve_s,
         **times,
     }
     (out / "serving.json").write_text(json.dumps(record))
@@ -113,6 +120,7 @@ def bench_serving(quick: bool, workdir: Path) -> Figure:
     torchrun(2, ["--worker", "--workdir", str(workdir), *(["--quick"] if quick else [])], module="benchmarks.serving")
     r = json.loads((workdir / "serving.json").read_text())
     alone, serving, inline = (statistics.median(r[m]) for m in MODES)
+    serve_gb_per_s = r["served_bytes"] / statistics.median(r["serve_s"]) / 1e9
     return Figure(
         name="learner_step_serving_every_step_vs_alone",
         value=serving,
@@ -121,11 +129,19 @@ def bench_serving(quick: bool, workdir: Path) -> Figure:
         baseline=f"the step alone {alone * 1e3:.0f} ms",
         measured=(
             f"the step serving a {r['served_bytes'] / 1e6:.0f} MB bf16 version every step {serving * 1e3:.0f} ms "
-            f"(digest beside the next step; inline, as before: {inline * 1e3:.0f} ms), "
+            f"(digest beside the next step; inline, as before: {inline * 1e3:.0f} ms; a version copied out and "
+            f"digested at {serve_gb_per_s:.2f} GB/s), "
             f"{r['num_parameters'] / 1e6:.0f}M parameters, two gloo ranks, median of {len(r['serving'])}"
         ),
         targets=(Target(of="ratio", direction="at most", bound=TARGET),),
-        details={**r, "alone_s": alone, "serving_s": serving, "inline_s": inline, "inline_ratio": inline / alone},
+        details={
+            **r,
+            "alone_s": alone,
+            "serving_s": serving,
+            "inline_s": inline,
+            "inline_ratio": inline / alone,
+            "serve_gb_per_s": serve_gb_per_s,
+        },
     )
 
 

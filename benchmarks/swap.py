@@ -48,7 +48,7 @@ from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
 from benchmarks.pipeline import PAUSE_SLACK_S, copy_time_s
-from benchmarks.transfer import read_file, serve_weights, wait_for_server
+from benchmarks.transfer import SPEC_100M, read_file, serve_weights, wait_for_server
 from services.embedded.build import ModelSpec, create_model_dir
 from services.generator.engine import Engine, SwapReport
 
@@ -60,9 +60,7 @@ BENCH_FILE_NAME = "swap_bench.json"
 SAMPLE_EVERY_S = 0.002
 MODELS: dict[str, ModelSpec] = {
     "embedded": ModelSpec(),
-    "100m": ModelSpec(
-        hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048, max_position_embeddings=256
-    ),
+    "100m": SPEC_100M,
 }
 """The embedded default's model, and a Llama of about 100M float32 parameters (400 MB)."""
 ModelName = Literal["embedded", "100m"]

@@ -25,6 +25,7 @@ FIGURES = {
     "learner_step_fsdp2_vs_ddp_2_cpu_ranks",
     "fitter_fit_and_bootstrap_1000_points",
     "weight_transfer_grpc_vs_disk",
+    "weight_transfer_relay_hop_vs_disk",
     "weights_digest_blake3_vs_sha256",
     "broker_groups_per_s_vs_raw_nats",
     "pipeline_samples_per_s_inflight_vs_sync",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from asymptote.codec import (
     encode,
     encode_frames,
     read_signature,
+    split_part,
     version_digest,
 )
 from asymptote.contracts.v1 import tensors_pb2
@@ -314,6 +316,87 @@ def test_frames_are_the_serialized_parts(tensors: dict[str, WireTensor], version
     frames = list(encode_frames(version, tensors))
     assert frames == [p.SerializeToString() for p in parts]
     assert [tensors_pb2.WeightsPart.FromString(f) for f in frames] == parts
+
+
+def joined(part: tensors_pb2.WeightsPart, data: memoryview | None) -> tensors_pb2.WeightsPart:
+    """``split_part``'s answer as one message: the part with a chunk's data put back."""
+    whole = tensors_pb2.WeightsPart()
+    whole.CopyFrom(part)
+    if data is not None:
+        whole.chunk.data = bytes(data)
+    return whole
+
+
+def split_or_refused(frame: bytes) -> tensors_pb2.WeightsPart | None:
+    try:
+        return joined(*split_part(frame))
+    except DecodeError:
+        return None
+
+
+def parsed_or_refused(frame: bytes) -> tensors_pb2.WeightsPart | None:
+    try:
+        return tensors_pb2.WeightsPart.FromString(frame)
+    except DecodeError:
+        return None
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), version=st.integers(0, 2**63))
+def test_a_split_frame_is_what_protobuf_parses_and_its_data_views_the_frame(
+    tensors: dict[str, WireTensor], version: int
+) -> None:
+    for frame in encode_frames(version, tensors):
+        part, data = split_part(frame)
+        assert joined(part, data) == tensors_pb2.WeightsPart.FromString(frame)
+        if part.WhichOneof("part") == "chunk" and data is not None:
+            assert data.obj is frame and not part.chunk.data  # a view of the received bytes, not a copy
+            assert data.tobytes() == tensors_pb2.WeightsPart.FromString(frame).chunk.data
+        else:  # the header, and an empty tensor's chunk (its data field left out): parsed whole
+            assert data is None
+
+
+def test_frames_laid_out_otherwise_split_as_protobuf_parses_them() -> None:
+    chunk = tensors_pb2.TensorChunk(name="w", dtype="float32", shape=[2], offset=0, tensor_num_bytes=8)
+    meta = chunk.SerializeToString()
+    data_first = tensors_pb2.TensorChunk(data=b"\x01" * 8).SerializeToString() + meta
+    twice = meta + tensors_pb2.TensorChunk(data=b"\x02" * 8).SerializeToString() * 2  # the last one counts
+    frames = [
+        tensors_pb2.WeightsPart(chunk=tensors_pb2.TensorChunk.FromString(data_first)).SerializeToString(),
+        tensors_pb2.WeightsPart(chunk=chunk).SerializeToString()[:2] + data_first,  # a length that lies
+        b"\x12" + bytes([len(twice)]) + twice,
+        tensors_pb2.WeightsPart(chunk=chunk).SerializeToString() * 2,  # two chunk fields: merged
+        tensors_pb2.WeightsPart(header=tensors_pb2.WeightsHeader(version=3)).SerializeToString(),
+        tensors_pb2.TensorDelta(name="w").SerializeToString(),
+    ]
+    for frame in frames:
+        assert split_or_refused(frame) == parsed_or_refused(frame), frame
+
+
+@SETTINGS
+@given(tensors=tensor_dicts(), data=st.data())
+def test_a_cut_or_changed_frame_splits_exactly_when_protobuf_parses_it(
+    tensors: dict[str, WireTensor], data: st.DataObject
+) -> None:
+    frames = list(encode_frames(2, tensors))
+    frame = frames[data.draw(st.integers(0, len(frames) - 1), label="frame")]
+    cut = frame[: data.draw(st.integers(0, len(frame)), label="bytes kept")]
+    at = data.draw(st.integers(0, max(len(frame) - 1, 0)), label="byte changed")
+    changed = frame[:at] + bytes([data.draw(st.integers(0, 255), label="to")]) + frame[at + 1 :]
+    noise = data.draw(st.binary(max_size=64), label="noise")
+    for f in (cut, changed, noise):
+        assert split_or_refused(f) == parsed_or_refused(f)
+
+
+@SETTINGS
+@given(tensors=tensor_dicts())
+def test_decoding_split_frames_is_bit_identical_to_decoding_parts(tensors: dict[str, WireTensor]) -> None:
+    with WeightsDecoder() as decoder:
+        for frame in encode_frames(4, tensors):
+            decoder.feed(*split_part(frame))
+        got = decoder.finish()
+    assert (got.version, got.digest) == (4, version_digest(tensors))
+    assert {n: bytes(t.data) for n, t in got.tensors.items()} == {n: bytes(t.data) for n, t in tensors.items()}
 
 
 @SETTINGS

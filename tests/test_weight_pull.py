@@ -346,7 +346,7 @@ ALLOCATOR_CHECK = """
 import ctypes
 
 from asymptote.codec import CHUNK_BYTES
-from services.generator.weights import reuse_freed_message_buffers
+from asymptote.rpc import reuse_freed_message_buffers
 
 
 class MallInfo2(ctypes.Structure):

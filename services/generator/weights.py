@@ -23,12 +23,10 @@ only its own (small) frames.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import mmap
 import os
-import platform
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,13 +44,14 @@ from asymptote.codec import (
     WeightsDecoder,
     safetensors_header,
     signature_num_bytes,
+    split_part,
 )
 from asymptote.config import TlsSettings
 from asymptote.contracts.v1 import services_pb2, tensors_pb2
 from asymptote.delta import DeltaDecoder
 from asymptote.errors import StagingError, WeightsError
 from asymptote.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_name
-from asymptote.rpc import channel, channel_credentials
+from asymptote.rpc import channel, channel_credentials, reuse_freed_message_buffers
 from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)
@@ -82,35 +81,6 @@ class WeightSource(Protocol):
 
 LEARNER_PULL = "/asymptote.contracts.v1.Learner/PullWeights"
 RELAY_PULL = "/asymptote.contracts.v1.WeightRelay/PullWeights"
-
-
-# glibc mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 4 << 20
-"""gRPC's default largest message: every message-sized buffer comes from the heap and is reused."""
-_TRIM_THRESHOLD_BYTES = 8 << 20
-"""Freed memory kept at the top of a heap before glibc hands it back to the kernel: a few
-messages' worth, enough to reuse them (32 MiB measured no faster, and held 20 MB more per swap)."""
-
-
-def reuse_freed_message_buffers() -> None:
-    """Make glibc reuse the ~1 MiB buffers a pull allocates and frees for every message.
-
-    gRPC's receive buffers, each message's bytes and its parsed copy are
-    about a chunk each. With glibc's defaults such buffers are mmapped, or
-    the heap grows and is trimmed back, for every message, and the kernel
-    faults in and zeroes fresh pages each time: receiving an 82 MB version
-    took over three times the CPU it takes with the buffers reused. Costs
-    at most the trim threshold of idle memory per malloc arena.
-    Process-wide and idempotent; does nothing on a C library other than
-    glibc.
-    """
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL(None)
-    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
 
 
 def _as_received(frame: bytes) -> bytes:
@@ -188,7 +158,7 @@ class GrpcWeightSource:
             frames = aiter(call(request, timeout=self.timeout_s))
             first = await anext(frames, b"")
             received += len(first)
-            header = self._parse(first, version)
+            header, _ = self._parse(first, version)
             if header.WhichOneof("part") == "header" and header.header.base_version:
                 if base is None or header.header.base_version != base.version or into is None:
                     raise WeightsError(f"version {version}: sent a delta from a version not held")
@@ -196,7 +166,7 @@ class GrpcWeightSource:
                 received_frames = [first]
                 async for frame in frames:
                     received += len(frame)
-                    decoder.feed(self._parse(frame, version))
+                    decoder.feed(self._parse(frame, version)[0])
                     received_frames.append(frame)
                 # Writing and hashing the whole version takes a while: off the event loop (peers are served there).
                 weights = await asyncio.to_thread(decoder.finish, tuple(received_frames))
@@ -205,17 +175,25 @@ class GrpcWeightSource:
                     full.feed(header)
                     async for frame in frames:
                         received += len(frame)
-                        full.feed(self._parse(frame, version))
+                        full.feed(*self._parse(frame, version))
                     weights = full.finish()
         if weights.version != version:
             raise WeightsError(f"asked for version {version}, {self.sender} sent {weights.version}")
         return weights, received
 
-    def _parse(self, frame: bytes, version: int) -> tensors_pb2.WeightsPart:
-        try:
-            return tensors_pb2.WeightsPart.FromString(frame)
-        except DecodeError as exc:
-            raise WeightsError(f"version {version}: the {self.sender} sent bytes that are not a WeightsPart") from exc
+    def _parse(self, frame: bytes, version: int) -> tuple[tensors_pb2.WeightsPart, memoryview | None]:
+        return parse_part(frame, version, self.sender)
+
+
+def parse_part(
+    frame: bytes, version: int, sender: str = "learner"
+) -> tuple[tensors_pb2.WeightsPart, memoryview | None]:
+    """One received frame as its ``WeightsPart`` and a chunk's data, a view of the frame (``split_part``);
+    WeightsError naming ``sender`` when it is not a part."""
+    try:
+        return split_part(frame)
+    except DecodeError as exc:
+        raise WeightsError(f"version {version}: the {sender} sent bytes that are not a WeightsPart") from exc
 
 
 def check_signature(weights: DecodedWeights, signature: Signature) -> None:
@@ -336,6 +314,8 @@ class StagingArea:
             self.on_overwrite()
 
 
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+"""Linux's: the mapping's page tables filled in by the one call."""
 _VERSION_WIDTH = 20
 """Digits of the largest version (a uint64): headers are laid out for it."""
 
@@ -383,7 +363,9 @@ class StagedVersion:
                 # Reserve every page now: a full tmpfs fails here, by name,
                 # not as a SIGBUS on some later write through the mapping.
                 os.posix_fallocate(f.fileno(), 0, size)
-                mapped = mmap.mmap(f.fileno(), size)
+                # Map every page at once: faulting them in one by one as the
+                # decoder writes took as long as the writes themselves.
+                mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _MAP_POPULATE)
         except OSError as exc:
             self.discard()
             raise StagingError(

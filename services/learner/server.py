@@ -17,7 +17,7 @@ import grpc
 from asymptote.codec import encode_frames
 from asymptote.contracts.v1 import services_pb2, services_pb2_grpc
 from asymptote.health import Health
-from asymptote.rpc import add_service
+from asymptote.rpc import add_service, reuse_freed_message_buffers
 from services.learner.weights import WeightStore
 
 _DESCRIPTOR = services_pb2.DESCRIPTOR.services_by_name["Learner"]
@@ -31,6 +31,7 @@ class LearnerServicer(services_pb2_grpc.LearnerServicer):
         self.health = health
         self.instance_id = instance_id
         self.gauges = gauges
+        reuse_freed_message_buffers()  # every frame served is a chunk-sized buffer, allocated and freed
 
     async def PullWeights(
         self, request: services_pb2.PullWeightsRequest, context: grpc.aio.ServicerContext
