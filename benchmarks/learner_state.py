@@ -131,8 +131,8 @@ def _trainer(model: Any, dp: Any) -> Any:
 
 def _sizes(model_dir: Path) -> dict[str, int]:
     """The float32 model's bytes and its largest decoder layer's."""
+    from services.learner.layers import decoder_layers
     from services.learner.model import empty_model
-    from services.learner.sharding import decoder_layers
 
     model = empty_model(model_dir)
     layer = max(sum(p.numel() for p in layer.parameters()) for layer in decoder_layers(model))

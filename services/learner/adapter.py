@@ -33,8 +33,8 @@ from asymptote.lora import (
     adapted_modules,
     is_adapter_name,
 )
+from services.learner.layers import decoder_layers
 from services.learner.model import Precision
-from services.learner.sharding import decoder_layers
 
 ADAPTER = "default"
 """peft's name for the one adapter a model holds here."""

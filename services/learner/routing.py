@@ -142,7 +142,7 @@ class RouterReplay:
         recompute then runs the wrapper too). ModelError when routers
         disagree on the experts or top-k.
         """
-        from services.learner.sharding import decoder_layers
+        from services.learner.layers import decoder_layers
 
         layers = decoder_layers(model)
         gates: list[tuple[int, torch.nn.Module]] = []

@@ -38,7 +38,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-from asymptote.errors import ModelError
+from services.learner.layers import decoder_layers
 from services.learner.model import Precision, aliases
 
 Parallelism = Literal["auto", "fsdp", "ddp"]
@@ -59,28 +59,6 @@ def resolve_parallelism(parallelism: Parallelism, device: torch.device) -> Layou
     if parallelism == "auto":
         return "fsdp" if device.type == "cuda" else "ddp"
     return parallelism
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's decoder layers: the outermost modules of the classes in its ``_no_split_modules``.
-
-    ModelError when the model lists none or none of them is in it.
-    """
-    kinds = set(getattr(model, "_no_split_modules", None) or ())
-    if not kinds:
-        raise ModelError(
-            f"{type(model).__name__} lists no _no_split_modules, so its decoder layers cannot be found "
-            "(needed for FSDP2 and activation checkpointing)"
-        )
-    layers: list[torch.nn.Module] = []
-    inside: list[str] = []
-    for name, module in model.named_modules():
-        if type(module).__name__ in kinds and not any(name.startswith(outer + ".") for outer in inside):
-            layers.append(module)
-            inside.append(name)
-    if not layers:
-        raise ModelError(f"{type(model).__name__} has no module of its _no_split_modules {sorted(kinds)}")
-    return layers
 
 
 def checkpoint_activations(model: torch.nn.Module) -> int:

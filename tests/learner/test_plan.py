@@ -40,6 +40,7 @@ from asymptote.errors import ConfigError
 from services.cli import main
 from services.learner.activations import ModelShape, activation_bytes
 from services.learner.config import LearnerConfig
+from services.learner.layers import decoder_layers
 from services.learner.memory import (
     GIB,
     USABLE_FRACTION,
@@ -52,7 +53,7 @@ from services.learner.memory import (
     suggest_micro_batch_tokens,
 )
 from services.learner.model import PackedBatch, PolicyForward, Precision, count_parameters, pack
-from services.learner.sharding import checkpoint_activations, decoder_layers, shard
+from services.learner.sharding import checkpoint_activations, shard
 from services.ops.plan import plan_inputs
 from tests.helpers.badinput import BAD_INPUTS
 from tests.helpers.families import QWEN3_8B, config_only

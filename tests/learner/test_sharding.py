@@ -24,8 +24,9 @@ from services.embedded.build import ModelSpec, build_model, build_tokenizer
 from services.learner import checkpoint
 from services.learner.config import LearnerConfig, OptimizerSettings
 from services.learner.distributed import DataParallel
+from services.learner.layers import decoder_layers
 from services.learner.model import aliases
-from services.learner.sharding import checkpoint_activations, decoder_layers, resolve_parallelism
+from services.learner.sharding import checkpoint_activations, resolve_parallelism
 from services.learner.trainer import StepInputs, Trainer, collate
 from services.learner.weights import WeightStore
 
