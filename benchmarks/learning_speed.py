@@ -5,7 +5,8 @@ broker and learner as separate processes, PipelineRL-k with in-flight
 swaps) reaches a held-out gain than the plain loop (sample with the
 transformers model, then one step of the same loss), both on the embedded
 default's workload: the shipped word problems, its warm-started model,
-batch 16 x 8, max_tokens 96, interruption length control, lr 2e-4.
+batch 16 x 8, max_tokens 96, interruption length control, lr 2e-4 (the
+default's when the figure was measured).
 
 Both sides are evaluated the same way: each version's held-out pass rate
 over all 200 held-out problems x 4 samples (800 completions, a standard
@@ -67,7 +68,8 @@ TARGET = Target(
 EVAL_SAMPLES = 4
 """Samples per held-out problem in every evaluation: 200 x 4 = 800 completions."""
 BATCH_PROMPTS, GROUP_SIZE, MAX_TOKENS, LR, WARMUP = 16, 8, 96, 2e-4, 10
-"""The embedded default's dials (services/local/config.py), given to both sides."""
+"""The dials given to both sides: the embedded default's when the figure in docs/benchmarks.md was measured
+(its learning rate has since been 1e-4: docs/recipe.md#the-default-run-and-its-spread)."""
 STACK_EVAL_SEEDS = 104_729
 """Offset of the stack's evaluation seeds from the loop's (which are seed + 7919 (step + 1)): every
 version-0 evaluation pooled into R0 draws its own samples."""

@@ -167,7 +167,7 @@ class StackConfig(Frozen):
     learner_ranks: int = Field(default=1, ge=1, le=8)
     """Data-parallel learner ranks (torchrun, gloo) on the CPU; rank 0 is the service, the others follow its
     steps. On GPUs the ranks are the learner's GPUs."""
-    max_steps: int = Field(default=300, ge=1)
+    max_steps: int = Field(default=600, ge=1)
     """Learner steps (policy versions) of the RL run."""
     batch_prompts: int = Field(default=16, ge=1)
     """B: prompt groups per learner step."""
@@ -190,13 +190,13 @@ class StackConfig(Frozen):
     overlong_cache_tokens: int | None = Field(default=None, ge=1)
     """DAPO's soft overlong punishment over the last this many tokens before max_tokens (a length penalty
     added to rewards); None: off."""
-    lr: float = Field(default=2e-4, gt=0.0)
+    lr: float = Field(default=1e-4, gt=0.0)
     """Learner peak learning rate."""
     warmup_steps: int = Field(default=10, ge=0)
     """Learner linear warm-up steps."""
-    eval_every_versions: int = Field(default=20, ge=1)
+    eval_every_versions: int = Field(default=30, ge=1)
     """Eval round interval in policy versions."""
-    eval_num_samples: int = Field(default=2, ge=1)
+    eval_num_samples: int = Field(default=4, ge=1)
     """k samples per held-out prompt in an eval round."""
     eval_num_prompts: int | None = Field(default=None, ge=1)
     """Held-out prompts per eval round (the first this many, every round); None: as many as the broker's

@@ -1,6 +1,6 @@
 """Settings for a user's own model by its size: what ``asymptote up --model`` trains with unless told otherwise.
 
-The stack's own defaults are the tiny model's (a learning rate of 2e-4,
+The stack's own defaults are the tiny model's (a learning rate of 1e-4,
 completions of 96 tokens); a real model given them would train at hundreds
 of times the paper's learning rate and truncate every thought. With
 ``--model``, each of the fields below that neither ``--config`` nor a flag
@@ -8,7 +8,7 @@ sets comes from the preset for the model's size:
 
 | preset | parameters | lr | warm-up | batch x group | max_tokens | thinking budget |
 |---|---|---|---|---|---|---|
-| tiny | under 100M | the stack's defaults (2e-4, 10, 16 x 8, 96) | | | | the task's |
+| tiny | under 100M | the stack's defaults (1e-4, 10, 16 x 8, 96) | | | | the task's |
 | small | 100M to 1B | 1e-6 | 50 | 32 x 8 | 4,096 | 2,048-3,584 |
 | paper-8b | 1B and up | 5e-7 | 100 | 48 x 16 | 8,192 | 4,096-7,680 |
 
@@ -47,7 +47,7 @@ class Preset:
 
 
 PRESETS = (
-    Preset("tiny", 0, {}, lr=2e-4),
+    Preset("tiny", 0, {}, lr=1e-4),
     Preset(
         "small",
         100_000_000,

@@ -76,4 +76,4 @@ def test_a_config_file_wins_over_the_preset_too(tmp_path: Path) -> None:
 
 def test_a_tiny_model_keeps_the_stack_s_settings(tmp_path: Path) -> None:
     config = up_config(["--model", str(model_of(tmp_path, 5_000_000))])
-    assert (config.lr, config.max_tokens, config.batch_prompts) == (2e-4, 96, 16)
+    assert (config.lr, config.max_tokens, config.batch_prompts) == (1e-4, 96, 16)
