@@ -197,7 +197,9 @@ def _parse_override(raw: str) -> Any:
     return raw
 
 
-def _set_path(tree: dict[str, Any], keys: list[str], value: Any) -> None:
+def set_path(tree: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``tree[keys[0]]...[keys[-1]] = value``, making the sections on the way; ConfigError when one of them
+    is a value."""
     node = tree
     for key in keys[:-1]:
         child = node.setdefault(key, {})
@@ -215,7 +217,7 @@ def env_overrides(prefix: str, environ: Mapping[str, str] | None = None) -> dict
     for name, raw in sorted(environ.items()):
         if name.startswith(head) and len(name) > len(head):
             keys = [k.lower() for k in name[len(head) :].split("__")]
-            _set_path(tree, keys, _parse_override(raw))
+            set_path(tree, keys, _parse_override(raw))
     return tree
 
 

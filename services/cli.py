@@ -37,6 +37,7 @@ services:
 local and offline:
   up           run nats-server and the four services on this machine
   fit          fit eval.jsonl files offline, print a table, write a plot
+  sweep        recipes compared by their projected asymptote: plan SPEC (the arms, runs, budget, looks)
   export       a run's checkpoint as a Hugging Face model directory (transformers, vLLM)
   bench        every performance figure against its baseline, side by side (bench.json, bench.md)
   plan         GPU, host and disk memory of a run before it starts (learner, generators, checkpoints)
@@ -106,6 +107,12 @@ def _fit(argv: list[str]) -> int:
     from services.fitter.offline import main as fit_main
 
     return fit_main(argv)
+
+
+def _sweep(argv: list[str]) -> int:
+    from services.sweep.cli import main as sweep_main
+
+    return sweep_main(argv)
 
 
 def _bench(argv: list[str]) -> int:
@@ -199,6 +206,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     **{name: _service(name) for name in ("broker", "generator", "learner", "fitter", "sandbox-pool")},
     "up": _up,
     "fit": _fit,
+    "sweep": _sweep,
     "export": _export,
     "bench": _bench,
     "prepare-model": _prepare_model,
