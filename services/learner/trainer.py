@@ -60,6 +60,7 @@ from services.learner.sharding import (
     resolve_parallelism,
     shard,
 )
+from services.learner.weights import served_parts, source_keys, stored_layout
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,8 @@ class Trainer:
         self.model = model
         self.lora = lora
         """The adapter trained in place of the whole model; None: every parameter trains."""
+        self._sources: dict[str, str] | None = None
+        """Served name -> state-dict entry (``_served_sources``)."""
         if lora is not None:
             adapter.add_adapter(model, lora, precision)
         self.moe = moe or MoeSettings()
@@ -523,24 +526,28 @@ class Trainer:
         return TrainingState(weights, optimizer, self.scheduler.state_dict())
 
     def served_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Rank 0: the whole tensors ``names``, one at a time, for ``WeightStore.snapshot_tensors``.
+        """Rank 0: the whole tensors ``names``, one parameter at a time, for ``WeightStore.snapshot_tensors``.
 
-        Under FSDP2 each is gathered as it is asked for (the other ranks join
-        every gather), so no rank holds more than one gathered tensor besides
-        what the caller keeps. KeyError before any gather for a name the model lacks.
+        ``names`` are the served names: the model directory's tensors (an MoE
+        layer's fused experts are served as the stored per-expert tensors,
+        ``weights.stored_layout``, each fused parameter gathered once), or a
+        LoRA adapter's file names. Under FSDP2 each parameter is gathered as it
+        is asked for (the other ranks join every gather), so no rank holds more
+        than one gathered parameter besides what the caller keeps. KeyError
+        before any gather for a name the model lacks.
         """
         state = self.model.state_dict()
-        served = self._served_names()
-        missing = [n for n in names if served.get(n, n) not in state]
-        if missing:
-            raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
+        keys = source_keys(names, self._served_sources(), state)
         if self.sharded:
-            self.dp.broadcast(("weights", list(names)))
-        return self._gathered(list(names), state)
+            self.dp.broadcast(("weights", keys))
+        return self._served(set(names), keys, state)
 
-    def _served_names(self) -> dict[str, str]:
-        """Served name -> state-dict name where they differ: a LoRA's adapter is served under peft's file names."""
-        return {} if self.lora is None else adapter.file_names(self.model)
+    def _served_sources(self) -> dict[str, str]:
+        """Served name -> the state-dict entry it comes from: a LoRA's adapter under peft's file names, else the
+        model directory's tensors (``weights.stored_layout``); computed once, the model's layout never changes."""
+        if self._sources is None:
+            self._sources = adapter.file_names(self.model) if self.lora is not None else stored_layout(self.model)
+        return self._sources
 
     def served_signature(self) -> Signature | None:
         """With a LoRA, what it serves: the adapter's tensors by peft's file names, in float32 (the engine
@@ -548,15 +555,27 @@ class Trainer:
         if self.lora is None:
             return None
         state = self.model.state_dict()
-        return {name: ("float32", tuple(state[key].shape)) for name, key in self._served_names().items()}
+        return {name: ("float32", tuple(state[key].shape)) for name, key in self._served_sources().items()}
+
+    def _served(
+        self, names: set[str], keys: list[str], state: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: each of ``keys`` gathered, then served as those of ``names`` it holds."""
+        if self.lora is not None:
+            served = {key: name for name, key in self._served_sources().items()}
+            for key, tensor in self._gathered(keys, state):
+                yield served.get(key, key), tensor
+            return
+        for key, tensor in self._gathered(keys, state):
+            yield from served_parts(self.model, names, key, tensor)
 
     def _gathered(
-        self, names: list[str], state: dict[str, torch.Tensor] | None = None
+        self, keys: list[str], state: dict[str, torch.Tensor] | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """State-dict entries ``keys``, each whole (gathered under FSDP2: every rank calls this alike)."""
         state = self.model.state_dict() if state is None else state
-        served = self._served_names()
-        for name in names:
-            yield name, full_tensor(state[served.get(name, name)].detach())
+        for key in keys:
+            yield key, full_tensor(state[key].detach())
 
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics.
