@@ -21,7 +21,6 @@ from safetensors.torch import load_file
 
 from asymptote.codec import DecodedWeights, read_signature
 from asymptote.delta import apply_delta
-from services.embedded.build import create_test_model_dir
 from services.generator.weights import check_signature
 from services.learner.config import LossSettings, MoeSettings, OptimizerSettings
 from services.learner.model import empty_model
@@ -32,16 +31,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ddp_worker import batch
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_test_model_dir("qwen3_moe", True, tmp_path_factory.mktemp("moe") / "m", num_layers=3)
-
-
-def trainer_of(model_dir: Path, lr: float = 1e-2) -> Trainer:
+def trainer_of(where: Path, lr: float = 1e-2) -> Trainer:
     trainer = Trainer(
-        empty_model(model_dir), LossSettings(), OptimizerSettings(lr=lr), moe=MoeSettings(routing_replay=False)
+        empty_model(where), LossSettings(), OptimizerSettings(lr=lr), moe=MoeSettings(routing_replay=False)
     )
-    trainer.start(model_dir)
+    trainer.start(where)
     return trainer
 
 
@@ -58,10 +52,10 @@ def assert_served_equal(version: Version, stored: dict[str, torch.Tensor]) -> No
         assert np.array_equal(wire.to_numpy(), want.numpy()), name
 
 
-def test_served_tensors_are_the_model_directory_s_one_per_expert(model_dir: Path) -> None:
-    trainer = trainer_of(model_dir)
-    signature = read_signature(model_dir)
-    stored = load_file(str(model_dir / "model.safetensors"))
+def test_served_tensors_are_the_model_directory_s_one_per_expert(moe_dir: Path) -> None:
+    trainer = trainer_of(moe_dir)
+    signature = read_signature(moe_dir)
+    stored = load_file(str(moe_dir / "model.safetensors"))
     experts = [n for n in stored if ".mlp.experts." in n]
     assert len(experts) == 2 * 8 * 3  # two MoE layers, 8 experts, gate, up and down each
     assert served_signature(trainer.model, "float32") == signature
@@ -76,9 +70,9 @@ def test_served_tensors_are_the_model_directory_s_one_per_expert(model_dir: Path
     assert WeightStore(signature).snapshot(1, trainer.model).digest == version.digest
 
 
-def test_after_a_step_the_served_experts_are_what_save_pretrained_writes(model_dir: Path, tmp_path: Path) -> None:
-    trainer = trainer_of(model_dir, lr=1e-5)
-    signature = read_signature(model_dir)
+def test_after_a_step_the_served_experts_are_what_save_pretrained_writes(moe_dir: Path, tmp_path: Path) -> None:
+    trainer = trainer_of(moe_dir, lr=1e-5)
+    signature = read_signature(moe_dir)
     store = WeightStore(signature)
     # Served in bf16 as well, where a small step leaves most elements as they were: a delta is worth sending.
     half = WeightStore({name: ("bfloat16", shape) for name, (_, shape) in signature.items()})
@@ -108,8 +102,8 @@ def test_after_a_step_the_served_experts_are_what_save_pretrained_writes(model_d
         assert np.array_equal(wire.to_numpy().view(np.int16), want), name
 
 
-def test_an_expert_the_model_lacks_is_refused_and_a_fused_name_comes_whole(model_dir: Path) -> None:
-    trainer = trainer_of(model_dir)
+def test_an_expert_the_model_lacks_is_refused_and_a_fused_name_comes_whole(moe_dir: Path) -> None:
+    trainer = trainer_of(moe_dir)
     with pytest.raises(KeyError, match=r"no parameters named \['model.layers.1.mlp.experts.8.up_proj.weight'\]"):
         trainer.served_tensors(["model.layers.1.mlp.experts.8.up_proj.weight"])
     # A fused parameter asked for by its own state-dict name comes whole, beside its stored parts.
