@@ -53,11 +53,17 @@ def model_layout(config: dict[str, object]) -> rollout_pb2.RoutingLayout | None:
     layers = config.get("num_hidden_layers")
     if not (isinstance(experts, int) and isinstance(top_k, int) and isinstance(layers, int)) or experts < 2:
         return None
+    moe = moe_layers(config)
+    return layout(len(moe), top_k, experts) if moe else None
+
+
+def moe_layers(config: dict[str, object]) -> list[int]:
+    """The decoder layers of a Qwen-MoE or Mixtral ``config.json`` that route to experts, in order."""
+    layers = config.get("num_hidden_layers")
     dense = config.get("mlp_only_layers") or []
     step = config.get("decoder_sparse_step") or 1
-    assert isinstance(dense, list) and isinstance(step, int)
-    moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
-    return layout(len(moe), top_k, experts) if moe else None
+    assert isinstance(layers, int) and isinstance(dense, list) and isinstance(step, int)
+    return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
 
 
 def bytes_per_token(spec: rollout_pb2.RoutingLayout) -> int:
@@ -114,6 +120,30 @@ def check_layout(group: rollout_pb2.RolloutGroup) -> rollout_pb2.RoutingLayout |
             f"group {group.group_id}: routing in {DTYPES[spec.dtype].name} cannot name {spec.num_experts} experts"
         )
     return spec
+
+
+def attach(group: rollout_pb2.RolloutGroup, rows: list[bytes], spec: rollout_pb2.RoutingLayout, max_bytes: int) -> None:
+    """Put each completion's ``rows`` (its prompt's then its own tokens', ``spec``'s bytes, one per completion
+    in order, all sharing the group's prompt) into ``group``: the prompt's rows once, each completion's own.
+
+    PayloadError naming the group, before anything is added, when the group with its routing would be over
+    ``max_bytes`` (what the rollouts stream admits): never truncated.
+    """
+    row_bytes = bytes_per_token(spec)
+    prompt = len(group.prompt_token_ids) * row_bytes
+    own = [r[prompt:] for r in rows]
+    framing = 6 * (len(own) + 1) + spec.ByteSize() + 2  # a key and a length for each bytes field
+    total = group.ByteSize() + prompt + sum(map(len, own)) + framing
+    if total > max_bytes:
+        raise PayloadError(
+            f"group {group.group_id} with its routing is {total} bytes ({prompt + sum(map(len, own))} of routing, "
+            f"{row_bytes} a token), over the {max_bytes} a rollout group may take: lower sampling.max_tokens or "
+            "sampling.group_size"
+        )
+    group.routing.CopyFrom(spec)
+    group.prompt_routing = rows[0][:prompt]
+    for c, r in zip(group.completions, own, strict=True):
+        c.routing = r
 
 
 def check_rows(group: rollout_pb2.RolloutGroup) -> None:
