@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import PayloadError
+from asymptote.routing import check_rows
 
 M = TypeVar("M", bound=Message)
 
@@ -48,12 +49,16 @@ GROUP_OVERHEAD_BYTES = 64 * 1024
 template around the prompt, and the message's headers."""
 
 
-def max_group_bytes(group_size: int, max_tokens: int, prompt_bytes: int) -> int:
+def max_group_bytes(group_size: int, max_tokens: int, prompt_bytes: int, routing_bytes_per_token: int = 0) -> int:
     """The most bytes a serialized ``RolloutGroup`` of ``group_size`` completions of at most ``max_tokens``
     tokens can take, for a prompt of ``prompt_bytes`` UTF-8 bytes (its text in the task, and at most one
-    token id of TOKEN_ID_BYTES per byte in prompt_token_ids)."""
-    per_completion = max_tokens * GROUP_BYTES_PER_TOKEN + COMPLETION_OVERHEAD_BYTES
-    return group_size * per_completion + prompt_bytes * (1 + TOKEN_ID_BYTES) + GROUP_OVERHEAD_BYTES
+    token id of TOKEN_ID_BYTES per byte in prompt_token_ids).
+
+    ``routing_bytes_per_token``: an MoE model's routing (``asymptote.routing.bytes_per_token``; 0 without):
+    a row per completion token, and the prompt's rows once for the group."""
+    per_completion = max_tokens * (GROUP_BYTES_PER_TOKEN + routing_bytes_per_token) + COMPLETION_OVERHEAD_BYTES
+    per_prompt_byte = 1 + TOKEN_ID_BYTES + routing_bytes_per_token
+    return group_size * per_completion + prompt_bytes * per_prompt_byte + GROUP_OVERHEAD_BYTES
 
 
 def decode(message_type: type[M], data: bytes) -> M:
@@ -96,7 +101,9 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
     any) that cover its tokens in the loss exactly (an injected token, out
     of the loss, may be uncovered), and a finite reward. A completion that
     continues the episode of the one before it (``continues_episode``) has
-    that one's reward, and the first completion continues none.
+    that one's reward, and the first completion continues none. Routing,
+    when the group carries it, has one row per token of its layout
+    (``asymptote.routing.check_rows``).
 
     ``data``: the bytes ``group`` was parsed from, if at hand. Its
     log-probs are then checked all at once on the wire (see
@@ -143,6 +150,7 @@ def validate_group(group: rollout_pb2.RolloutGroup, data: bytes | None = None) -
                 if span.start == 0 and span.end == n:
                     continue
             _check_spans(c, n, f"group {group_id} completion {i}")
+    check_rows(group)
     if data is not None and logprobs_in_range(group, data, num_logprobs):
         return
     for i, c in enumerate(completions):

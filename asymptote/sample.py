@@ -34,6 +34,9 @@ class Sample:
     """The interruption phrase was appended (its thinking budget ran out)."""
     num_cached_tokens: int = 0
     """Prompt tokens of its (last) request served from the prefix cache."""
+    routing: bytes | None = None
+    """An MoE model with routing replay: the experts each token was routed to (``asymptote.routing``'s rows,
+    the engine's layout), its prompt's tokens then its own but the last; None: not recorded."""
 
     @property
     def truncated(self) -> bool:

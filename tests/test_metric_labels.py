@@ -34,6 +34,7 @@ def test_a_fresh_generator_exports_every_refusal_reason_and_refused_tasks_at_zer
         "poison": 0.0,
         "task_digest": 0.0,
         "no_sequence": 0.0,
+        "routing": 0.0,
     }
 
 

@@ -109,6 +109,10 @@ class BrokerConfig(ServiceSettings):
     """JetStream ack wait on rollout groups; the broker heartbeats held ones well inside it."""
     batch_release_s: float = Field(default=900.0, gt=1.0)
     """A batch handed out and not acked for this long goes back to the queue."""
+    routing_bytes_per_token: int = Field(default=0, ge=0)
+    """Routing each token of a group carries (an MoE model's generators with routing replay: MoE layers x
+    top-k x the ids' bytes, ``asymptote.routing``), counted in the largest group NATS must admit; 0: none
+    (a dense model). ``asymptote up`` sets it from the model."""
 
     @property
     def outstanding_limit(self) -> int:

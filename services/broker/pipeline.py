@@ -166,12 +166,19 @@ class BrokerPipeline:
             # chat template re-rendered repeat their conversation as their own prompts: not counted.
             env = settings.environment
             return MessageSize(
-                max_group_bytes(s.group_size, env.max_episode_tokens, prompt_bytes + env.max_observation_bytes),
+                max_group_bytes(
+                    s.group_size,
+                    env.max_episode_tokens,
+                    prompt_bytes + env.max_observation_bytes,
+                    self.config.routing_bytes_per_token,
+                ),
                 f"a rollout group of {s.group_size} episodes x {env.max_episode_tokens} tokens",
                 "the broker's sampling.group_size or the task's environment.max_episode_tokens",
             )
         return MessageSize(
-            max_group_bytes(s.group_size, s.max_tokens, prompt_bytes + len(system.encode())),
+            max_group_bytes(
+                s.group_size, s.max_tokens, prompt_bytes + len(system.encode()), self.config.routing_bytes_per_token
+            ),
             f"a rollout group of {s.group_size} x {s.max_tokens} tokens",
             "the broker's sampling.group_size or sampling.max_tokens",
         )

@@ -58,6 +58,9 @@ class EngineSettings(Frozen):
     model in memory from staging to the swap. No effect on GPUs (nothing is packed there) or quantized models."""
     seed: int = 0
     """Engine sampling seed."""
+    routing_replay: bool | None = None
+    """Record the experts an MoE model routes every token to, for the learner to replay (R3): vLLM's own
+    capture on GPUs, the generator's on the CPU build. None: on for an MoE model, off for a dense one."""
 
 
 class FanoutSettings(Frozen):

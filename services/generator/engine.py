@@ -17,14 +17,18 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from asymptote.codec import safetensors_files
+from asymptote.contracts.v1 import rollout_pb2
 from asymptote.errors import ConfigError, WeightsError
 from asymptote.faults import failpoint
 from asymptote.lora import LoraSettings
+from asymptote.routing import DTYPES, bytes_per_token, model_layout, moe_layers
 from asymptote.sample import Sample
 from services.generator.config import EngineSettings
 
@@ -110,6 +114,30 @@ def check_platform(s: EngineSettings) -> None:
         raise ConfigError(f"engine.quantization {s.quantization!r}: {exc}") from exc
 
 
+def routing_layout(s: EngineSettings) -> rollout_pb2.RoutingLayout | None:
+    """The routing this engine records (``routing_replay``; None: it records none), checked in one line each:
+    replay asked for a model without routed experts, or an engine split into pipeline stages or (the CPU
+    build's own capture) tensor-parallel ranks."""
+    config_path = s.model_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    spec = model_layout(config)
+    if (s.routing_replay is None and spec is None) or s.routing_replay is False:
+        return None
+    if spec is None:
+        raise ConfigError(
+            f"engine.routing_replay is on, but {s.model_dir} is not a mixture of experts (its config.json names "
+            "no num_experts and num_experts_per_tok): set it false"
+        )
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type == "cpu" and s.tensor_parallel_size != 1:
+        raise ConfigError(
+            f"engine.routing_replay on the CPU build records routing in one worker: engine.tensor_parallel_size "
+            f"{s.tensor_parallel_size} is not 1"
+        )
+    return spec
+
+
 def engine_lora_rank(lora: LoraSettings) -> int:
     """The engine's ``max_lora_rank`` for an adapter of ``lora.rank``: the smallest vLLM accepts that holds
     it (vLLM sizes its slot buffers by it). ConfigError naming lora.rank above vLLM's largest."""
@@ -183,7 +211,18 @@ def engine_args(s: EngineSettings, lora: LoraSettings | None = None) -> Any:
     if s.max_model_len is not None:
         # Left unset, vLLM derives it from the model's config (its field is typed int, defaulting to None).
         args.max_model_len = s.max_model_len
+    if routing_layout(s) is not None and native_capture():
+        # Untested here (docs/testing.md): vLLM's own capture, which needs Model Runner V2 and prefix caching.
+        args.enable_return_routed_experts = True
+        args.enable_prefix_caching = True
     return args
+
+
+def native_capture() -> bool:
+    """Whether routing is vLLM's own capture (a GPU's Model Runner V2), else the worker's (``capture``)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.device_type != "cpu")
 
 
 class Engine:
@@ -201,6 +240,9 @@ class Engine:
         """The folder the workers hold staged (``stage``), until a swap loads it."""
         self._version_changed = asyncio.Condition()
         self.num_running = 0
+        self.routing: rollout_pb2.RoutingLayout | None = None
+        """The routing every sample records (``EngineSettings.routing_replay``); None: none."""
+        self._moe_layers: list[int] = []
 
     async def start(self) -> None:
         """Start vLLM on ``model_dir``'s safetensors weights; WeightsError if it has none.
@@ -211,6 +253,7 @@ class Engine:
         safetensors_files(s.model_dir)  # refused before vLLM is even imported
         check_platform(s)
         check_lora(s, self.lora)
+        routing = routing_layout(s)
 
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -218,6 +261,17 @@ class Engine:
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
+        if routing is not None:
+            self._moe_layers = moe_layers(json.loads((s.model_dir / "config.json").read_text()))
+            if not native_capture():
+                (found,) = await self._llm.collective_rpc("install_routing_capture")
+                if (found["moe_layers"], found["top_k"], found["num_experts"]) != (
+                    self._moe_layers,
+                    routing.top_k,
+                    routing.num_experts,
+                ):
+                    raise ConfigError(f"the engine routes as {found}, {s.model_dir}/config.json says {routing}")
+            self.routing = routing
         log.info("vLLM engine up in %.1fs (model %s)", time.monotonic() - started, s.model_dir)
 
     async def shutdown(self) -> None:
@@ -268,8 +322,9 @@ class Engine:
         # outputs of a parallel request carry only the completions that moved.
         latest: dict[int, Any] = {}
         self.num_running += num_samples
+        request_id = uuid.uuid4().hex
         try:
-            async for out in self._llm.generate(request, params, request_id=uuid.uuid4().hex, lora_request=adapter):
+            async for out in self._llm.generate(request, params, request_id=request_id, lora_request=adapter):
                 prompt_ids = list(out.prompt_token_ids or [])
                 num_cached = int(out.num_cached_tokens or 0)
                 for c in out.outputs:
@@ -290,7 +345,39 @@ class Engine:
                 f"vLLM ended the request early ({', '.join(cut) or 'no finish reason'}): "
                 f"{len(outputs) - len(unfinished)} of {num_samples} completions finished"
             )
-        return prompt_ids, [self._sample(c, num_cached) for c in outputs]
+        samples = [self._sample(c, num_cached) for c in outputs]
+        if self.routing is not None:
+            samples = await self._with_routing(request_id, len(prompt_ids), outputs, samples)
+        return prompt_ids, samples
+
+    async def _with_routing(
+        self, request_id: str, num_prompt: int, outputs: list[Any], samples: list[Sample]
+    ) -> list[Sample]:
+        """``samples`` with the rows of their prompt and completion tokens but the last: vLLM's own
+        (``routed_experts``, every decoder layer: the MoE layers' columns are kept) or the worker's capture."""
+        assert self.routing is not None
+        row_bytes = bytes_per_token(self.routing)
+        if native_capture():
+            taken = {
+                i: np.ascontiguousarray(
+                    c.routed_experts[:, self._moe_layers], dtype=DTYPES[self.routing.dtype]
+                ).tobytes()
+                for i, c in enumerate(outputs)
+                if c.routed_experts is not None
+            }
+        else:
+            (taken,) = await self._llm.collective_rpc("take_routing", kwargs={"request_id": request_id})
+        out = []
+        for i, x in enumerate(samples):
+            rows = taken.get(i)
+            want = num_prompt + len(x.token_ids) - 1
+            if rows is None or len(rows) < want * row_bytes:
+                raise RuntimeError(
+                    f"routing capture returned {0 if rows is None else len(rows) // row_bytes} rows for sample {i}, "
+                    f"its prompt and completion need {want}"
+                )
+            out.append(replace(x, routing=bytes(rows[: want * row_bytes])))
+        return out
 
     def _sample(self, c: Any, num_cached_tokens: int = 0) -> Sample:
         token_ids = list(c.token_ids)

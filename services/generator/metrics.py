@@ -70,6 +70,7 @@ class GeneratorMetrics:
         self.task_errors.labels("poison")
         self.task_errors.labels("task_digest")
         self.task_errors.labels("no_sequence")
+        self.task_errors.labels("routing")
         self.swap_pause_s = Histogram(
             "asymptote_generator_swap_pause_seconds",
             "Generation stalled per swap (scheduler paused to resumed)",

@@ -44,10 +44,11 @@ from asymptote.contracts.v1 import rollout_pb2
 from asymptote.envs import EnvTask
 from asymptote.errors import PayloadError
 from asymptote.jetstream.deadletter import deadletter
-from asymptote.jetstream.names import Names
+from asymptote.jetstream.names import ROLLOUT_MAX_BYTES, Names
 from asymptote.jetstream.pull import durable_puller
 from asymptote.ledger import TRAIN_TASK_PREFIX, Event, Ledger
 from asymptote.messages import decode_task
+from asymptote.routing import attach
 from asymptote.sample import Sample
 from services.generator.engine import Engine
 from services.generator.episode import Episode, EpisodeRunner
@@ -394,6 +395,15 @@ class RolloutLoop:
             num_processed = processed_tokens(prompt_ids if self.episodes is None else None, samples, episodes)
             if task.kind == rollout_pb2.TASK_KIND_TRAIN:
                 group = self._group(task, prompt_ids, completions, samples, started)
+                if self.engine.routing is not None and self.episodes is None:
+                    rows = [x.routing for x in samples]
+                    try:
+                        if any(r is None for r in rows):
+                            raise PayloadError(f"group {task.task_id}: a sample carries no routing")
+                        attach(group, [r for r in rows if r is not None], self.engine.routing, ROLLOUT_MAX_BYTES)
+                    except PayloadError as exc:
+                        await self._refuse(msg, task.task_id, str(exc), "routing")
+                        return
                 payload, subject = group.SerializeToString(), self.names.rollouts
             else:
                 result = self._eval_result(task, samples, rewards, num_tokens)

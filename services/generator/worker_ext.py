@@ -177,6 +177,8 @@ class StagedWeightsExtension:
     _staging: tuple[str, Future[_Staged]] | None = None
     _reader: ThreadPoolExecutor | None = None
     _pinned: dict[str, Any] | None = None
+    _routing: Any = None
+    """The MoE routing capture (``install_routing_capture``), if installed."""
     """Page-locked buffers of the pinned placement, by tensor name, kept from one swap to the next."""
 
     def stage_weights(self, weights_path: str, placement: str = "auto", prepack: bool = False) -> int:
@@ -251,6 +253,18 @@ class StagedWeightsExtension:
             del tensors
             self._retie_lm_head(runner)
         return {**report, "load_s": time.perf_counter() - started}
+
+    def install_routing_capture(self) -> dict[str, Any]:
+        """Record every MoE layer's routing (``services.generator.capture``); returns what it found: the MoE
+        layers, top-k and experts."""
+        from services.generator.capture import RoutingCapture
+
+        capture = self._routing = RoutingCapture(self.model_runner)  # type: ignore[attr-defined]
+        return {"moe_layers": capture.moe_layers, "top_k": capture.top_k, "num_experts": capture.num_experts}
+
+    def take_routing(self, request_id: str) -> dict[int, bytes]:
+        """The recorded rows of the requests the driver submitted as ``request_id``, by sample index."""
+        return self._routing.take(request_id)
 
     @staticmethod
     def _retie_lm_head(runner: Any) -> None:

@@ -374,6 +374,16 @@ class Learner:
                 continue
             header, groups = got
             dups = [g.group_id for g in groups if g.group_id in self.trained_ids]
+            fresh = [g for g in groups if g.group_id not in self.trained_ids]
+            try:
+                minis = self.collate(fresh, header) if fresh else []
+            except PayloadError as exc:
+                # A group the model cannot train on (its routing does not fit): the batch is neither
+                # trained nor acked, as a batch that does not decode; the broker serves its groups again.
+                self.metrics.bad_batches.inc()
+                log.error("refused batch %s: %s", header.batch_id, exc)
+                await wait_or_stop(stop, 1.0)
+                continue
             self.unacked.append(
                 services_pb2.AckedBatch(
                     batch_id=header.batch_id, group_ids=[g.group_id for g in groups], duplicate_group_ids=dups
@@ -385,19 +395,12 @@ class Learner:
                     header.batch_id,
                     len(dups),
                 )
-                groups = [g for g in groups if g.group_id not in self.trained_ids]
-                if not groups:
+                if not fresh:
                     continue
-            for g in groups:
+            for g in fresh:
                 self.trained_ids[g.group_id] = None
             while len(self.trained_ids) > MAX_TRAINED_IDS:
                 self.trained_ids.popitem(last=False)
-            k = c.updates_per_batch
-            minis = (
-                [collate(groups, self.pad_id, header)]
-                if k == 1
-                else collate_mini_batches(groups, self.pad_id, header, k)
-            )
             for i, inputs in enumerate(minis):
                 await self._train_step(inputs, header, waited, first=i == 0, announce=i == len(minis) - 1)
                 waited = 0.0
@@ -411,6 +414,18 @@ class Learner:
             await asyncio.to_thread(self.trainer.release_followers)
             self.done.set()
             await stop.wait()
+
+    def collate(self, groups: list[rollout_pb2.RolloutGroup], header: services_pb2.BatchHeader) -> list[StepInputs]:
+        """The batch's steps (``updates_per_batch`` mini-batches), each checked against the model
+        (``Trainer.check_routing``); PayloadError naming the group that does not fit, before anything trains."""
+        k = self.config.updates_per_batch
+        layout = self.trainer.routing_layout
+        minis = (
+            [collate(groups, self.pad_id, header, layout)]
+            if k == 1
+            else collate_mini_batches(groups, self.pad_id, header, k, layout)
+        )
+        return [self.trainer.check_routing(inputs) for inputs in minis]
 
     async def _train_step(
         self, inputs: StepInputs, header: services_pb2.BatchHeader, waited: float, first: bool, announce: bool

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from asymptote.contracts.v1 import rollout_pb2, services_pb2
+from services.learner.routing import MoeLayout
 from services.learner.trainer import StepInputs, collate
 
 
@@ -30,15 +31,20 @@ def split_groups(groups: Sequence[rollout_pb2.RolloutGroup], k: int) -> list[lis
 
 
 def collate_mini_batches(
-    groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int, header: services_pb2.BatchHeader | None, k: int
+    groups: Sequence[rollout_pb2.RolloutGroup],
+    pad_id: int,
+    header: services_pb2.BatchHeader | None,
+    k: int,
+    routing: MoeLayout | None = None,
 ) -> list[StepInputs]:
-    """One StepInputs per mini-batch; each normalises its advantages and aggregates its loss on its own.
+    """One StepInputs per mini-batch; each normalises its advantages and aggregates its loss on its own
+    (``routing``: as ``collate`` takes it).
 
     The groups the broker dropped to refill the batch (zero_variance: refill) count as taken by the first.
     """
     refilled = header.num_zero_variance if header is not None else 0
     out = []
     for i, part in enumerate(split_groups(groups, k)):
-        inputs = collate(part, pad_id, header)
+        inputs = collate(part, pad_id, header, routing)
         out.append(dataclasses.replace(inputs, num_taken=len(part) + (refilled if i == 0 else 0)))
     return out

@@ -35,6 +35,7 @@ from asymptote.contracts.v1 import rollout_pb2, services_pb2
 from asymptote.errors import ConfigError, ModelError, PayloadError
 from asymptote.faults import failpoint
 from asymptote.lora import LoraSettings
+from asymptote.routing import decode_rows
 from services.learner import adapter, checkpoint
 from services.learner.attention import has_sliding_window, is_packed, use_packed_attention
 from services.learner.checkpoint import Checkpointer, Restored
@@ -49,7 +50,7 @@ from services.learner.losses import (
     policy_loss,
 )
 from services.learner.model import CPU_FP32, PackedBatch, PolicyForward, Precision, fill_from_dir, materialize, pack
-from services.learner.routing import RouterReplay, RouterReport
+from services.learner.routing import MoeLayout, RouterReplay, RouterReport, routing_dtype
 from services.learner.sharding import (
     Parallelism,
     checkpoint_activations,
@@ -60,6 +61,7 @@ from services.learner.sharding import (
     resolve_parallelism,
     shard,
 )
+from services.learner.weights import served_parts, source_keys, stored_layout
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,10 @@ class StepInputs:
 
 
 def collate(
-    groups: Sequence[rollout_pb2.RolloutGroup], pad_id: int, header: services_pb2.BatchHeader | None = None
+    groups: Sequence[rollout_pb2.RolloutGroup],
+    pad_id: int,
+    header: services_pb2.BatchHeader | None = None,
+    routing: MoeLayout | None = None,
 ) -> StepInputs:
     """Lay out a batch of groups; raises PayloadError on inconsistent groups.
 
@@ -105,6 +110,12 @@ def collate(
     ``header``: the broker's for the batch, which says how many groups the
     step took and whether flat groups count in the loss (None: a batch
     assembled here, every group taken, flat ones left out).
+
+    ``routing``: an MoE model's layout (``Trainer.routing_layout``) when its
+    routers replay the generator's routing: every group must carry routing
+    of that layout (``asymptote.routing``), laid out with the tokens
+    (``model.pack``). None: any routing the groups carry is left out.
+    PayloadError names the group whose routing is missing or does not fit.
     """
     if not groups:
         raise PayloadError("empty batch")
@@ -119,11 +130,14 @@ def collate(
     reward_index: list[int] = []
     temperature: list[float] = []
     truncated: list[bool] = []
+    routed: list[torch.Tensor] = []
     for p, g in enumerate(groups):
         num_episodes = _num_episodes(g)
         if num_episodes != group_size:
             raise PayloadError(f"group {g.group_id} has {num_episodes} episodes, the batch has {group_size}")
         rewards.append([c.reward for c in g.completions if not c.continues_episode])
+        if routing is not None:
+            routed.extend(group_routing(g, routing))
         episode = -1
         for c in g.completions:
             n = len(c.token_ids)
@@ -140,7 +154,7 @@ def collate(
             prompt_index.append(p)
             temperature.append(g.task.sampling.temperature or 1.0)
             truncated.append(c.truncated)
-    batch = pack(prompts, completions, pad_id)
+    batch = pack(prompts, completions, pad_id, routing=routed if routing is not None else None)
     width = batch.completion_mask.shape[1]
     return StepInputs(
         batch=batch,
@@ -156,6 +170,26 @@ def collate(
         num_taken=len(groups) if header is None else header.num_groups + header.num_zero_variance,
         keep_zero_variance=header is not None and header.keep_zero_variance,
     )
+
+
+def group_routing(group: rollout_pb2.RolloutGroup, layout: MoeLayout) -> list[torch.Tensor]:
+    """Each completion's recorded routing, [prompt + completion (- 1) tokens, MoE layers, k] in the smallest dtype
+    of the model's experts; PayloadError naming the group for none, or for routing of another layout."""
+    gid = group.group_id
+    rows = decode_rows(group)  # names the group and completion of rows that do not fit their tokens
+    if rows is None:
+        raise PayloadError(
+            f"group {gid} carries no routing, but the model is a mixture of experts and the learner's "
+            "moe.routing_replay is on: the generators must record it (their routing_replay), or set it false"
+        )
+    spec, want = group.routing, (len(layout.moe_layers), layout.top_k, layout.num_experts)
+    if (spec.num_moe_layers, spec.top_k, spec.num_experts) != want:
+        raise PayloadError(
+            f"group {gid}: routing of {spec.num_moe_layers} MoE layers x top-{spec.top_k} of {spec.num_experts} "
+            f"experts, the model has {want[0]} x top-{want[1]} of {want[2]}"
+        )
+    dtype = routing_dtype(layout.num_experts)
+    return [torch.from_numpy(r).to(dtype) for r in rows]
 
 
 def _num_episodes(group: rollout_pb2.RolloutGroup) -> int:
@@ -267,6 +301,8 @@ class Trainer:
         self.model = model
         self.lora = lora
         """The adapter trained in place of the whole model; None: every parameter trains."""
+        self._sources: dict[str, str] | None = None
+        """Served name -> state-dict entry (``_served_sources``)."""
         if lora is not None:
             adapter.add_adapter(model, lora, precision)
         self.moe = moe or MoeSettings()
@@ -326,6 +362,11 @@ class Trainer:
         if coef and self.replay is None:
             raise ConfigError(f"moe.load_balancing_coef is {coef}, but {type(self.model).__name__} has no routers")
         return float(coef)
+
+    @property
+    def routing_layout(self) -> MoeLayout | None:
+        """What ``collate`` takes for this model: its routers' layout while they replay recorded routing, else None."""
+        return self.replay.layout if self.replay is not None and self.moe.routing_replay else None
 
     def check_routing(self, inputs: StepInputs) -> StepInputs:
         """The inputs this model trains on: PayloadError (one line) for an MoE batch without routing while
@@ -523,24 +564,28 @@ class Trainer:
         return TrainingState(weights, optimizer, self.scheduler.state_dict())
 
     def served_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Rank 0: the whole tensors ``names``, one at a time, for ``WeightStore.snapshot_tensors``.
+        """Rank 0: the whole tensors ``names``, one parameter at a time, for ``WeightStore.snapshot_tensors``.
 
-        Under FSDP2 each is gathered as it is asked for (the other ranks join
-        every gather), so no rank holds more than one gathered tensor besides
-        what the caller keeps. KeyError before any gather for a name the model lacks.
+        ``names`` are the served names: the model directory's tensors (an MoE
+        layer's fused experts are served as the stored per-expert tensors,
+        ``weights.stored_layout``, each fused parameter gathered once), or a
+        LoRA adapter's file names. Under FSDP2 each parameter is gathered as it
+        is asked for (the other ranks join every gather), so no rank holds more
+        than one gathered parameter besides what the caller keeps. KeyError
+        before any gather for a name the model lacks.
         """
         state = self.model.state_dict()
-        served = self._served_names()
-        missing = [n for n in names if served.get(n, n) not in state]
-        if missing:
-            raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
+        keys = source_keys(names, self._served_sources(), state)
         if self.sharded:
-            self.dp.broadcast(("weights", list(names)))
-        return self._gathered(list(names), state)
+            self.dp.broadcast(("weights", keys))
+        return self._served(set(names), keys, state)
 
-    def _served_names(self) -> dict[str, str]:
-        """Served name -> state-dict name where they differ: a LoRA's adapter is served under peft's file names."""
-        return {} if self.lora is None else adapter.file_names(self.model)
+    def _served_sources(self) -> dict[str, str]:
+        """Served name -> the state-dict entry it comes from: a LoRA's adapter under peft's file names, else the
+        model directory's tensors (``weights.stored_layout``); computed once, the model's layout never changes."""
+        if self._sources is None:
+            self._sources = adapter.file_names(self.model) if self.lora is not None else stored_layout(self.model)
+        return self._sources
 
     def served_signature(self) -> Signature | None:
         """With a LoRA, what it serves: the adapter's tensors by peft's file names, in float32 (the engine
@@ -548,15 +593,27 @@ class Trainer:
         if self.lora is None:
             return None
         state = self.model.state_dict()
-        return {name: ("float32", tuple(state[key].shape)) for name, key in self._served_names().items()}
+        return {name: ("float32", tuple(state[key].shape)) for name, key in self._served_sources().items()}
+
+    def _served(
+        self, names: set[str], keys: list[str], state: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: each of ``keys`` gathered, then served as those of ``names`` it holds."""
+        if self.lora is not None:
+            served = {key: name for name, key in self._served_sources().items()}
+            for key, tensor in self._gathered(keys, state):
+                yield served.get(key, key), tensor
+            return
+        for key, tensor in self._gathered(keys, state):
+            yield from served_parts(self.model, names, key, tensor)
 
     def _gathered(
-        self, names: list[str], state: dict[str, torch.Tensor] | None = None
+        self, keys: list[str], state: dict[str, torch.Tensor] | None = None
     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """State-dict entries ``keys``, each whole (gathered under FSDP2: every rank calls this alike)."""
         state = self.model.state_dict() if state is None else state
-        served = self._served_names()
-        for name in names:
-            yield name, full_tensor(state[served.get(name, name)].detach())
+        for key in keys:
+            yield key, full_tensor(state[key].detach())
 
     def step(self, inputs: StepInputs, learner_version: int) -> dict[str, float]:
         """One optimizer step on ``inputs`` (rank 0 hands them to the other ranks); returns the step's metrics.

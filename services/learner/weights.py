@@ -3,8 +3,9 @@
 Owns turning the model's parameters into a wire version (the tensors the
 model directory's safetensors hold, under the same Hugging Face names and
 in the same dtypes, so a generator reloads them as a checkpoint of the model
-it serves: a bf16 model gets bf16 updates from the float32 master weights),
-its digest, and keeping the
+it serves: a bf16 model gets bf16 updates from the float32 master weights;
+a parameter stored in other tensors, as a mixture of experts' fused expert
+tensors are stored one per expert, is served as those tensors), its digest, and keeping the
 newest few versions in memory for ``Learner.PullWeights``, with the deltas
 between them (``asymptote.delta``) encoded once each and served to every
 generator that holds the base.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from asymptote.codec import Signature, WireTensor, tensor_num_bytes, version_digest
 from asymptote.delta import delta_frames
 from services.learner.host_buffers import HostBuffers, Segment
-from services.learner.model import TORCH_DTYPES, aliases
+from services.learner.model import TORCH_DTYPES, aliases, stored_name, stored_parts
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,83 @@ def to_wire(tensor: torch.Tensor, dtype: str | None = None, into: Segment | None
     return WireTensor(name, tuple(host.shape), memoryview(raw.numpy()).cast("B"))  # type: ignore[arg-type]
 
 
-def served_signature(model: torch.nn.Module, dtype: str) -> Signature:
-    """The signature ``model`` serves every tensor of in ``dtype`` (a tied weight under its first name)."""
+def stored_layout(model: torch.nn.Module) -> dict[str, str]:
+    """Each stored tensor the model directory holds -> the state-dict entry it is a part of.
+
+    Most are their own entry; a parameter transformers converts on loading
+    (``model.stored_parts``: an MoE layer's ``mlp.experts.gate_up_proj``
+    [experts, 2 x width, hidden]) has one stored tensor per part (each
+    expert's ``gate_proj`` and ``up_proj``). Tied aliases are left out.
+    """
     tied = aliases(model)
-    return {name: (dtype, tuple(t.shape)) for name, t in model.state_dict().items() if name not in tied}
+    out: dict[str, str] = {}
+    for key, tensor in model.state_dict().items():
+        if key not in tied:
+            for part in stored_parts(model, stored_name(key), tuple(tensor.shape)):
+                out[part] = key
+    return out
+
+
+def split_stored(model: torch.nn.Module, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """State-dict entry ``key``'s whole ``tensor`` as the stored tensors it is saved as, by stored name.
+
+    ``{key: tensor}`` for an entry stored as itself; a converted one is split
+    by transformers' own reverse conversion, what ``save_pretrained`` writes.
+    """
+    name = stored_name(key)
+    if set(stored_parts(model, name, tuple(tensor.shape))) == {name}:
+        return {name: tensor}
+    from transformers import PreTrainedModel
+    from transformers.core_model_loading import revert_weight_conversion
+
+    assert isinstance(model, PreTrainedModel), "only a transformers model converts its stored tensors"
+    parts: dict[str, torch.Tensor] = revert_weight_conversion(model, {name: tensor})
+    return parts
+
+
+def source_keys(names: Sequence[str], layout: dict[str, str], state: dict[str, torch.Tensor]) -> list[str]:
+    """The state-dict entries that hold ``names`` (stored names, ``stored_layout``, or state-dict names), each
+    once, in order. KeyError naming what the model holds under neither."""
+    missing = [n for n in names if layout.get(n, n) not in state]
+    if missing:
+        raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
+    return list(dict.fromkeys(layout.get(n, n) for n in names))
+
+
+def served_parts(
+    model: torch.nn.Module, names: set[str], key: str, tensor: torch.Tensor
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Those of ``names`` that state-dict entry ``key``'s whole ``tensor`` holds: itself when asked for by its
+    own name, and its stored parts (``split_stored``)."""
+    if key in names:
+        yield key, tensor
+    for name, part in split_stored(model, key, tensor).items():
+        if name in names and name != key:
+            yield name, part
+
+
+def stored_tensors(model: torch.nn.Module, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of each of ``names`` from a whole model (``source_keys``), each entry split once.
+    KeyError, before anything is split, for a name the model does not hold."""
+    state = model.state_dict()
+    keys = source_keys(names, stored_layout(model), state)
+    wanted = set(names)
+    for key in keys:
+        yield from served_parts(model, wanted, key, state[key].detach())
+
+
+def served_signature(model: torch.nn.Module, dtype: str) -> Signature:
+    """The signature ``model`` serves every tensor of in ``dtype``, in the stored layout (``stored_layout``;
+    a tied weight under its first name)."""
+    tied = aliases(model)
+    out: Signature = {}
+    for key, tensor in model.state_dict().items():
+        if key not in tied:
+            out |= {
+                name: (dtype, shape)
+                for name, shape in stored_parts(model, stored_name(key), tuple(tensor.shape)).items()
+            }
+    return out
 
 
 @dataclass(frozen=True)
@@ -100,12 +174,8 @@ class WeightStore:
         self._encoding: dict[tuple[int, int], threading.Lock] = {}
 
     def snapshot(self, version: int, model: torch.nn.Module) -> Version:
-        """``model``'s weights (whole, in one process) as ``version``."""
-        state = model.state_dict()
-        missing = [n for n in self.names if n not in state]
-        if missing:
-            raise KeyError(f"model has no parameters named {missing[:5]} (the model directory's tensors)")
-        return self.snapshot_tensors(version, ((name, state[name]) for name in self.names))
+        """``model``'s weights (whole, in one process) as ``version``, in the model directory's layout."""
+        return self.snapshot_tensors(version, stored_tensors(model, self.names))
 
     def snapshot_tensors(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Version:
         """``version`` from (name, whole tensor) pairs: ``stage`` then ``publish``."""

@@ -41,6 +41,7 @@ from asymptote.faults import DIR_ENV as FAILPOINT_DIR_ENV
 from asymptote.faults import ENV as FAILPOINTS_ENV
 from asymptote.lifecycle import die_with_parent, interrupt_on_sigterm
 from asymptote.nats_local import free_port, new_password, start_nats
+from asymptote.routing import bytes_per_token, model_layout
 from asymptote.sandbox import Limits, PoolClientSettings, sandbox_sections
 from services.broker.config import BrokerConfig, EvalSettings, SamplingSettings
 from services.fitter.config import FitterConfig
@@ -384,6 +385,7 @@ class LocalStack:
             max_staleness_versions=c.max_staleness_versions,
             zero_variance=c.zero_variance,
             seed=c.seed,
+            routing_bytes_per_token=routing_bytes_per_token(model_dir),
         )
         learner = LearnerConfig(
             nats=nats,
@@ -767,3 +769,11 @@ class LocalStack:
                     flush=True,
                 )
                 return INTERRUPTED
+
+
+def routing_bytes_per_token(model_dir: Path) -> int:
+    """The routing bytes a token of ``model_dir``'s model carries (its generators record routing by default when
+    it is a mixture of experts, ``asymptote.routing.model_layout``); 0 for a dense model."""
+    config = model_dir / "config.json"
+    spec = model_layout(json.loads(config.read_text())) if config.exists() else None
+    return 0 if spec is None else bytes_per_token(spec)

@@ -26,11 +26,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3MoeConfig
 
 from asymptote.errors import ConfigError, PayloadError
-from services.embedded.build import create_test_model_dir
 from services.learner import routing
 from services.learner.attention import use_packed_attention
 from services.learner.config import LossSettings, MoeSettings, OptimizerSettings
-from services.learner.model import PolicyForward, load_model, pack
+from services.learner.model import PolicyForward, pack
 from services.learner.routing import RouterReplay, RouterReport, routing_dtype
 from services.learner.trainer import StepInputs, Trainer, collate
 from tests.helpers.badinput import BAD_INPUTS
@@ -45,13 +44,13 @@ MOE_LAYERS, NUM_EXPERTS, TOP_K = 2, 8, 2
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return create_test_model_dir("qwen3_moe", True, tmp_path_factory.mktemp("moe") / "m", num_layers=3)
+def model_dir(moe_dir: Path) -> Path:
+    return moe_dir  # conftest's tiny Qwen3-MoE
 
 
 @pytest.fixture(scope="module")
-def loaded(model_dir: Path) -> PreTrainedModel:
-    return load_model(model_dir)
+def loaded(moe_loaded: PreTrainedModel) -> PreTrainedModel:
+    return moe_loaded
 
 
 @pytest.fixture

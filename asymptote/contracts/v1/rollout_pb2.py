@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$asymptote/contracts/v1/rollout.proto\x12\x16\x61symptote.contracts.v1\"k\n\x0eSamplingParams\x12\x13\n\x0bnum_samples\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\x82\x03\n\x0eGenerationTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12.\n\x04kind\x18\x02 \x01(\x0e\x32 .asymptote.contracts.v1.TaskKind\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x11\n\tprompt_id\x18\x04 \x01(\t\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x11\n\treference\x18\x06 \x01(\t\x12\x38\n\x08sampling\x18\x07 \x01(\x0b\x32&.asymptote.contracts.v1.SamplingParams\x12\x19\n\x11issued_at_version\x18\x08 \x01(\x04\x12\x15\n\rissued_unix_s\x18\t \x01(\x01\x12\r\n\x05\x65poch\x18\n \x01(\r\x12\x0f\n\x07\x65val_id\x18\x0b \x01(\t\x12\x18\n\x10\x65val_num_prompts\x18\x0c \x01(\r\x12\x17\n\x0frequire_version\x18\r \x01(\x04\x12\x12\n\nledger_seq\x18\x0e \x01(\x04\x12\x13\n\x0btask_digest\x18\x0f \x01(\t\":\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\"\x92\x02\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12:\n\rversion_spans\x18\x03 \x03(\x0b\x32#.asymptote.contracts.v1.VersionSpan\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x11\n\tloss_mask\x18\x08 \x03(\r\x12\x13\n\x0binterrupted\x18\t \x01(\x08\x12\x18\n\x10prompt_token_ids\x18\n \x03(\r\x12\x19\n\x11\x63ontinues_episode\x18\x0b \x01(\x08\"\x9a\x02\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x34\n\x04task\x18\x02 \x01(\x0b\x32&.asymptote.contracts.v1.GenerationTask\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x37\n\x0b\x63ompletions\x18\x04 \x03(\x0b\x32\".asymptote.contracts.v1.Completion\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\x12\x16\n\x0estarted_unix_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x66inished_unix_s\x18\x07 \x01(\x01\x12\x13\n\x0bmin_version\x18\x08 \x01(\x04\x12\x13\n\x0bmax_version\x18\t \x01(\x04\")\n\x15\x43ompletionLogprobRuns\x12\x10\n\x08logprobs\x18\x02 \x03(\x0c\"]\n\x17RolloutGroupLogprobRuns\x12\x42\n\x0b\x63ompletions\x18\x04 \x01(\x0b\x32-.asymptote.contracts.v1.CompletionLogprobRuns\"\xa2\x03\n\nEvalResult\x12\x0f\n\x07\x65val_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\r\x12\x13\n\x0bnum_correct\x18\x05 \x01(\r\x12\x14\n\x0c\x65val_version\x18\x06 \x01(\x04\x12\x13\n\x0bmin_version\x18\x07 \x01(\x04\x12\x13\n\x0bmax_version\x18\x08 \x01(\x04\x12\x18\n\x10\x65val_num_prompts\x18\t \x01(\r\x12\x14\n\x0cgenerator_id\x18\n \x01(\t\x12\x17\n\x0f\x66inished_unix_s\x18\x0b \x01(\x01\x12\x12\n\nnum_tokens\x18\x0c \x01(\r\x12R\n\x11tokens_by_version\x18\r \x03(\x0b\x32\x37.asymptote.contracts.v1.EvalResult.TokensByVersionEntry\x12\x0c\n\x04task\x18\x0e \x01(\t\x1a\x36\n\x14TokensByVersionEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xc2\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10weights_endpoint\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x11\n\tnum_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bnum_tensors\x18\x05 \x01(\r\x12\x18\n\x10published_unix_s\x18\x06 \x01(\x01\x12\x17\n\x0fsamples_trained\x18\x07 \x01(\x04\x12\x0c\n\x04step\x18\x08 \x01(\x04\x12\r\n\x05\x66inal\x18\t \x01(\x08\"d\n\tBestRound\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x12\n\nnum_rounds\x18\x03 \x01(\r\x12\x18\n\x10published_unix_s\x18\x04 \x01(\x01\"\xc4\x02\n\x10\x43omputeTelemetry\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x13\n\x0bnum_devices\x18\x04 \x01(\r\x12\x1c\n\x14\x64\x65vice_seconds_total\x18\x05 \x01(\x01\x12\x1a\n\x12\x62usy_seconds_total\x18\x06 \x01(\x01\x12\x0e\n\x06unix_s\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x04\x12\x18\n\x10num_tokens_total\x18\t \x01(\x04\x12!\n\x19\x65val_device_seconds_total\x18\n \x01(\x01\x12\x13\n\x0b\x66lops_total\x18\x0b \x01(\x01\x12\x18\n\x10\x65val_flops_total\x18\x0c \x01(\x01\x12\x12\n\nnum_params\x18\r \x01(\x04\"\xcd\x03\n\x0f\x43urriculumState\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x04\x12J\n\npass_rates\x18\x03 \x03(\x0b\x32\x36.asymptote.contracts.v1.CurriculumState.PassRatesEntry\x12\x12\n\nnum_issued\x18\x04 \x01(\x04\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x19\n\x11last_eval_version\x18\x06 \x01(\x04\x12\x13\n\x0b\x65val_issued\x18\x07 \x01(\x08\x12\x13\n\x0b\x65poch_order\x18\x08 \x03(\r\x12\x12\n\nledger_seq\x18\t \x01(\x04\x12H\n\tsub_tasks\x18\n \x03(\x0b\x32\x35.asymptote.contracts.v1.CurriculumState.SubTasksEntry\x1a\x30\n\x0ePassRatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1aX\n\rSubTasksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x36\n\x05value\x18\x02 \x01(\x0b\x32\'.asymptote.contracts.v1.CurriculumState:\x02\x38\x01\"\xad\x01\n\x0bLedgerEntry\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x32\n\x05\x65vent\x18\x02 \x01(\x0e\x32#.asymptote.contracts.v1.LedgerEvent\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61tch_id\x18\x05 \x01(\t\x12\x0e\n\x06unix_s\x18\x06 \x01(\x01\x12\x0f\n\x07service\x18\x07 \x01(\t\"C\n\x0bLedgerBatch\x12\x34\n\x07\x65ntries\x18\x01 \x03(\x0b\x32#.asymptote.contracts.v1.LedgerEntry*N\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fTASK_KIND_TRAIN\x10\x01\x12\x12\n\x0eTASK_KIND_EVAL\x10\x02*\xb4\x01\n\x0bLedgerEvent\x12\x1c\n\x18LEDGER_EVENT_UNSPECIFIED\x10\x00\x12\x17\n\x13LEDGER_EVENT_ISSUED\x10\x01\x12\x18\n\x14LEDGER_EVENT_TRAINED\x10\x02\x12\x19\n\x15LEDGER_EVENT_FILTERED\x10\x03\x12\x1d\n\x19LEDGER_EVENT_DEADLETTERED\x10\x04\x12\x1a\n\x16LEDGER_EVENT_DUPLICATE\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$asymptote/contracts/v1/rollout.proto\x12\x16\x61symptote.contracts.v1\"k\n\x0eSamplingParams\x12\x13\n\x0bnum_samples\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\x82\x03\n\x0eGenerationTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12.\n\x04kind\x18\x02 \x01(\x0e\x32 .asymptote.contracts.v1.TaskKind\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x11\n\tprompt_id\x18\x04 \x01(\t\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x11\n\treference\x18\x06 \x01(\t\x12\x38\n\x08sampling\x18\x07 \x01(\x0b\x32&.asymptote.contracts.v1.SamplingParams\x12\x19\n\x11issued_at_version\x18\x08 \x01(\x04\x12\x15\n\rissued_unix_s\x18\t \x01(\x01\x12\r\n\x05\x65poch\x18\n \x01(\r\x12\x0f\n\x07\x65val_id\x18\x0b \x01(\t\x12\x18\n\x10\x65val_num_prompts\x18\x0c \x01(\r\x12\x17\n\x0frequire_version\x18\r \x01(\x04\x12\x12\n\nledger_seq\x18\x0e \x01(\x04\x12\x13\n\x0btask_digest\x18\x0f \x01(\t\":\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\"\xbb\x02\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12:\n\rversion_spans\x18\x03 \x03(\x0b\x32#.asymptote.contracts.v1.VersionSpan\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x11\n\tloss_mask\x18\x08 \x03(\r\x12\x13\n\x0binterrupted\x18\t \x01(\x08\x12\x18\n\x10prompt_token_ids\x18\n \x03(\r\x12\x19\n\x11\x63ontinues_episode\x18\x0b \x01(\x08\x12\x0f\n\x07routing\x18\x0c \x01(\x0c\x12\x16\n\x0eprompt_routing\x18\r \x01(\x0c\"\x80\x01\n\rRoutingLayout\x12\x16\n\x0enum_moe_layers\x18\x01 \x01(\r\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x13\n\x0bnum_experts\x18\x03 \x01(\r\x12\x33\n\x05\x64type\x18\x04 \x01(\x0e\x32$.asymptote.contracts.v1.RoutingDtype\"\xea\x02\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x34\n\x04task\x18\x02 \x01(\x0b\x32&.asymptote.contracts.v1.GenerationTask\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x37\n\x0b\x63ompletions\x18\x04 \x03(\x0b\x32\".asymptote.contracts.v1.Completion\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\x12\x16\n\x0estarted_unix_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x66inished_unix_s\x18\x07 \x01(\x01\x12\x13\n\x0bmin_version\x18\x08 \x01(\x04\x12\x13\n\x0bmax_version\x18\t \x01(\x04\x12\x36\n\x07routing\x18\n \x01(\x0b\x32%.asymptote.contracts.v1.RoutingLayout\x12\x16\n\x0eprompt_routing\x18\x0b \x01(\x0c\")\n\x15\x43ompletionLogprobRuns\x12\x10\n\x08logprobs\x18\x02 \x03(\x0c\"]\n\x17RolloutGroupLogprobRuns\x12\x42\n\x0b\x63ompletions\x18\x04 \x01(\x0b\x32-.asymptote.contracts.v1.CompletionLogprobRuns\"\xa2\x03\n\nEvalResult\x12\x0f\n\x07\x65val_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\r\x12\x13\n\x0bnum_correct\x18\x05 \x01(\r\x12\x14\n\x0c\x65val_version\x18\x06 \x01(\x04\x12\x13\n\x0bmin_version\x18\x07 \x01(\x04\x12\x13\n\x0bmax_version\x18\x08 \x01(\x04\x12\x18\n\x10\x65val_num_prompts\x18\t \x01(\r\x12\x14\n\x0cgenerator_id\x18\n \x01(\t\x12\x17\n\x0f\x66inished_unix_s\x18\x0b \x01(\x01\x12\x12\n\nnum_tokens\x18\x0c \x01(\r\x12R\n\x11tokens_by_version\x18\r \x03(\x0b\x32\x37.asymptote.contracts.v1.EvalResult.TokensByVersionEntry\x12\x0c\n\x04task\x18\x0e \x01(\t\x1a\x36\n\x14TokensByVersionEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xc2\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10weights_endpoint\x18\x02 \x01(\t\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x11\n\tnum_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bnum_tensors\x18\x05 \x01(\r\x12\x18\n\x10published_unix_s\x18\x06 \x01(\x01\x12\x17\n\x0fsamples_trained\x18\x07 \x01(\x04\x12\x0c\n\x04step\x18\x08 \x01(\x04\x12\r\n\x05\x66inal\x18\t \x01(\x08\"d\n\tBestRound\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x11\n\tpass_rate\x18\x02 \x01(\x01\x12\x12\n\nnum_rounds\x18\x03 \x01(\r\x12\x18\n\x10published_unix_s\x18\x04 \x01(\x01\"\xc4\x02\n\x10\x43omputeTelemetry\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x13\n\x0bnum_devices\x18\x04 \x01(\r\x12\x1c\n\x14\x64\x65vice_seconds_total\x18\x05 \x01(\x01\x12\x1a\n\x12\x62usy_seconds_total\x18\x06 \x01(\x01\x12\x0e\n\x06unix_s\x18\x07 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x04\x12\x18\n\x10num_tokens_total\x18\t \x01(\x04\x12!\n\x19\x65val_device_seconds_total\x18\n \x01(\x01\x12\x13\n\x0b\x66lops_total\x18\x0b \x01(\x01\x12\x18\n\x10\x65val_flops_total\x18\x0c \x01(\x01\x12\x12\n\nnum_params\x18\r \x01(\x04\"\xcd\x03\n\x0f\x43urriculumState\x12\r\n\x05\x65poch\x18\x01 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x04\x12J\n\npass_rates\x18\x03 \x03(\x0b\x32\x36.asymptote.contracts.v1.CurriculumState.PassRatesEntry\x12\x12\n\nnum_issued\x18\x04 \x01(\x04\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x19\n\x11last_eval_version\x18\x06 \x01(\x04\x12\x13\n\x0b\x65val_issued\x18\x07 \x01(\x08\x12\x13\n\x0b\x65poch_order\x18\x08 \x03(\r\x12\x12\n\nledger_seq\x18\t \x01(\x04\x12H\n\tsub_tasks\x18\n \x03(\x0b\x32\x35.asymptote.contracts.v1.CurriculumState.SubTasksEntry\x1a\x30\n\x0ePassRatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1aX\n\rSubTasksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x36\n\x05value\x18\x02 \x01(\x0b\x32\'.asymptote.contracts.v1.CurriculumState:\x02\x38\x01\"\xad\x01\n\x0bLedgerEntry\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x32\n\x05\x65vent\x18\x02 \x01(\x0e\x32#.asymptote.contracts.v1.LedgerEvent\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61tch_id\x18\x05 \x01(\t\x12\x0e\n\x06unix_s\x18\x06 \x01(\x01\x12\x0f\n\x07service\x18\x07 \x01(\t\"C\n\x0bLedgerBatch\x12\x34\n\x07\x65ntries\x18\x01 \x03(\x0b\x32#.asymptote.contracts.v1.LedgerEntry*N\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fTASK_KIND_TRAIN\x10\x01\x12\x12\n\x0eTASK_KIND_EVAL\x10\x02*`\n\x0cRoutingDtype\x12\x1d\n\x19ROUTING_DTYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13ROUTING_DTYPE_UINT8\x10\x01\x12\x18\n\x14ROUTING_DTYPE_UINT16\x10\x02*\xb4\x01\n\x0bLedgerEvent\x12\x1c\n\x18LEDGER_EVENT_UNSPECIFIED\x10\x00\x12\x17\n\x13LEDGER_EVENT_ISSUED\x10\x01\x12\x18\n\x14LEDGER_EVENT_TRAINED\x10\x02\x12\x19\n\x15LEDGER_EVENT_FILTERED\x10\x03\x12\x1d\n\x19LEDGER_EVENT_DEADLETTERED\x10\x04\x12\x1a\n\x16LEDGER_EVENT_DUPLICATE\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CURRICULUMSTATE_PASSRATESENTRY']._serialized_options = b'8\001'
   _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._loaded_options = None
   _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKKIND']._serialized_start=3078
-  _globals['_TASKKIND']._serialized_end=3156
-  _globals['_LEDGEREVENT']._serialized_start=3159
-  _globals['_LEDGEREVENT']._serialized_end=3339
+  _globals['_TASKKIND']._serialized_start=3330
+  _globals['_TASKKIND']._serialized_end=3408
+  _globals['_ROUTINGDTYPE']._serialized_start=3410
+  _globals['_ROUTINGDTYPE']._serialized_end=3506
+  _globals['_LEDGEREVENT']._serialized_start=3509
+  _globals['_LEDGEREVENT']._serialized_end=3689
   _globals['_SAMPLINGPARAMS']._serialized_start=64
   _globals['_SAMPLINGPARAMS']._serialized_end=171
   _globals['_GENERATIONTASK']._serialized_start=174
@@ -48,31 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERSIONSPAN']._serialized_start=562
   _globals['_VERSIONSPAN']._serialized_end=620
   _globals['_COMPLETION']._serialized_start=623
-  _globals['_COMPLETION']._serialized_end=897
-  _globals['_ROLLOUTGROUP']._serialized_start=900
-  _globals['_ROLLOUTGROUP']._serialized_end=1182
-  _globals['_COMPLETIONLOGPROBRUNS']._serialized_start=1184
-  _globals['_COMPLETIONLOGPROBRUNS']._serialized_end=1225
-  _globals['_ROLLOUTGROUPLOGPROBRUNS']._serialized_start=1227
-  _globals['_ROLLOUTGROUPLOGPROBRUNS']._serialized_end=1320
-  _globals['_EVALRESULT']._serialized_start=1323
-  _globals['_EVALRESULT']._serialized_end=1741
-  _globals['_EVALRESULT_TOKENSBYVERSIONENTRY']._serialized_start=1687
-  _globals['_EVALRESULT_TOKENSBYVERSIONENTRY']._serialized_end=1741
-  _globals['_POLICYVERSION']._serialized_start=1744
-  _globals['_POLICYVERSION']._serialized_end=1938
-  _globals['_BESTROUND']._serialized_start=1940
-  _globals['_BESTROUND']._serialized_end=2040
-  _globals['_COMPUTETELEMETRY']._serialized_start=2043
-  _globals['_COMPUTETELEMETRY']._serialized_end=2367
-  _globals['_CURRICULUMSTATE']._serialized_start=2370
-  _globals['_CURRICULUMSTATE']._serialized_end=2831
-  _globals['_CURRICULUMSTATE_PASSRATESENTRY']._serialized_start=2693
-  _globals['_CURRICULUMSTATE_PASSRATESENTRY']._serialized_end=2741
-  _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._serialized_start=2743
-  _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._serialized_end=2831
-  _globals['_LEDGERENTRY']._serialized_start=2834
-  _globals['_LEDGERENTRY']._serialized_end=3007
-  _globals['_LEDGERBATCH']._serialized_start=3009
-  _globals['_LEDGERBATCH']._serialized_end=3076
+  _globals['_COMPLETION']._serialized_end=938
+  _globals['_ROUTINGLAYOUT']._serialized_start=941
+  _globals['_ROUTINGLAYOUT']._serialized_end=1069
+  _globals['_ROLLOUTGROUP']._serialized_start=1072
+  _globals['_ROLLOUTGROUP']._serialized_end=1434
+  _globals['_COMPLETIONLOGPROBRUNS']._serialized_start=1436
+  _globals['_COMPLETIONLOGPROBRUNS']._serialized_end=1477
+  _globals['_ROLLOUTGROUPLOGPROBRUNS']._serialized_start=1479
+  _globals['_ROLLOUTGROUPLOGPROBRUNS']._serialized_end=1572
+  _globals['_EVALRESULT']._serialized_start=1575
+  _globals['_EVALRESULT']._serialized_end=1993
+  _globals['_EVALRESULT_TOKENSBYVERSIONENTRY']._serialized_start=1939
+  _globals['_EVALRESULT_TOKENSBYVERSIONENTRY']._serialized_end=1993
+  _globals['_POLICYVERSION']._serialized_start=1996
+  _globals['_POLICYVERSION']._serialized_end=2190
+  _globals['_BESTROUND']._serialized_start=2192
+  _globals['_BESTROUND']._serialized_end=2292
+  _globals['_COMPUTETELEMETRY']._serialized_start=2295
+  _globals['_COMPUTETELEMETRY']._serialized_end=2619
+  _globals['_CURRICULUMSTATE']._serialized_start=2622
+  _globals['_CURRICULUMSTATE']._serialized_end=3083
+  _globals['_CURRICULUMSTATE_PASSRATESENTRY']._serialized_start=2945
+  _globals['_CURRICULUMSTATE_PASSRATESENTRY']._serialized_end=2993
+  _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._serialized_start=2995
+  _globals['_CURRICULUMSTATE_SUBTASKSENTRY']._serialized_end=3083
+  _globals['_LEDGERENTRY']._serialized_start=3086
+  _globals['_LEDGERENTRY']._serialized_end=3259
+  _globals['_LEDGERBATCH']._serialized_start=3261
+  _globals['_LEDGERBATCH']._serialized_end=3328
 # @@protoc_insertion_point(module_scope)

@@ -13,6 +13,12 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_TRAIN: _ClassVar[TaskKind]
     TASK_KIND_EVAL: _ClassVar[TaskKind]
 
+class RoutingDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUTING_DTYPE_UNSPECIFIED: _ClassVar[RoutingDtype]
+    ROUTING_DTYPE_UINT8: _ClassVar[RoutingDtype]
+    ROUTING_DTYPE_UINT16: _ClassVar[RoutingDtype]
+
 class LedgerEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LEDGER_EVENT_UNSPECIFIED: _ClassVar[LedgerEvent]
@@ -24,6 +30,9 @@ class LedgerEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_TRAIN: TaskKind
 TASK_KIND_EVAL: TaskKind
+ROUTING_DTYPE_UNSPECIFIED: RoutingDtype
+ROUTING_DTYPE_UINT8: RoutingDtype
+ROUTING_DTYPE_UINT16: RoutingDtype
 LEDGER_EVENT_UNSPECIFIED: LedgerEvent
 LEDGER_EVENT_ISSUED: LedgerEvent
 LEDGER_EVENT_TRAINED: LedgerEvent
@@ -90,7 +99,7 @@ class VersionSpan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask", "interrupted", "prompt_token_ids", "continues_episode")
+    __slots__ = ("token_ids", "logprobs", "version_spans", "reward", "truncated", "finish_reason", "text", "loss_mask", "interrupted", "prompt_token_ids", "continues_episode", "routing", "prompt_routing")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +111,8 @@ class Completion(_message.Message):
     INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONTINUES_EPISODE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ROUTING_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
@@ -113,10 +124,24 @@ class Completion(_message.Message):
     interrupted: bool
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     continues_episode: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., interrupted: _Optional[bool] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., continues_episode: _Optional[bool] = ...) -> None: ...
+    routing: bytes
+    prompt_routing: bytes
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., loss_mask: _Optional[_Iterable[int]] = ..., interrupted: _Optional[bool] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., continues_episode: _Optional[bool] = ..., routing: _Optional[bytes] = ..., prompt_routing: _Optional[bytes] = ...) -> None: ...
+
+class RoutingLayout(_message.Message):
+    __slots__ = ("num_moe_layers", "top_k", "num_experts", "dtype")
+    NUM_MOE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    num_moe_layers: int
+    top_k: int
+    num_experts: int
+    dtype: RoutingDtype
+    def __init__(self, num_moe_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., num_experts: _Optional[int] = ..., dtype: _Optional[_Union[RoutingDtype, str]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
-    __slots__ = ("group_id", "task", "prompt_token_ids", "completions", "generator_id", "started_unix_s", "finished_unix_s", "min_version", "max_version")
+    __slots__ = ("group_id", "task", "prompt_token_ids", "completions", "generator_id", "started_unix_s", "finished_unix_s", "min_version", "max_version", "routing", "prompt_routing")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +151,8 @@ class RolloutGroup(_message.Message):
     FINISHED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ROUTING_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     task: GenerationTask
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -135,7 +162,9 @@ class RolloutGroup(_message.Message):
     finished_unix_s: float
     min_version: int
     max_version: int
-    def __init__(self, group_id: _Optional[str] = ..., task: _Optional[_Union[GenerationTask, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., generator_id: _Optional[str] = ..., started_unix_s: _Optional[float] = ..., finished_unix_s: _Optional[float] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
+    routing: RoutingLayout
+    prompt_routing: bytes
+    def __init__(self, group_id: _Optional[str] = ..., task: _Optional[_Union[GenerationTask, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., generator_id: _Optional[str] = ..., started_unix_s: _Optional[float] = ..., finished_unix_s: _Optional[float] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., routing: _Optional[_Union[RoutingLayout, _Mapping]] = ..., prompt_routing: _Optional[bytes] = ...) -> None: ...
 
 class CompletionLogprobRuns(_message.Message):
     __slots__ = ("logprobs",)
