@@ -8,7 +8,10 @@ import pytest
 
 from asymptote.codec import Signature
 from asymptote.lora import LoraSettings
+from benchmarks.lora_memory import memory_figure, planned_peak
 from benchmarks.lora_swap import bytes_figures, pause_figure
+from services.learner.activations import ModelShape, activation_bytes
+from services.learner.memory import adapter_parameters
 
 BASE: Signature = {
     "model.embed_tokens.weight": ("float32", (32, 8)),
@@ -44,3 +47,49 @@ def test_the_adapters_pause_is_held_to_the_whole_weight_swaps() -> None:
     assert (figure.value, figure.ratio, figure.met) == (0.02, pytest.approx(0.4), True)
     assert "3-5 sequences in flight" in figure.measured
     assert pause_figure(full, adapter, 32, "prepacked", "prepacked").met is False  # 2.5x
+
+
+def test_the_planned_cpu_peak_is_the_planners_held_items_and_the_cpu_learners_activations() -> None:
+    shape = ModelShape.from_config(
+        {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "vocab_size": 96,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+        }
+    )
+    lora = LoraSettings(rank=4)
+    trained = adapter_parameters(shape, lora)
+    acts = activation_bytes(
+        shape,
+        tokens=8 * 40,
+        width_tokens=40,
+        completion_positions=150,
+        compute_bytes=4,
+        attention="eager",
+        fsdp=False,
+        checkpointing=False,
+    )
+    adapted = planned_peak(shape, lora, rows=8, width=40, completions=150)
+    # A float32 base (no gradients, no AdamW) and 16 bytes an adapter parameter; no CUDA reserve on the CPU.
+    assert adapted["held"] == 4 * shape.num_parameters + 16 * trained
+    assert adapted["training"] == acts.peak and adapted["stepping"] == 4 * trained
+    assert adapted["peak"] == adapted["held"] + acts.peak
+    full = planned_peak(shape, None, rows=8, width=40, completions=150)
+    assert full["held"] == 16 * shape.num_parameters and full["training"] == acts.peak
+
+
+def test_the_memory_verdict_holds_the_plan_within_20_percent_of_the_measured_peak() -> None:
+    planned = {"held": 600, "training": 400, "stepping": 10, "peak": 1_000}
+    measured = {"rows": 8, "width": 40}
+
+    def figure(peak: int) -> Any:
+        return memory_figure("f", "a step", {**measured, "peak_tensor_bytes": peak}, planned)
+
+    assert figure(900).ratio == pytest.approx(1_000 / 900) and figure(900).met
+    assert figure(1_240).met and not figure(1_260).met  # planned 0.79x the measured: under by too much
+    assert not figure(800).met  # planned 1.25x: over by too much
