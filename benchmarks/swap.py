@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from asymptote.codec import read_signature, signature_num_bytes
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.lora import LoraSettings
 from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target
@@ -157,7 +158,12 @@ class RecordingEngine:
         return report
 
 
-async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool = True) -> dict[str, Any]:
+async def measure(
+    model_dir: Path, staging_root: Path, swaps: int, prepack: bool = True, lora: LoraSettings | None = None
+) -> dict[str, Any]:
+    """``swaps`` swaps under generation load, each a version the learner's weight server holds; with ``lora``
+    a LoRA run's, every version an adapter loaded in place (a first one loaded before the measured swaps, as
+    the engine samples nothing without one)."""
     import psutil
 
     from services.generator.config import EngineSettings
@@ -168,15 +174,18 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool
     port = free_port()
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    server = context.Process(target=serve_weights, args=(model_dir, port, child, swaps), daemon=True)
+    first = 1 if lora is None else 2
+    versions = swaps + first - 1
+    server = context.Process(target=serve_weights, args=(model_dir, port, child, versions, lora), daemon=True)
     server.start()
     engine = Engine(
-        EngineSettings(model_dir=model_dir, max_num_seqs=16, kv_cache_memory_bytes=64 << 20, swap_prepack=prepack)
+        EngineSettings(model_dir=model_dir, max_num_seqs=16, kv_cache_memory_bytes=64 << 20, swap_prepack=prepack),
+        lora,
     )
     try:
         if not await asyncio.to_thread(wait_for_server, parent, server, 300.0):
             raise RuntimeError(f"the weight server did not start within 300 s (exit code {server.exitcode})")
-        digests: list[str] = parent.recv()[0]
+        digests, version_bytes = parent.recv()
         await engine.start()
         me = psutil.Process()
 
@@ -186,7 +195,15 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool
         metrics = GeneratorMetrics()
         staging = staging_root / "staged"
         target = RecordingEngine(engine)
-        swapper = Swapper(target, GrpcWeightSource(), model_dir, staging, "inflight", metrics)
+        swapper = Swapper(target, GrpcWeightSource(), model_dir, staging, "inflight", metrics, lora=lora)
+
+        async def update(version: int) -> None:
+            policy = rollout_pb2.PolicyVersion(
+                version=version, weights_endpoint=f"127.0.0.1:{port}", digest=digests[version - 1]
+            )
+            if not await swapper.update(policy):
+                raise RuntimeError(f"version {version} was refused: {swapper.refused.get(version)}")
+
         stop_load = asyncio.Event()
 
         async def load() -> None:  # sequences in flight at every swap
@@ -195,17 +212,17 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool
                 await engine.sample("12+34=", 4, 1.0, 1.0, 48, seed=i)
                 i += 1
 
+        if lora is not None:
+            await update(1)
         await engine.sample("1+1=", 1, 1.0, 1.0, 4, seed=0)  # warm
         sampler = MemorySampler(generator_pids, staging)
         sampler.start()
         loader = asyncio.create_task(load())
         pulls, pauses, loads, peaks = [], [], [], []
         try:
-            for version, digest in enumerate(digests, start=1):
+            for version in range(first, versions + 1):
                 before, loaded = metrics.swap_pull_s._sum.get(), metrics.swap_load_s._sum.get()
-                policy = rollout_pb2.PolicyVersion(version=version, weights_endpoint=f"127.0.0.1:{port}", digest=digest)
-                if not await swapper.update(policy):
-                    raise RuntimeError(f"version {version} was refused: {swapper.refused.get(version)}")
+                await update(version)
                 pulls.append(metrics.swap_pull_s._sum.get() - before)
                 pauses.append(metrics.swap_last_pause_s._value.get())
                 loads.append(metrics.swap_load_s._sum.get() - loaded)
@@ -218,6 +235,9 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool
         reads = [read_file(file) for _ in range(5)]
         return {
             "model_bytes": signature_num_bytes(read_signature(model_dir)),
+            "version_bytes": version_bytes,
+            "adapter_versions_loaded": metrics.adapter_versions._value.get(),
+            "carried": [r.num_running for r in target.reports[first - 1 :]],
             "peak_extra_bytes": sampler.peak,
             "peak_staged_bytes": sampler.peak_staged,
             "peak_after_each_swap": peaks,
@@ -227,9 +247,9 @@ async def measure(model_dir: Path, staging_root: Path, swaps: int, prepack: bool
             "pull_s": pulls,
             "pause_s": pauses,
             "load_s": loads,
-            "staged_s": [r.staged_s for r in target.reports],
-            "prepare_s": [r.prepare_s for r in target.reports],
-            "prepacked": [r.prepacked for r in target.reports],
+            "staged_s": [r.staged_s for r in target.reports[first - 1 :]],
+            "prepare_s": [r.prepare_s for r in target.reports[first - 1 :]],
+            "prepacked": [r.prepacked for r in target.reports[first - 1 :]],
             "read_s": reads,
             "file_bytes": file.stat().st_size,
         }

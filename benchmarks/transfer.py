@@ -65,6 +65,7 @@ from asymptote.codec import (
 )
 from asymptote.config import ListenSettings
 from asymptote.errors import WeightsError
+from asymptote.lora import LoraSettings
 from asymptote.nats_local import free_port
 from asymptote.tasks import ALPHABET
 from benchmarks.figure import Figure, Target, write_and_print
@@ -173,13 +174,43 @@ def file_tensors(model_dir: Path) -> dict[str, WireTensor]:
     return tensor_views(buffer[: signature_num_bytes(signature)], signature)
 
 
-def serve_weights(model_dir: Path, port: int, conn: Connection, versions: int = 1) -> None:
+def adapter_versions(model_dir: Path, lora: LoraSettings, versions: int) -> tuple[Signature, list[list[Any]]]:
+    """``versions`` adapters as a LoRA learner serves them over the base in ``model_dir`` (the ``Trainer``'s
+    own ``served_tensors``), with their signature: the first a nonzero adapter, each after it a step away
+    from the one before in every tensor."""
+    import torch
+
+    from services.learner.config import LossSettings, OptimizerSettings
+    from services.learner.model import empty_model
+    from services.learner.trainer import Trainer
+
+    trainer = Trainer(empty_model(model_dir), LossSettings(), OptimizerSettings(), lora=lora, packing=False)
+    trainer.start(model_dir)
+    signature = trainer.served_signature()
+    assert signature is not None
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+    adapters = []
+    for version in range(versions):
+        with torch.no_grad():  # B starts at zero: the first version is made nonzero, as after some steps
+            for p in trained:
+                p.add_(torch.randn(p.shape, generator=generator) * (1e-2 if version == 0 else 1e-4))
+        adapters.append([(name, t.clone()) for name, t in trainer.served_tensors(list(signature))])
+    trainer.close()
+    return signature, adapters
+
+
+def serve_weights(
+    model_dir: Path, port: int, conn: Connection, versions: int = 1, lora: LoraSettings | None = None
+) -> None:
     """The learner's weight server in a child process: snapshot, serve, report, wait for the word to stop.
 
     Holds versions 1..``versions``; each after the first differs from the one
     before in every tensor, as after an optimizer step. Sends the versions'
     digests and the bytes of one version once it serves. A synthetic
     version (``create_synthetic_dir``) is served as its file holds it, once.
+    With ``lora`` each version is the adapter a LoRA learner (the ``Trainer``
+    over the base in ``model_dir``) serves, nonzero from the first.
     """
     import torch
     from transformers.utils.logging import disable_progress_bar
@@ -196,7 +227,11 @@ def serve_weights(model_dir: Path, port: int, conn: Connection, versions: int = 
     async def run() -> None:
         store = WeightStore(read_signature(model_dir), keep=versions)
         served = []
-        if is_synthetic(model_dir):
+        if lora is not None:
+            signature, adapters = adapter_versions(model_dir, lora, versions)
+            store = WeightStore(signature, keep=versions)
+            served = [store.snapshot_tensors(version, tensors) for version, tensors in enumerate(adapters, start=1)]
+        elif is_synthetic(model_dir):
             tensors = file_tensors(model_dir)
             served.append(store.put(Version(1, tensors, version_digest(tensors))))
         else:
