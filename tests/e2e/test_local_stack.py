@@ -104,7 +104,7 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
     with launch(
         max_steps=MAX_STEPS,
         eval_every_versions=5,
-        services={"broker": {"eval": {"num_prompts": EVAL_PROMPTS}}},  # rounds of 64 of the 200 held-out
+        eval_num_prompts=EVAL_PROMPTS,  # rounds of 64 of the 200 held-out
         checkpoint_every_steps=5,
         learner_ranks=2,
     ) as (stack, progress):

@@ -173,7 +173,7 @@ def small_run(tmp_path: Path) -> Path:
     path = tmp_path / "up.yaml"
     path.write_text(
         f"workload: arithmetic\nmax_steps: {STOPPED_RUN_STEPS}\neval_every_versions: {EVAL_EVERY}\n"
-        "eval_num_samples: 1\npin_cores: false\nservices:\n  broker:\n    eval: {num_prompts: 32}\n"
+        "eval_num_samples: 1\neval_num_prompts: 32\npin_cores: false\n"
     )
     return path
 
