@@ -71,6 +71,14 @@ class Point:
     device_seconds: float | None = None
     """Device-seconds held by then (token-weighted as ``compute``): the run's cost, not its axis; None in
     rows written before the FLOPs axis."""
+    prompt_ids: list[str] | None = None
+    """The round's held-out prompts, sorted: the order of ``correct`` and ``samples``. None in rows written
+    before per-prompt counts."""
+    correct: list[int] | None = None
+    """Correct completions of each prompt (``prompt_ids``' order): what a paired bootstrap over prompts
+    resamples, so two runs evaluated on the same prompts compare prompt by prompt."""
+    samples: list[int] | None = None
+    """Completions sampled of each prompt (``prompt_ids``' order); ``num_samples`` is their sum."""
 
     def row(self) -> dict[str, Any]:
         """The point as a line of ``eval.jsonl`` (without ``task`` in a single-task run)."""
@@ -239,7 +247,8 @@ class Collector:
             return None
         del self._rounds[result.eval_id]
         self._done.add(version)
-        rs = list(rnd.results.values())
+        # Sorted by prompt id, not by arrival: the per-prompt lists line up across rounds and runs.
+        rs = sorted(rnd.results.values(), key=lambda r: r.prompt_id)
         finished = min(r.finished_unix_s for r in rs)
         tokens: dict[int, int] = {}
         for r in rs:
@@ -265,6 +274,9 @@ class Collector:
             max_version=max(int(r.max_version) for r in rs),
             unix_s=time.time(),
             task=self.task,
+            prompt_ids=[r.prompt_id for r in rs],
+            correct=[int(r.num_correct) for r in rs],
+            samples=[int(r.num_samples) for r in rs],
         )
         self.points.append(point)
         self.points.sort(key=lambda p: p.policy_version)

@@ -29,7 +29,7 @@ from asymptote.config import ListenSettings
 from asymptote.contracts.v1 import rollout_pb2, services_pb2, services_pb2_grpc
 from asymptote.health import Health
 from asymptote.rpc import start_server
-from services.fitter.collector import Collector, Point
+from services.fitter.collector import Collector, Point, load_points
 from services.fitter.compute_axis import ComputeAxis
 from services.fitter.curve import CurveFitSettings, predict
 from services.fitter.holdout import project_from_half
@@ -332,6 +332,28 @@ async def test_an_eval_round_sits_at_the_compute_of_the_versions_that_sampled_it
     row = json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[-1])
     assert (row["policy_version"], row["min_version"], row["max_version"]) == (10, 16, 18)
     assert row["compute"] == pytest.approx(87.0)
+
+
+async def test_an_eval_row_keeps_each_prompts_counts_in_prompt_order(fitter: Fitter, tmp_path: Path) -> None:
+    """Results that arrive out of order land in eval.jsonl sorted by prompt id, each prompt's correct and
+    sampled counts beside it, and a restarted fitter reads them back: what a paired bootstrap pairs on."""
+    _, _, collector = fitter
+    results = eval_round(0, 0.3, num_prompts=3)  # 90 correct of 300: 30 per prompt
+    results[0].prompt_id, results[1].prompt_id, results[2].prompt_id = "q-b", "q-c", "q-a"
+    results[0].num_correct, results[1].num_correct, results[2].num_correct = 7, 41, 42
+    results[2].num_samples = 60
+    for result in (results[1], results[2]):
+        assert collector.add_result(result) is None
+    point = collector.add_result(results[0])
+    assert point is not None
+    assert point.prompt_ids == ["q-a", "q-b", "q-c"]
+    assert point.correct == [42, 7, 41]
+    assert point.samples == [60, 100, 100]
+    assert point.num_samples == 260
+    row = json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[-1])
+    assert (row["prompt_ids"], row["correct"], row["samples"]) == (["q-a", "q-b", "q-c"], [42, 7, 41], [60, 100, 100])
+    (reloaded,) = load_points(tmp_path / "eval.jsonl")
+    assert reloaded == point
 
 
 def _scrape(registry: CollectorRegistry) -> dict[str, float]:
