@@ -1,6 +1,7 @@
 """A CPU engine's next version, built beside the live model while it generates (runs inside vLLM's worker).
 
-Owns ``prepare`` and ``Prepared.apply``, and finding a tied LM head. vLLM's
+Owns ``prepare`` and ``Prepared.apply``, finding a tied LM head, and packing
+a reloaded MoE layer's experts (``repack_experts``). vLLM's
 CPU build keeps each linear layer's weight only as a oneDNN (or SGL) handle
 packed from it, so loading a version is not a copy: the in-place layerwise
 reload materialises each layer, loads it, packs a new handle and frees the
@@ -52,6 +53,42 @@ def tied_head(model: Any) -> tuple[Any, Any]:
             f"{type(model).__name__} has {len(embeds)} embeddings and {len(heads)} heads"
         )
     return heads[0], embeds[0]
+
+
+EXPERT_WEIGHTS = ("w13_weight", "w2_weight")
+"""An MoE layer's expert tensors, [experts, 2 x intermediate, hidden] and [experts, hidden, intermediate], that
+vLLM's CPU kernels keep packed."""
+
+
+def repack_experts(layer: Any) -> bool:
+    """Pack a reloaded MoE layer's expert weights into its CPU kernel's layout; whether ``layer`` had any.
+
+    vLLM's unquantized MoE method packs ``w13_weight`` and ``w2_weight`` into
+    the CPU kernels' grouped-GEMM layout only the first time it processes a
+    layer: ``UnquantizedFusedMoEMethod._setup_kernel`` calls the experts'
+    ``process_weights_after_loading`` (the packing) only while the layer has
+    no kernel, and on a reload, with the kernel built, copies the new
+    weights in as the checkpoint lays them out. The kernel reads them as
+    packed, so every MoE layer after a reload computes with neither
+    version's experts. This runs the packing the reload skipped, writing
+    into the tensors the layer held where their shape allows (a kernel that
+    pads the intermediate size makes new ones), and does nothing to a layer
+    whose experts pack nothing (zentorch's, a GPU's) or to any other module.
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if not isinstance(experts, CPUUnquantizedExperts):
+        return False
+    held = {name: getattr(layer, name) for name in EXPERT_WEIGHTS}
+    experts.process_weights_after_loading(layer)
+    for name, old in held.items():
+        new = getattr(layer, name)
+        if new is not old and new.shape == old.shape and new.dtype == old.dtype:
+            old.data.copy_(new.data)
+            setattr(layer, name, old)
+    return True
 
 
 def _twin(module: Any, twins: dict[int, Any]) -> Any:
@@ -139,7 +176,7 @@ def prepare(model: Any, model_config: Any, weights: Iterable[tuple[str, Any]]) -
     Reloads the modules vLLM recorded parameters of at load time, except
     attention layers (their post-load step only resets unquantized KV scales)
     and a tied head, which is re-pointed at the twin's new embedding and
-    packed from it.
+    packed from it; MoE layers' experts are packed after (``repack_experts``).
     """
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
@@ -204,6 +241,8 @@ def _reload_into_twin(
     if unloaded:
         raise RuntimeError(f"the version has no weights for {len(unloaded)} layers: {', '.join(unloaded[:5])}")
     finalize_layerwise_reload(root, model_config)
+    for _, twin in reloaded:
+        repack_experts(twin)
     if tie is not None:
         head, embed = tie
         twin_head = twins[id(head)]

@@ -6,10 +6,12 @@ part that must be atomic, and keeping tied LM heads tied across reloads:
 reads it from, on a thread while generation continues, and
 ``apply_staged_weights`` (called with the scheduler paused) loads those
 tensors through vLLM's in-place layerwise reload, which repacks CPU
-kernels' weights the way loading from disk does. On the CPU that repacking
-is most of the load, so a CPU engine (``EngineSettings.swap_prepack``)
-runs the reload while staging, into a twin of the model
-(``services.generator.prepack``), and the pause only hands it over.
+kernels' weights the way loading from disk does (MoE experts but for the
+packing ``services.generator.prepack.repack_experts`` adds after it). On
+the CPU that repacking is most of the load, so a CPU engine
+(``EngineSettings.swap_prepack``) runs the reload while staging, into a
+twin of the model (``services.generator.prepack``), and the pause only
+hands it over.
 Safetensors only: no pickle ever reaches the worker.
 
 Where a version waits (``EngineSettings.swap_staging``):
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.generator.prepack import Prepared, prepare, tied_head
+from services.generator.prepack import Prepared, prepare, repack_experts, tied_head
 
 PLACEMENTS = ("mapped", "pinned", "device")
 """Where a staged version can wait; see the module docstring."""
@@ -251,6 +253,8 @@ class StagedWeightsExtension:
         with _returning_freed_memory(sum(t.numel() * t.element_size() for t in tensors.values())):
             runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
             del tensors
+            for module in runner.get_model().modules():
+                repack_experts(module)
             self._retie_lm_head(runner)
         return {**report, "load_s": time.perf_counter() - started}
 

@@ -9,13 +9,11 @@ the top-k of a transformers forward on the same tokens, wherever the
 router's k-th and next logits are not a near tie; a second request for a
 prompt longer than a KV block reuses the cached block and still gets its
 rows (the rows its KV was computed with); and across a swap mid-sequence
-the rows before the switch are version 0's and the first MoE layer's rows
-after it those of version 1's router over version 0's KV, as the engine
-computed them. The deeper MoE layer after the swap is not compared: the
-CPU engine's experts after an in-flight reload are not version 1's (its
-log-probs after the switch are several nats from version 1's over version
-0's KV, and from version 1's routers over version 0's experts), a fault of
-the expert weights' swap, not of the capture.
+the rows before the switch are version 0's and those after it, in every
+MoE layer, version 1's over version 0's KV, as the engine computed them.
+Each layer's routing after the swap depends on the experts of the MoE
+layers below it, and the log-probs after it on every layer's, so the swap
+of the experts' packed weights is checked here too.
 """
 
 from __future__ import annotations
@@ -48,6 +46,8 @@ pytestmark = [pytest.mark.vllm]
 MOE_LAYERS, TOP_K = 2, 2
 TIE = 1e-4
 """A router's k-th and (k+1)-th logits closer than this may order either way between two float32 kernels."""
+LOGPROB_ATOL = 1e-3
+"""A sampled token's log-prob in the float32 engine against transformers' (their kernels sum in different orders)."""
 BLOCK_TOKENS = 128
 """vLLM's CPU KV block."""
 
@@ -121,11 +121,24 @@ def gates(model: PreTrainedModel) -> Iterator[list[list[torch.Tensor]]]:
             h.remove()
 
 
-def reference(model: PreTrainedModel, ids: list[int], cache: Any = None) -> tuple[torch.Tensor, Any]:
-    """[tokens, MoE layers, experts] router logits of ``ids`` (after ``cache``'s tokens), and the KV cache."""
+@dataclass
+class Forward:
+    """What a transformers forward of some tokens computed."""
+
+    router_logits: torch.Tensor
+    """[tokens, MoE layers, experts]."""
+    logprobs: torch.Tensor
+    """[tokens, vocabulary]: each position's log-softmax over the next token."""
+    cache: Any
+    """The KV cache, these tokens' included."""
+
+
+def reference(model: PreTrainedModel, ids: list[int], cache: Any = None) -> Forward:
+    """The forward of ``ids`` (after ``cache``'s tokens)."""
     with gates(model) as seen, torch.no_grad():
         out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    return torch.stack([torch.cat(s) for s in seen], dim=1), out.past_key_values
+    logprobs = out.logits[0].float().log_softmax(-1)
+    return Forward(torch.stack([torch.cat(s) for s in seen], dim=1), logprobs, out.past_key_values)
 
 
 def assert_top_k(rows: np.ndarray, logits: torch.Tensor) -> None:
@@ -148,8 +161,7 @@ async def test_routing_has_its_shape_and_dtype_and_is_the_routers_top_k(engine: 
     for s in samples:
         assert s.routing is not None and len(s.routing) == (len(prompt_ids) + len(s.token_ids) - 1) * 4
         rows = rows_of(s)
-        logits, _ = reference(models.v0_model, prompt_ids + s.token_ids[:-1])
-        assert_top_k(rows, logits)
+        assert_top_k(rows, reference(models.v0_model, prompt_ids + s.token_ids[:-1]).router_logits)
     # The prompt's rows are the group's: every sample has the same.
     assert all(np.array_equal(rows_of(s)[: len(prompt_ids)], rows_of(samples[0])[: len(prompt_ids)]) for s in samples)
 
@@ -159,8 +171,7 @@ async def test_prompt_tokens_served_from_the_prefix_cache_get_their_rows(engine:
     _, (first,) = await engine.sample(prompt, 1, 1.0, 1.0, 4, seed=4)
     _, (again,) = await engine.sample(prompt, 1, 1.0, 1.0, 4, seed=5)
     assert again.num_cached_tokens >= BLOCK_TOKENS, "the second request reused the cached block"
-    logits, _ = reference(models.v0_model, prompt + again.token_ids[:-1])
-    assert_top_k(rows_of(again), logits)
+    assert_top_k(rows_of(again), reference(models.v0_model, prompt + again.token_ids[:-1]).router_logits)
     assert np.array_equal(rows_of(again)[: len(prompt)], rows_of(first)[: len(prompt)])
 
 
@@ -182,12 +193,33 @@ async def test_rows_across_a_swap_mid_sequence_come_from_the_versions_that_compu
         assert (v_a, v_b) == (0, 1) and 0 < switch < len(s.token_ids)
         ids = prompt_ids + s.token_ids[:-1]
         cut = len(prompt_ids) + switch - 1  # the first position forwarded by version 1
-        before, cache = reference(models.v0_model, ids[:cut])
-        after, _ = reference(models.v1_model, ids[cut:], cache)  # version 1 over version 0's KV
+        before = reference(models.v0_model, ids[:cut])
+        after = reference(models.v1_model, ids[cut:], before.cache)  # version 1 over version 0's KV
         rows = rows_of(s)
-        assert_top_k(rows[:cut], before)
-        assert_top_k(rows[cut:, :1], after[:, :1])
+        assert_top_k(rows[:cut], before.router_logits)
+        for layer in range(MOE_LAYERS):  # each routes on what the experts below it computed
+            assert_top_k(rows[cut:, layer : layer + 1], after.router_logits[:, layer : layer + 1])
+        # The last MoE layer's experts feed no router: the log-probs say whether they are version 1's.
+        sampled = torch.tensor(s.token_ids)
+        want = torch.cat([before.logprobs[len(prompt_ids) - 1 :], after.logprobs])[torch.arange(len(sampled)), sampled]
+        torch.testing.assert_close(torch.tensor(s.logprobs), want, atol=LOGPROB_ATOL, rtol=0)
         # The versions route differently: rows of version 0's router would not pass for version 1's.
-        old, _ = reference(models.v0_model, ids)
-        differs = (np.sort(rows[cut:, 0], -1) != old[cut:, 0].topk(TOP_K).indices.sort(-1).values.numpy()).any(-1)
-        assert differs.mean() > 0.2
+        old = reference(models.v0_model, ids).router_logits
+        for layer in range(MOE_LAYERS):
+            top_k = old[cut:, layer].topk(TOP_K).indices.sort(-1).values.numpy()
+            assert (np.sort(rows[cut:, layer], -1) != top_k).any(-1).mean() > 0.2
+
+
+async def test_a_reload_in_the_pause_packs_the_experts_too(engine: Engine, models: Models) -> None:
+    # swap_prepack off: vLLM's reload runs on the live model in the pause, and skips the experts' packing there too.
+    prepacking = engine.settings
+    engine.settings = prepacking.model_copy(update={"swap_prepack": False})
+    try:
+        report = await engine.swap(models.v1_folder, engine.version + 1, "drain")
+    finally:
+        engine.settings = prepacking
+    assert not report.prepacked
+    ids = models.long_prompt
+    got = torch.tensor(await engine.prompt_logprobs(ids))
+    want = reference(models.v1_model, ids).logprobs[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    torch.testing.assert_close(got, want, atol=LOGPROB_ATOL, rtol=0)
