@@ -183,8 +183,10 @@ def test_a_step_replaying_its_own_routing_is_the_models_own_step(
     scale = max(float(g.abs().max()) for g in want_grads.values())
     print(f"packed {packed}, micro-batch {micro_batch_tokens}, checkpointing {checkpointing}: grads within {err:.1e}")
     assert err <= EXACT * scale
+    # The step's scalars are means of per-token terms of order one (log-probs, ratios) that partly cancel:
+    # summed over micro-batches in another order, float32 rounds them at the terms' scale, not the mean's.
     for key in ("loss", "optim/grad_norm", "policy/entropy", "is/kl_gen_learner"):
-        assert got[key] == pytest.approx(want[key], rel=EXACT, abs=1e-9), key
+        assert got[key] == pytest.approx(want[key], rel=EXACT, abs=EXACT), key
     assert got["moe/routing_differs_frac"] == 0.0
 
 
