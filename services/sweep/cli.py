@@ -1,19 +1,29 @@
 """``asymptote sweep``: what a sweep spec runs, checked before anything starts.
 
     asymptote sweep plan SPEC [--json]
+    asymptote sweep run SPEC --dir DIR [--audit] [--nats-url URL]
 
 ``plan`` reads ``sweep.yaml`` (services/sweep/spec.py), resolves every arm
 into the whole config its runs start from, checks that the machine can
 place ``at_once`` runs, and prints the arms (what each changes from the
 base), the seeds, the runs, the budget per arm and in all, and the planned
-looks at which the rule judges the arms. A spec that is wrong is one line
-naming what is wrong, exit 2, and nothing starts.
+looks at which the rule judges the arms. ``run`` runs them
+(services/sweep/controller.py): each run an ``asymptote up`` subprocess,
+``at_once`` at a time, stopped at a planned look when its arm is dominated
+or unstable (``--audit``: logged only), with a live table of the arms;
+the same command with the same ``--dir`` continues a sweep whose
+controller was stopped or killed. A spec that is wrong, or a ``--dir``
+holding another spec's sweep, is one line naming what is wrong, exit 2,
+and nothing starts.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -74,13 +84,62 @@ def print_plan(spec: SweepSpec, plans: list[ArmPlan], console: Console) -> None:
     )
 
 
+def arms_table(summary: Mapping[str, Any]) -> Table:
+    """The live view of a sweep: each arm's status, compute, A [lo, hi] of its runs, and decision."""
+    table = Table(title=f"sweep{' (audit: nothing is stopped)' if summary['audit'] else ''}")
+    for column in ("arm", "status", "compute", "A [lo, hi]", "decision"):
+        table.add_column(column)
+    for arm in summary["arms"]:
+        fits = [
+            f"{r['fit']['a']:.3f} [{r['fit']['a_low']:.3f}, {r['fit']['a_high']:.3f}]"
+            + ("" if r["fit"]["determined"] else " ?")
+            for r in arm["runs"]
+            if r["fit"] is not None and r["fit"]["a_low"] is not None
+        ]
+        decision = "" if arm["decision"] is None else f"{arm['decision']} ({arm['action']})"
+        table.add_row(arm["name"], arm["status"], flops_text(arm["compute"]), "; ".join(fits) or "-", decision)
+    return table
+
+
+def run_sweep(args: Any) -> int:
+    from rich.live import Live
+
+    from services.sweep.controller import Controller
+    from services.sweep.launcher import LocalLauncher
+
+    spec, plans = planned(args.spec)
+    controller = Controller(spec, plans, args.dir.resolve(), LocalLauncher(), audit=args.audit, nats_url=args.nats_url)
+    console = Console()
+    try:
+        with Live(arms_table(controller.summary()), console=console, refresh_per_second=2) as live:
+            while not controller.step():
+                live.update(arms_table(controller.summary()))
+                time.sleep(args.poll_s)
+            live.update(arms_table(controller.summary()))
+    except KeyboardInterrupt:
+        console.print(
+            f"stopped the controller; the runs keep running: run it again with --dir {args.dir} to adopt them"
+        )
+        return 130
+    console.print(f"done: {args.dir / 'sweep.json'}, {args.dir / 'decisions.jsonl'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="asymptote sweep", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     plan = sub.add_parser("plan", help="check a sweep spec and print its arms, runs, budget and looks")
     plan.add_argument("spec", type=Path, help="the sweep spec (sweep.yaml)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (every arm's whole config)")
+    run = sub.add_parser("run", help="run a sweep: its runs, followed and stopped by the rule at its looks")
+    run.add_argument("spec", type=Path, help="the sweep spec (sweep.yaml)")
+    run.add_argument("--dir", type=Path, required=True, help="the sweep's folder (its state; the same to continue it)")
+    run.add_argument("--audit", action="store_true", help="run every arm to its budget; log what the rule decides")
+    run.add_argument("--nats-url", default=None, help="a running nats-server every run shares (default: one each)")
+    run.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the runs' eval.jsonl")
     args = parser.parse_args(argv)
+    if args.action == "run":
+        return run_sweep(args)
     spec, plans = planned(args.spec)
     if args.json:
         print(json.dumps(plan_json(spec, plans), indent=2))
