@@ -15,7 +15,12 @@ called by ``Trial.should_prune()``). Optuna's facts shape it:
   seeds is the controller's), and a trial that stops reporting is simply not judged again.
 
 ``prune`` judges at the planned looks only (``SweepSettings.looks``): it returns True for an arm that is
-dominated on A or unstable, and False otherwise, including between looks. Torch-free.
+dominated on A or unstable, and False otherwise, including between looks.
+
+An arm is the trials that share the user attribute ``arm`` (a sweep's seeds of one recipe), or one trial
+without it. Its trials are pooled (``rule.pool``: one curve through all their points, the seed term over
+sqrt(seeds), each seed's own stability checked), its looks fall at its furthest trial's compute, and the
+error rate is split over the arms, not the trials. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,7 +29,19 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from services.sweep.rule import Arm, ArmFit, EvalRound, FloatArray, SweepSettings, Verdict, fit_arm, judge, prompt_draws
+from services.sweep.rule import (
+    Arm,
+    ArmFit,
+    EvalRound,
+    FloatArray,
+    SweepSettings,
+    Verdict,
+    fit_arm,
+    judge,
+    pool,
+    prompt_draws,
+    seed_spread,
+)
 
 if TYPE_CHECKING:
     from optuna.study import Study
@@ -34,10 +51,14 @@ _JUDGED_STATES = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPL
 """Trials whose arms a look compares: running or finished, never pruned or failed ones."""
 
 
+ARM_ATTR = "arm"
+"""The trial user attribute that names a trial's arm: trials that share it are seeds of one arm."""
+
+
 class AsymptotePruner(optuna.pruners.BasePruner):
     """Prunes a trial whose arm is dominated on A by the leader, or unstable, at a planned look.
 
-    ``num_arms`` is the number of trials the sweep plans (the rule splits its error rate over them);
+    ``num_arms`` is the number of arms the sweep plans (the rule splits its error rate over them);
     ``compute_per_step`` the compute one Optuna step stands for (the axis's unit).
     """
 
@@ -50,21 +71,30 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         self.compute_per_step = compute_per_step
         self._baselines: dict[int, EvalRound] = {}
         self._rounds: dict[int, list[EvalRound]] = {}
+        self._names: dict[int, str] = {}
         self._draws: FloatArray | None = None
-        self._fits: dict[int, tuple[int, ArmFit]] = {}
-        self._looks_judged: dict[int, int] = {}
-        self._verdicts: dict[int, Verdict] = {}
+        self._seed_fits: dict[int, tuple[int, ArmFit]] = {}
+        self._fits: dict[str, tuple[tuple[tuple[int, int], ...], ArmFit]] = {}
+        self._looks_judged: dict[str, int] = {}
+        self._verdicts: dict[str, Verdict] = {}
 
     def step(self, compute: float) -> int:
         """The Optuna step of ``compute``: the compute axis in integer units of ``compute_per_step``."""
         return round(compute / self.compute_per_step)
 
+    @staticmethod
+    def arm_name(number: int, user_attrs: dict[str, object]) -> str:
+        """A trial's arm: its ``arm`` user attribute, else the trial alone (``trial<number>``)."""
+        name = user_attrs.get(ARM_ATTR)
+        return str(name) if name is not None else f"trial{number}"
+
     def record(self, trial: Trial, eval_round: EvalRound) -> None:
         """Keep one eval round of ``trial``'s arm and report its pass rate at its step.
 
-        The round at compute 0 is the arm's step-0 round (R0); it is kept, not reported. Rounds come in
-        compute order.
+        The round at compute 0 is the trial's step-0 round (R0); it is kept, not reported. Rounds come in
+        compute order. Set the trial's ``arm`` attribute before its first round.
         """
+        self._names[trial.number] = self.arm_name(trial.number, trial.user_attrs)
         if eval_round.compute <= 0.0:
             self._baselines[trial.number] = eval_round
             return
@@ -76,62 +106,105 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         rounds.append(eval_round)
         trial.report(eval_round.pass_rate, self.step(eval_round.compute))
 
-    def _arm(self, number: int) -> Arm | None:
+    def _seed_arm(self, number: int) -> Arm | None:
         baseline, rounds = self._baselines.get(number), self._rounds.get(number)
         if baseline is None or not rounds:
             return None
         return Arm(f"trial{number}", baseline, tuple(rounds))
 
-    def _fit(self, number: int, arm: Arm) -> ArmFit:
-        cached = self._fits.get(number)
-        if cached is not None and cached[0] == len(arm.rounds):
-            return cached[1]
+    def _draws_for(self, arm: Arm) -> FloatArray:
         if self._draws is None:
             self._draws = prompt_draws(arm.baseline.correct.size, self.settings)
-        fitted = fit_arm(arm, self.settings, self._draws)
-        self._fits[number] = (len(arm.rounds), fitted)
+        return self._draws
+
+    def _seed_fit(self, number: int, arm: Arm) -> ArmFit:
+        cached = self._seed_fits.get(number)
+        if cached is not None and cached[0] == len(arm.rounds):
+            return cached[1]
+        fitted = fit_arm(arm, self.settings, self._draws_for(arm))
+        self._seed_fits[number] = (len(arm.rounds), fitted)
         return fitted
 
+    def _fit(self, name: str, numbers: list[int]) -> ArmFit | None:
+        """The arm ``name`` of trials ``numbers``, pooled and fitted (cached until a trial gains a round)."""
+        seeds = {n: a for n in sorted(numbers) if (a := self._seed_arm(n)) is not None}
+        if not seeds:
+            return None
+        key = tuple((n, len(a.rounds)) for n, a in seeds.items())
+        cached = self._fits.get(name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if len(seeds) == 1:
+            (arm,) = seeds.values()
+            fitted = fit_arm(Arm(name, arm.baseline, arm.rounds), self.settings, self._draws_for(arm))
+        else:
+            # The spread of A over the seeds whose own fits are determined: replicates of the recipe.
+            own = [self._seed_fit(n, a) for n, a in seeds.items()]
+            spread = seed_spread([f.fit.a for f in own if f.fit is not None and f.comparable])
+            pooled = pool(name, list(seeds.values()), spread)
+            fitted = fit_arm(pooled, self.settings, self._draws_for(pooled), list(seeds.values()))
+        self._fits[name] = (key, fitted)
+        return fitted
+
+    def _groups(self, study: Study) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {}
+        for other in study.get_trials(deepcopy=False, states=_JUDGED_STATES):
+            groups.setdefault(self.arm_name(other.number, other.user_attrs), []).append(other.number)
+        return groups
+
     def prune(self, study: Study, trial: FrozenTrial) -> bool:
-        """Judge ``trial`` at the first planned look its compute has passed and not been judged at."""
-        arm = self._arm(trial.number)
+        """Judge ``trial``'s arm at the first planned look its furthest trial has passed and the arm has not
+        been judged at."""
+        name = self.arm_name(trial.number, trial.user_attrs)
+        groups = self._groups(study)
+        numbers = groups.setdefault(name, [])
+        if trial.number not in numbers:
+            numbers.append(trial.number)
+        arm = self._fit(name, numbers)
         if arm is None:
             return False
-        due = sum(look <= arm.compute * (1 + 1e-9) for look in self.settings.looks)
-        if due <= self._looks_judged.get(trial.number, 0):
+        due = sum(look <= arm.arm.compute * (1 + 1e-9) for look in self.settings.looks)
+        if due <= self._looks_judged.get(name, 0):
             return False
-        self._looks_judged[trial.number] = due
-        fits = []
-        for other in study.get_trials(deepcopy=False, states=_JUDGED_STATES):
-            other_arm = arm if other.number == trial.number else self._arm(other.number)
-            if other_arm is not None:
-                fits.append(self._fit(other.number, other_arm))
-        verdict = judge(fits, self.settings, self.num_arms)[arm.name]
-        self._verdicts[trial.number] = verdict
+        self._looks_judged[name] = due
+        fits = [f for n, nums in groups.items() if (f := arm if n == name else self._fit(n, nums)) is not None]
+        verdict = judge(fits, self.settings, self.num_arms)[name]
+        self._verdicts[name] = verdict
         return verdict.stop
 
+    def looks_judged(self, arm: str) -> int:
+        """How many planned looks arm ``arm`` has been judged at."""
+        return self._looks_judged.get(arm, 0)
+
     def verdict(self, number: int) -> Verdict | None:
-        """The outcome of trial ``number`` at its latest look; None before its first."""
-        return self._verdicts.get(number)
+        """The outcome of trial ``number``'s arm at its latest look; None before its first."""
+        name = self._names.get(number)
+        return None if name is None else self._verdicts.get(name)
+
+    def _arm_fit(self, number: int) -> ArmFit | None:
+        name = self._names.get(number)
+        cached = self._fits.get(name) if name is not None else None
+        if cached is not None:
+            return cached[1]
+        arm = self._seed_arm(number)
+        return None if arm is None else self._seed_fit(number, arm)
 
     def objective_value(self, number: int) -> float:
-        """The value a trial's objective returns: its fitted A, else its last pass rate (a trial too young
-        to fit)."""
-        cached = self._fits.get(number)
-        if cached is not None and cached[1].fit is not None:
-            return cached[1].fit.a
-        arm = self._arm(number)
+        """The value a trial's objective returns: its arm's fitted A, else its last pass rate (a trial too
+        young to fit)."""
+        fitted = self._arm_fit(number)
+        if fitted is not None and fitted.fit is not None:
+            return fitted.fit.a
+        arm = self._seed_arm(number)
         if arm is None:
             raise ValueError(f"trial {number} has recorded no eval round after its step-0 round")
-        fitted = self._fit(number, arm)
-        return fitted.fit.a if fitted.fit is not None else arm.rounds[-1].pass_rate
+        return arm.rounds[-1].pass_rate
 
     def user_attrs(self, number: int) -> dict[str, float | str | bool | None]:
-        """What the study keeps beside the objective: the outcome and its reason, A with its interval, B and
-        C_mid, and whether the fit is determined (JSON values, for ``Trial.set_user_attr``)."""
-        verdict = self._verdicts.get(number)
-        cached = self._fits.get(number)
-        fitted = cached[1] if cached is not None else None
+        """What the study keeps beside the objective: the arm's outcome and its reason, A with its interval,
+        B and C_mid, and whether the fit is determined (JSON values, for ``Trial.set_user_attr``)."""
+        verdict = self.verdict(number)
+        fitted = self._arm_fit(number)
         fit = fitted.fit if fitted is not None else None
         intervals = fitted.intervals if fitted is not None else None
         return {

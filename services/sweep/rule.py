@@ -178,10 +178,38 @@ class Arm:
     rounds: tuple[EvalRound, ...]
     seed_sd_a: float | None = None
     """Seed-to-seed standard deviation of A from this arm's replicate seeds (``seed_spread``); None: the default."""
+    seeds: int = 1
+    """Runs pooled into the arm (``pool``): its A is their mean curve's, its seed term shrinks by sqrt(seeds)."""
 
     @property
     def compute(self) -> float:
         return self.rounds[-1].compute if self.rounds else 0.0
+
+    def seed_term(self, settings: SweepSettings) -> float:
+        """The seed-to-seed spread of this arm's A that the prompt bootstrap does not see: the larger of its
+        replicates' spread and the default (two or three seeds cannot show a spread below the default with
+        any confidence), over sqrt(seeds) for an arm that pools its seeds."""
+        spread = settings.seed_sd_a if self.seed_sd_a is None else max(self.seed_sd_a, settings.seed_sd_a)
+        return spread / math.sqrt(self.seeds)
+
+
+def pool(name: str, seed_arms: Sequence[Arm], seed_sd_a: float | None = None) -> Arm:
+    """One arm of the runs of one recipe that differ only in seed: their step-0 rounds summed prompt by prompt
+    (the same model on the same prompts), their rounds together in compute order (one curve through all the
+    seeds' points: the recipe's mean curve)."""
+    if not seed_arms:
+        raise ValueError(f"arm {name!r}: no runs to pool")
+    baselines = [a.baseline for a in seed_arms]
+    sizes = {b.correct.size for b in baselines}
+    if len(sizes) != 1:
+        raise ValueError(f"arm {name!r}: step-0 rounds of {sorted(sizes)} prompts; its seeds share one held-out set")
+    baseline = EvalRound(
+        0.0,
+        np.sum([b.correct for b in baselines], axis=0).astype(np.int64),
+        sum(b.num_samples for b in baselines),
+    )
+    rounds = sorted((r for a in seed_arms for r in a.rounds), key=lambda r: r.compute)
+    return Arm(name, baseline, tuple(rounds), seed_sd_a, len(seed_arms))
 
 
 def seed_spread(replicate_a: Sequence[float]) -> float | None:
@@ -277,12 +305,19 @@ def resampled_rates(rounds: Sequence[EvalRound], draws: FloatArray) -> FloatArra
     return rates
 
 
-def fit_arm(arm: Arm, settings: SweepSettings, draws: FloatArray) -> ArmFit:
+def fit_arm(arm: Arm, settings: SweepSettings, draws: FloatArray, seed_arms: Sequence[Arm] = ()) -> ArmFit:
     """Fit ``arm`` as a look does: stops that are not about A first, then the fitter's fit, its own
-    bootstrap and determination, then (for a determined fit) the paired intervals on ``draws``."""
-    unstable = instability(arm, settings)
-    if unstable is not None:
-        return ArmFit(arm, unstable=unstable)
+    bootstrap and determination, then (for a determined fit) the paired intervals on ``draws``.
+
+    ``seed_arms``: the runs ``arm`` pools (``pool``), each checked for the stops that are not about A on its
+    own (a collapse or a truncation streak is one run's, and interleaved seeds would blur it); an arm with
+    one unstable seed is unstable. Without them ``arm`` is one run, checked as it is.
+    """
+    for seed_arm in seed_arms or (arm,):
+        unstable = instability(seed_arm, settings)
+        if unstable is not None:
+            text = f"{seed_arm.name}: {unstable.text}" if seed_arms else unstable.text
+            return ArmFit(arm, unstable=Instability(unstable.kind, text))
     first_look = settings.looks[0]
     if arm.compute < first_look:
         return ArmFit(arm, why_not=f"warming up: compute {arm.compute:.4g}, first look at {first_look:.4g}")
@@ -380,7 +415,7 @@ def _a_text(f: ArmFit) -> str:
 
 def _compare(leader: ArmFit, arm: ArmFit, settings: SweepSettings, alpha_look: float) -> Verdict:
     assert leader.fit is not None and leader.paired is not None and arm.fit is not None and arm.paired is not None
-    spread = math.hypot(*(settings.seed_sd_a if f.arm.seed_sd_a is None else f.arm.seed_sd_a for f in (leader, arm)))
+    spread = math.hypot(leader.arm.seed_term(settings), arm.arm.seed_term(settings))
     decision = decide(
         (leader.fit, leader.paired),
         (arm.fit, arm.paired),

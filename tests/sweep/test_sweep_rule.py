@@ -8,6 +8,9 @@ rule's own error rate with the margin said beside it.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -22,6 +25,7 @@ from services.sweep.rule import (
     choose,
     fit_arm,
     judge,
+    pool,
     prompt_draws,
     seed_spread,
 )
@@ -165,3 +169,26 @@ def test_efficiency_picks_only_among_arms_equivalent_on_a() -> None:
     assert choose(fits, verdicts) == "arm0"
     verdicts["arm1"] = Verdict("equivalent", "", "arm0", faster)
     assert choose(fits, verdicts) == "arm1"
+
+
+def test_pooled_seeds_sum_their_step_0_rounds_and_shrink_the_seed_term() -> None:
+    arms = simulate_arms([0.6, 0.62], [2.0, 2.0], [0.15, 0.15], np.random.default_rng(3), ROUNDS)
+    pooled = pool("recipe", arms, seed_sd_a=0.004)
+    assert pooled.seeds == 2 and pooled.baseline.num_samples == 2 * arms[0].baseline.num_samples
+    assert np.array_equal(pooled.baseline.correct, arms[0].baseline.correct + arms[1].baseline.correct)
+    assert len(pooled.rounds) == 2 * len(arms[0].rounds)
+    assert [r.compute for r in pooled.rounds] == sorted(r.compute for a in arms for r in a.rounds)
+    # Two seeds' spread below the default does not narrow the term: the default over sqrt(2).
+    assert pooled.seed_term(SETTINGS) == pytest.approx(SETTINGS.seed_sd_a / math.sqrt(2))
+    assert pool("recipe", arms, seed_sd_a=0.05).seed_term(SETTINGS) == pytest.approx(0.05 / math.sqrt(2))
+    assert arms[0].seed_term(SETTINGS) == SETTINGS.seed_sd_a
+
+
+def test_one_unstable_seed_makes_its_pooled_arm_unstable() -> None:
+    good, bad = simulate_arms([0.6, 0.6], [2.0, 2.0], [0.15, 0.15], np.random.default_rng(4), ROUNDS)
+    broken = Arm("seed1", bad.baseline, tuple(replace(r, finite=r.compute < 0.5) for r in bad.rounds))
+    pooled = pool("recipe", [good, broken])
+    fitted = fit_arm(pooled, SETTINGS, DRAWS, [good, broken])
+    assert fitted.unstable is not None and fitted.unstable.kind == "non_finite"
+    assert fitted.unstable.text.startswith("seed1: ")
+    assert fit_arm(pool("recipe", [good, bad]), SETTINGS, DRAWS, [good, bad]).unstable is None
