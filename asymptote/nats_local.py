@@ -146,13 +146,15 @@ def start_nats(
     password: str | None = None,
     tls: ServerTls | None = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+    outlive_parent: bool = False,
 ) -> NatsServer:
     """Start nats-server (loopback only) and wait until it accepts connections.
 
     With ``user`` and ``password`` every client must authenticate; with
     ``tls`` every client must speak TLS (and, with ``tls.verify``, present a
     certificate signed by ``tls.ca_file``). ``max_payload_bytes`` is the
-    largest message it takes.
+    largest message it takes. The server dies with its parent unless
+    ``outlive_parent`` (a sweep's, which its restarted controller adopts).
     """
     if max_payload_bytes < 1:
         raise ValueError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
@@ -182,7 +184,7 @@ def start_nats(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=die_with_parent(),
+        preexec_fn=None if outlive_parent else die_with_parent(),
         env=env,
     )
     log.close()

@@ -1,7 +1,7 @@
 """``asymptote sweep``: what a sweep spec runs, checked before anything starts.
 
     asymptote sweep plan SPEC [--json]
-    asymptote sweep run SPEC --dir DIR [--audit] [--nats-url URL]
+    asymptote sweep run SPEC --dir DIR [--audit]
 
 ``plan`` reads ``sweep.yaml`` (services/sweep/spec.py), resolves every arm
 into the whole config its runs start from, checks that the machine can
@@ -9,7 +9,8 @@ place ``at_once`` runs, and prints the arms (what each changes from the
 base), the seeds, the runs, the budget per arm and in all, and the planned
 looks at which the rule judges the arms. ``run`` runs them
 (services/sweep/controller.py): each run an ``asymptote up`` subprocess,
-``at_once`` at a time, stopped at a planned look when its arm is dominated
+``at_once`` at a time on one nats-server (the base's ``nats_url``, else one
+the sweep starts in DIR), stopped at a planned look when its arm is dominated
 or unstable (``--audit``: logged only), with a live table of the arms;
 the same command with the same ``--dir`` continues a sweep whose
 controller was stopped or killed. A spec that is wrong, or a ``--dir``
@@ -90,14 +91,21 @@ def arms_table(summary: Mapping[str, Any]) -> Table:
     for column in ("arm", "status", "compute", "A [lo, hi]", "decision"):
         table.add_column(column)
     for arm in summary["arms"]:
-        fits = [
-            f"{r['fit']['a']:.3f} [{r['fit']['a_low']:.3f}, {r['fit']['a_high']:.3f}]"
-            + ("" if r["fit"]["determined"] else " ?")
-            for r in arm["runs"]
-            if r["fit"] is not None and r["fit"]["a_low"] is not None
-        ]
+        fit = arm["fit"]
+        shown = "-"
+        if fit is not None and fit["a_low"] is not None:
+            shown = f"{fit['a']:.3f} [{fit['a_low']:.3f}, {fit['a_high']:.3f}]" + (
+                "" if fit["determined"] else " not determined"
+            )
         decision = "" if arm["decision"] is None else f"{arm['decision']} ({arm['action']})"
-        table.add_row(arm["name"], arm["status"], flops_text(arm["compute"]), "; ".join(fits) or "-", decision)
+        seeds = len(arm["seeds"])
+        table.add_row(
+            arm["name"],
+            f"{arm['status']} ({seeds} seed{'s' if seeds > 1 else ''})",
+            flops_text(arm["compute"]),
+            shown,
+            decision,
+        )
     return table
 
 
@@ -105,10 +113,13 @@ def run_sweep(args: Any) -> int:
     from rich.live import Live
 
     from services.sweep.controller import Controller
-    from services.sweep.launcher import LocalLauncher
+    from services.sweep.launcher import LocalLauncher, SharedNats
 
     spec, plans = planned(args.spec)
-    controller = Controller(spec, plans, args.dir.resolve(), LocalLauncher(), audit=args.audit, nats_url=args.nats_url)
+    directory = args.dir.resolve()
+    # One nats-server for every run, unless the base names one already running.
+    nats = None if spec.base.get("nats_url") else SharedNats(directory)
+    controller = Controller(spec, plans, directory, LocalLauncher(), audit=args.audit, nats=nats)
     console = Console()
     try:
         with Live(arms_table(controller.summary()), console=console, refresh_per_second=2) as live:
@@ -121,7 +132,15 @@ def run_sweep(args: Any) -> int:
             f"stopped the controller; the runs keep running: run it again with --dir {args.dir} to adopt them"
         )
         return 130
-    console.print(f"done: {args.dir / 'sweep.json'}, {args.dir / 'decisions.jsonl'}")
+    summary = controller.summary(final=True)
+    share = summary["compute_share"]
+    pick = summary.get("pick")
+    console.print(
+        f"picked: {pick or 'none (no arm is determined to lead)'}; compute {share:.0%} of every run to its budget"
+        if share is not None
+        else f"picked: {pick}"
+    )
+    console.print(f"done: {directory / 'sweep.json'}, {directory / 'decisions.jsonl'}")
     return 0
 
 
@@ -135,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("spec", type=Path, help="the sweep spec (sweep.yaml)")
     run.add_argument("--dir", type=Path, required=True, help="the sweep's folder (its state; the same to continue it)")
     run.add_argument("--audit", action="store_true", help="run every arm to its budget; log what the rule decides")
-    run.add_argument("--nats-url", default=None, help="a running nats-server every run shares (default: one each)")
     run.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the runs' eval.jsonl")
     args = parser.parse_args(argv)
     if args.action == "run":

@@ -3,25 +3,33 @@
 Owns the bookkeeping of ``asymptote sweep run SPEC --dir DIR``, on Optuna's ask-and-tell interface:
 
 - one trial per run (arm x seed; ``run``, ``arm`` and ``seed`` in its user attributes), in a study kept by
-  Optuna's ``JournalStorage`` in ``DIR/study.journal``; the pruner is ``AsymptotePruner``, which judges
-  each run as one of the study's arms;
-- at most ``at_once`` runs alive (``launcher.py``); each live run's ``eval.jsonl`` is followed
-  incrementally, each new round recorded and reported to its trial; at each planned look the pruner's
-  verdict is logged, and a dominated or unstable arm's runs are stopped (``audit``: logged only); freed
-  capacity starts the next pending run; a run at its budget is stopped and its trial told COMPLETE with
-  its fitted A;
+  Optuna's ``JournalStorage`` in ``DIR/study.journal``; the pruner is ``AsymptotePruner``, which pools the
+  trials of one arm (its seeds) and judges arms, its error rate split over the spec's arms;
+- at most ``at_once`` runs alive (``launcher.py``), all on one nats-server (``SharedNats``, its own prefix
+  each) unless the runs name one; each live run's ``eval.jsonl`` is followed incrementally, and its
+  ``metrics.jsonl`` for what the stops that are not about A read (the training truncation rate since the
+  previous round, and whether every loss and gradient norm was finite); each new round is recorded and
+  reported to its trial; when an arm passes a planned look its verdict is logged once, and a dominated or
+  unstable arm's runs are stopped (``audit``: logged only); freed capacity starts the next pending run; a
+  run at its budget is stopped and its trial told COMPLETE with its arm's fitted A;
 - a run that dies below its budget is resumed (``up --resume``) up to ``max_starts`` starts in all, then
   its trial fails with the reason (the last line of its log).
 
-Everything needed to restart is in DIR: ``spec.json`` (the spec it runs: another spec is refused), the
-journal, ``runs/<run>/`` (config, process record, run directory), and ``decisions.jsonl``, append-only,
-one row per (run, look), never written twice. A restart after SIGKILL replays the runs' eval rounds into a
-fresh pruner, adopts live runs, resumes dead ones, and applies logged stops it had not applied yet.
-``sweep.json`` is rewritten (temp file and rename) after every change. Knows nothing of terminals.
+Stops do not block: a run told to stop is settled in the study at once (PRUNED or COMPLETE) and counted
+against ``at_once`` until its process is gone; the launcher escalates to SIGKILL past its grace.
 
-Rows of ``eval.jsonl`` are judged only when they carry each held-out prompt's correct count (``correct``,
-a list, with ``num_samples``): the paired bootstrap needs them. Rows without are reported to the trial
-(its pass rate at its step) and the arm stays undecided, saying why.
+Everything needed to restart is in DIR: ``spec.json`` (the spec and ``--audit`` it runs: another is
+refused), the journal, ``runs/<run>/`` (config, process record, run directory), ``nats.json`` (the shared
+server), and ``decisions.jsonl``, append-only, one row per (arm, look), never written twice. A restart
+after SIGKILL replays the runs' eval rounds into a fresh pruner, adopts live runs and the live server,
+resumes dead runs, and carries out logged stops it had not carried out. ``sweep.json`` is rewritten (temp
+file and rename) after every change. Knows nothing of terminals.
+
+Rows of ``eval.jsonl`` are judged only when they carry each held-out prompt's counts (``prompt_ids``,
+``correct``, ``samples``, the same samples for every prompt), the prompts are the sweep's held-out set (the
+first run's), and compute is on the FLOPs axis: the paired bootstrap needs the first two, comparing arms
+needs all three. A run whose rows are not is reported to its trial (the pass rate at its step) and stays
+undecided, saying why.
 """
 
 from __future__ import annotations
@@ -46,16 +54,16 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
 from asymptote.errors import ConfigError
-from services.sweep.launcher import Launcher, RunPaths
-from services.sweep.pruner import AsymptotePruner
-from services.sweep.rule import EvalRound, SweepSettings
+from services.sweep.launcher import Launcher, RunPaths, SharedNats
+from services.sweep.pruner import ARM_ATTR, AsymptotePruner
+from services.sweep.rule import Arm, EvalRound, SweepSettings, Verdict, choose, fit_arm, judge, pool, prompt_draws
 from services.sweep.spec import ArmPlan, SweepSpec
 
 log = logging.getLogger(__name__)
 
 RunState = Literal["pending", "running", "completed", "stopped", "failed", "skipped"]
 """A run: not started, alive (or being restarted), at its budget, stopped by the rule, failed past its
-restarts, or never started because its arm was stopped."""
+restarts, or never started (its arm was stopped, or the sweep's total budget was spent)."""
 
 MAX_STARTS = 3
 """Starts of one run (the first and its restarts) before a run that keeps dying is marked failed."""
@@ -89,24 +97,54 @@ class Run:
     state: RunState = "pending"
     trial: int | None = None
     compute: float = 0.0
+    device_seconds: float = 0.0
     reason: str = ""
     starts: int = 0
     rounds: int = 0
-    counts: bool = True
-    """Its eval rows carry per-prompt counts (judged); False once a row without them arrived."""
+    """Eval rounds past step 0 recorded."""
+    rows_read: int = 0
+    """Lines of its eval.jsonl read (re-evaluations of a resumed run included)."""
+    not_judged: str = ""
+    """Why its rounds cannot be judged (no per-prompt counts, other prompts, another axis); empty when they can."""
     offset: int = 0
     """Bytes of its eval.jsonl read so far."""
+    metrics_offset: int = 0
+    steps: list[tuple[int, float, float, bool]] = field(default_factory=list)
+    """Its training steps read from metrics.jsonl: (policy version, truncated, completions, finite)."""
+    last_version: int = -1
     last_compute: float = -1.0
-    judged_looks: int = 0
-    attrs: dict[str, Any] = field(default_factory=dict)
+    closing: bool = False
+    """Settled, and its process told to stop and not yet gone: it still holds its place."""
 
 
 def _prefix(index: int, name: str) -> str:
     return f"sw{index}_{re.sub(r'[^a-z0-9]+', '_', name)}"
 
 
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The whole lines of ``path`` past byte ``offset``, and the offset after them (a line still being
+    written is read next time); none while the file does not exist."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode("utf-8").splitlines(), offset + end
+
+
+def _finite(row: Mapping[str, Any]) -> bool:
+    values = [row.get("loss"), row.get("optim/grad_norm")]
+    return all(v is None or (isinstance(v, int | float) and math.isfinite(v)) for v in values)
+
+
 class Controller:
-    """The sweep in ``directory``: ``step()`` once per poll until it returns True (every run settled)."""
+    """The sweep in ``directory``: ``step()`` once per poll until it returns True (every run settled).
+
+    ``nats``: the one nats-server every run shares (``SharedNats``), or None where the runs' configs name
+    their own (``nats_url`` in the base) or start one each.
+    """
 
     def __init__(
         self,
@@ -116,12 +154,12 @@ class Controller:
         launcher: Launcher,
         *,
         audit: bool = False,
-        nats_url: str | None = None,
+        nats: SharedNats | None = None,
         max_starts: int = MAX_STARTS,
         settings: SweepSettings | None = None,
     ) -> None:
         self.spec, self.plans, self.dir, self.launcher = spec, list(plans), directory, launcher
-        self.audit, self.nats_url, self.max_starts = audit, nats_url, max_starts
+        self.audit, self.nats, self.max_starts = audit, nats, max_starts
         self.settings = spec.settings if settings is None else settings
         self._claim_directory()
         self.runs: list[Run] = []
@@ -136,9 +174,14 @@ class Controller:
             study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True
         )
         self.pruner = AsymptotePruner(
-            self.settings, num_arms=len(self.runs), compute_per_step=spec.budget.per_arm / STEPS_PER_BUDGET
+            self.settings,
+            num_arms=len(self.plans),
+            compute_per_step=self.settings.budget_compute / STEPS_PER_BUDGET,
+            seeds=spec.seeds,
         )
         self.study.pruner = self.pruner
+        self.prompt_ids: list[str] | None = None
+        """The sweep's held-out prompts: the first judged row's."""
         self.decisions_path = directory / "decisions.jsonl"
         self.decisions: dict[tuple[str, int], dict[str, Any]] = {}
         self._trials: dict[str, Trial] = {}
@@ -150,14 +193,17 @@ class Controller:
     def _claim_directory(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         spec_file = self.dir / "spec.json"
-        wanted = self.spec.model_dump(mode="json")
+        wanted = {"spec": self.spec.model_dump(mode="json"), "audit": self.audit}
         if spec_file.exists():
             held = json.loads(spec_file.read_text(encoding="utf-8"))
-            if held != wanted:
+            if held.get("spec") != wanted["spec"]:
                 raise ConfigError(
                     f"--dir {self.dir}: it holds the sweep of another spec (its spec.json differs); "
                     "give a new --dir, or the spec it was started with"
                 )
+            if held.get("audit") != self.audit:
+                flag = "with" if held.get("audit") else "without"
+                raise ConfigError(f"--dir {self.dir}: this sweep was started {flag} --audit; continue it the same way")
         else:
             atomic_write(spec_file, json.dumps(wanted, indent=2))
 
@@ -167,7 +213,7 @@ class Controller:
         for line in self.decisions_path.read_text(encoding="utf-8").splitlines():
             if line.endswith("}"):  # a row cut by SIGKILL mid-write has no closing brace
                 row = json.loads(line)
-                self.decisions[(row["run"], row["look"])] = row
+                self.decisions[(row["arm"], row["look"])] = row
 
     def _load_trials(self) -> None:
         for frozen in self.study.get_trials(deepcopy=False):
@@ -184,9 +230,11 @@ class Controller:
             run.reason = str(frozen.user_attrs.get("reason", ""))
             run.state = _STATE_OF.get(frozen.state, "failed")
             self._read_rounds(run)
+            # Settled before the controller died, its process maybe still alive: stop it (again).
+            run.closing = run.state != "running" and self.launcher.status(run.paths) == "running"
         for run in self.runs:
             if run.state == "pending" and self._arm_stopped(run.arm.name):
-                run.state = "skipped"
+                run.state, run.reason = "skipped", "its arm was stopped"
 
     # -- eval rounds ------------------------------------------------------------------------------------
 
@@ -194,47 +242,76 @@ class Controller:
         assert run.trial is not None
         return self._trials[run.name]
 
+    def _read_steps(self, run: Run) -> None:
+        lines, run.metrics_offset = _new_lines(run.paths.run_dir / "metrics.jsonl", run.metrics_offset)
+        for line in lines:
+            if line.strip():
+                row = json.loads(line)
+                truncated = float(row.get("rollout/truncated", 0.0) or 0.0)
+                completions = float(row.get("rollout/completions", 0.0) or 0.0)
+                run.steps.append(
+                    (int(row.get("policy_version", row.get("step", 0))), truncated, completions, _finite(row))
+                )
+
+    def _since(self, run: Run, version: int) -> tuple[float | None, bool]:
+        """The training truncation rate and finiteness of ``run``'s steps after its last round, up to ``version``."""
+        steps = [s for s in run.steps if run.last_version < s[0] <= version]
+        completions = sum(s[2] for s in steps)
+        rate = sum(s[1] for s in steps) / completions if completions > 0 else None
+        return rate, all(s[3] for s in steps)
+
+    def _eval_round(self, run: Run, row: Mapping[str, Any], compute: float) -> EvalRound | None:
+        """The row as the rule reads it, or None (and ``run.not_judged`` says why)."""
+        ids, correct, samples = row.get("prompt_ids"), row.get("correct"), row.get("samples")
+        if ids is None or correct is None or samples is None:
+            run.not_judged = "its eval rows carry no per-prompt counts"
+            return None
+        if row.get("compute_unit", "device_seconds") != "flops":
+            run.not_judged = f"its eval rows' compute is in {row.get('compute_unit', 'device_seconds')}, not FLOPs"
+            return None
+        if len(set(samples)) != 1:
+            run.not_judged = f"its eval round at version {row.get('policy_version')} sampled prompts unevenly"
+            return None
+        if self.prompt_ids is None:
+            self.prompt_ids = list(ids)
+        elif list(ids) != self.prompt_ids:
+            run.not_judged = "its held-out prompts are not the sweep's (another eval set, or a round cut short)"
+            return None
+        version = int(row.get("policy_version", row.get("step", 0)))
+        truncation, finite = self._since(run, version) if compute > 0 else (None, True)
+        return EvalRound(
+            compute, np.asarray(correct, dtype=np.int64), int(samples[0]), truncation_rate=truncation, finite=finite
+        )
+
     def _read_rounds(self, run: Run) -> int:
         """Record the rows of ``run``'s eval.jsonl past what was read; the number of new rounds."""
-        path = run.paths.run_dir / "eval.jsonl"
-        try:
-            with path.open("rb") as handle:
-                handle.seek(run.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return 0
-        end = data.rfind(b"\n") + 1  # a line still being written is read next time
-        run.offset += end
+        lines, run.offset = _new_lines(run.paths.run_dir / "eval.jsonl", run.offset)
+        self._read_steps(run)
         trial = self._trial(run) if run.trial is not None else None
         new = 0
-        for line in data[:end].decode("utf-8").splitlines():
+        for line in lines:
             if not line.strip():
                 continue
+            run.rows_read += 1
             row = json.loads(line)
             compute = float(row["compute"])
             if compute <= run.last_compute:  # a resumed run's re-evaluation of a round already seen
                 continue
-            run.last_compute, run.compute = compute, compute
-            if trial is None:
-                continue
-            new += 1
-            correct = row.get("correct")
-            if correct is None or not run.counts:
-                run.counts = False
-                if compute > 0:
-                    self._report(trial, float(row["pass_rate"]), compute)
-                continue
-            eval_round = EvalRound(
-                compute,
-                np.asarray(correct, dtype=np.int64),
-                int(row["num_samples"]),
-                truncation_rate=row.get("truncation_rate"),
-                finite=bool(row.get("finite", True)),
-            )
-            with warnings.catch_warnings():  # a replay after a restart reports steps the journal holds
-                warnings.simplefilter("ignore")
-                self.pruner.record(trial, eval_round)
-            run.rounds += eval_round.compute > 0
+            run.compute = compute
+            run.device_seconds = float(row.get("device_seconds") or 0.0)
+            if trial is not None:
+                new += 1
+                eval_round = None if run.not_judged else self._eval_round(run, row, compute)
+                if eval_round is None:
+                    if compute > 0:
+                        self._report(trial, float(row["pass_rate"]), compute)
+                else:
+                    with warnings.catch_warnings():  # a replay after a restart reports steps the journal holds
+                        warnings.simplefilter("ignore")
+                        self.pruner.record(trial, eval_round)
+                    run.rounds += compute > 0
+            run.last_compute = compute
+            run.last_version = int(row.get("policy_version", row.get("step", run.last_version)))
         return new
 
     def _report(self, trial: Trial, value: float, compute: float) -> None:
@@ -252,53 +329,66 @@ class Controller:
             handle.write(json.dumps(row) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        self.decisions[(row["run"], row["look"])] = row
+        self.decisions[(row["arm"], row["look"])] = row
 
-    def _judge(self, run: Run) -> None:
-        """Ask the pruner about ``run`` at a planned look it has newly passed; log the verdict once."""
-        if run.rounds == 0 or run.trial is None:
+    def _judge(self, plan: ArmPlan) -> None:
+        """Ask the pruner about ``plan``'s arm through its furthest live run; log a new look's verdict once."""
+        live = [r for r in self.runs if r.arm is plan and r.state == "running" and r.trial is not None and r.rounds]
+        if not live:
             return
-        looks = self.settings.looks
-        due = sum(look <= run.compute * (1 + 1e-9) for look in looks)
-        if due <= run.judged_looks:
+        before = self.pruner.looks_judged(plan.name)
+        self._trial(live[0]).should_prune()
+        due = self.pruner.looks_judged(plan.name)
+        verdict = self.pruner.verdict(live[0].trial) if live[0].trial is not None else None
+        if due <= before or verdict is None or (plan.name, due - 1) in self.decisions:
             return
-        run.judged_looks = due
-        self._trial(run).should_prune()
-        verdict = self.pruner.verdict(run.trial)
-        run.attrs = self.pruner.user_attrs(run.trial)
-        key = (run.name, due - 1)
-        if verdict is None or key in self.decisions:
-            return
+        self._log_decision(self._decision_row(plan, due - 1, verdict))
+        log.info("arm %s at look %d: %s", plan.name, due - 1, verdict.outcome)
+
+    def _decision_row(self, plan: ArmPlan, look: int, verdict: Verdict) -> dict[str, Any]:
         diff = verdict.a_difference
         action = "continue"
         if verdict.stop:
             action = "audit: would stop" if self.audit else "stop"
-        self._log_decision(
-            {
-                "run": run.name,
-                "arm": run.arm.name,
-                "look": due - 1,
-                "look_compute": looks[due - 1],
-                "compute": run.compute,
-                "outcome": verdict.outcome,
-                "reason": verdict.reason,
-                "leader": verdict.leader,
-                "a_difference": None if diff is None else [diff.low, diff.high],
-                "alpha_look": self.settings.look_alpha(len(self.runs)),
-                "action": action,
-                "unix_s": time.time(),
-            }
-        )
-        log.info("%s at look %d: %s (%s)", run.name, due - 1, verdict.outcome, action)
+        runs = [r for r in self.runs if r.arm is plan and r.rounds]
+        return {
+            "arm": plan.name,
+            "look": look,
+            "look_compute": self.settings.looks[look],
+            "progress": sum(r.compute for r in runs) / self.spec.seeds,
+            "compute": max(r.compute for r in runs),
+            "seeds": len(runs),
+            "outcome": verdict.outcome,
+            "reason": verdict.reason,
+            "leader": verdict.leader,
+            "a_difference": None if diff is None else [diff.low, diff.high],
+            "alpha_look": self.settings.look_alpha(len(self.plans)),
+            "seed_term": self._seed_term_text(plan, len(runs)),
+            "action": action,
+            "unix_s": time.time(),
+        }
+
+    def _seed_term_text(self, plan: ArmPlan, seeds: int) -> str:
+        sd = self.settings.seed_sd_a
+        if seeds < 2:
+            return f"default {sd:g} (one seed)"
+        return f"max(its {seeds} seeds' spread, default {sd:g}) / sqrt({seeds})"
 
     def _settle(self, run: Run, state: TrialState, reason: str, value: float | None = None) -> None:
         trial = self._trial(run)
-        for key, attr in {**run.attrs, "reason": reason}.items():
-            trial.set_user_attr(key, attr)
+        if run.trial is not None:
+            for key, attr in {**self.pruner.user_attrs(run.trial), "reason": reason}.items():
+                trial.set_user_attr(key, attr)
         self.study.tell(trial, value, state=state)
         run.state, run.reason = _STATE_OF[state], reason
 
-    def _apply_stops(self) -> None:
+    def _close(self, run: Run) -> None:
+        """Tell a settled run's process to stop; it holds its place until it is gone."""
+        run.closing = True
+        self.launcher.stop(run.paths)
+
+    def _apply_stops(self) -> bool:
+        changed = False
         for d in list(self.decisions.values()):
             if d["action"] != "stop":
                 continue
@@ -306,10 +396,13 @@ class Controller:
                 if run.arm.name != d["arm"]:
                     continue
                 if run.state == "running":
-                    self.launcher.stop(run.paths)
                     self._settle(run, TrialState.PRUNED, f"{d['outcome']} at look {d['look']}: {d['reason']}")
+                    self._close(run)
+                    changed = True
                 elif run.state == "pending":
                     run.state, run.reason = "skipped", f"its arm was stopped: {d['outcome']}"
+                    changed = True
+        return changed
 
     # -- runs -------------------------------------------------------------------------------------------
 
@@ -321,13 +414,18 @@ class Controller:
         except ValueError:
             return None
 
+    def _nats_url(self) -> str | None:
+        return None if self.nats is None else self.nats.ensure()
+
     def _start(self, run: Run) -> None:
         run.paths.root.mkdir(parents=True, exist_ok=True)
-        config = run.arm.run_config(run.seed, run.paths.run_dir, _prefix(run.index, run.name), self.nats_url)
+        url = self._nats_url() or run.arm.config.nats_url
+        config = run.arm.run_config(run.seed, run.paths.run_dir, _prefix(run.index, run.name), url)
         atomic_write(run.paths.config, yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
         if run.trial is None:
             trial = self.study.ask()
-            for key, value in {"run": run.name, "arm": run.arm.name, "seed": run.seed, "starts": 0}.items():
+            attrs = {"run": run.name, ARM_ATTR: run.arm.name, "seed": run.seed, "starts": 0}
+            for key, value in attrs.items():
                 trial.set_user_attr(key, value)
             run.trial = trial.number
             self._trials[run.name] = trial
@@ -335,6 +433,8 @@ class Controller:
         self._launch(run, resume=False)
 
     def _launch(self, run: Run, resume: bool) -> None:
+        if resume or run.starts:
+            self._nats_url()  # the server the run's config names is up before it is
         run.starts += 1
         self._trial(run).set_user_attr("starts", run.starts)  # before the start: a start is never uncounted
         (self.launcher.resume if resume else self.launcher.start)(run.paths)
@@ -349,12 +449,12 @@ class Controller:
     def _watch(self, run: Run) -> bool:
         """Follow one live run; True when something changed."""
         changed = self._read_rounds(run) > 0
-        self._judge(run)
-        if self._arm_stopped(run.arm.name):
-            return True
         if run.compute >= self.settings.budget_compute * (1 - 1e-9):
-            self.launcher.stop(run.paths)
+            self._judge(run.arm)
+            if self._arm_stopped(run.arm.name):
+                return True
             self._settle(run, TrialState.COMPLETE, "reached its budget", self._objective(run) or 0.0)
+            self._close(run)
             return True
         status = self.launcher.status(run.paths)
         if status == "running":
@@ -381,65 +481,123 @@ class Controller:
             self._launch(run, resume=(run.paths.run_dir / "stack.json").exists())
         return True
 
+    def _committed(self) -> float:
+        """Compute the started runs have spent or will spend: a live run's budget, a settled run's compute."""
+        budget = self.settings.budget_compute
+        return sum(budget if r.state == "running" else r.compute for r in self.runs if r.state != "pending")
+
     def step(self) -> bool:
-        """One poll: apply logged stops, follow live runs, fill freed capacity, write sweep.json. True when
-        every run has settled."""
-        self._apply_stops()
-        changed = False
+        """One poll: carry out logged stops, follow live runs, judge arms at their looks, fill freed capacity,
+        write sweep.json. True when every run has settled and every process is gone."""
+        changed = self._apply_stops()
+        for run in self.runs:
+            if run.closing:
+                if self.launcher.status(run.paths) == "running":
+                    self.launcher.stop(run.paths)  # escalates to SIGKILL past the grace
+                else:
+                    run.closing, changed = False, True
+        for run in self.runs:
+            if run.state == "running":
+                changed |= self._read_rounds(run) > 0
+        for plan in self.plans:
+            self._judge(plan)
+        changed |= self._apply_stops()
         for run in self.runs:
             if run.state == "running":
                 changed |= self._watch(run)
-        self._apply_stops()
-        alive = sum(r.state == "running" for r in self.runs)
+        alive = sum(r.state == "running" or r.closing for r in self.runs)
+        total = self.spec.budget.total
         for run in self.runs:
             if alive >= self.spec.at_once:
                 break
-            if run.state == "pending":
+            if run.state != "pending":
+                continue
+            if total is not None and self._committed() + self.settings.budget_compute > total * (1 + 1e-9):
+                run.state, run.reason = "skipped", "the sweep's total budget is spent"
+            else:
                 self._start(run)
                 alive += 1
-                changed = True
-        if changed or not (self.dir / "sweep.json").exists():
-            self.write_summary()
-        return all(r.state not in ("pending", "running") for r in self.runs)
+            changed = True
+        done = all(r.state not in ("pending", "running") and not r.closing for r in self.runs)
+        if changed or done or not (self.dir / "sweep.json").exists():
+            self.write_summary(final=done)
+        if done and self.nats is not None:
+            self.nats.stop()
+        return done
 
     # -- sweep.json -------------------------------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
-        """Every arm: its overrides, seeds, compute, runs (each with its latest fit), decision and why."""
+    def final_verdicts(self) -> tuple[dict[str, Verdict], str | None]:
+        """Every arm judged on all its rounds (the arms the rule stopped too), and the arm the rule picks
+        among those it did not stop: what the completed curves say, against which an audit's looks are read."""
+        seed_arms = {
+            plan.name: [a for r in self.runs if r.arm is plan and (a := self._seed_arm(r)) is not None]
+            for plan in self.plans
+        }
+        arms = {name: arms for name, arms in seed_arms.items() if arms}
+        if len(arms) < 2 or self.prompt_ids is None:
+            return {}, None
+        draws = prompt_draws(len(self.prompt_ids), self.settings)
+        fits = [fit_arm(pool(name, group), self.settings, draws, group) for name, group in arms.items()]
+        verdicts = judge(fits, self.settings, len(self.plans))
+        stopped = {plan.name for plan in self.plans if self._arm_stopped(plan.name)}
+        alive = [f for f in fits if f.arm.name not in stopped]
+        return verdicts, choose(alive, {k: v for k, v in verdicts.items() if k not in stopped})
+
+    def _seed_arm(self, run: Run) -> Arm | None:
+        arm = self.pruner.seed_arm(run.trial) if run.trial is not None else None
+        return None if arm is None else Arm(run.name, arm.baseline, arm.rounds)
+
+    def summary(self, final: bool = False) -> dict[str, Any]:
+        """Every arm: its overrides, seeds, compute, runs, fit, decision and why; at the end, the completed
+        curves' verdicts, the pick, and (audit) whether each logged stop was borne out."""
+        verdicts, pick = self.final_verdicts() if final else ({}, None)
         arms = []
         for plan in self.plans:
             runs = [r for r in self.runs if r.arm is plan]
-            decided = [d for d in self.decisions.values() if d["arm"] == plan.name]
-            latest = max(decided, key=lambda d: (d["look"], d["unix_s"]), default=None)
+            decided = sorted((d for d in self.decisions.values() if d["arm"] == plan.name), key=lambda d: d["look"])
             stop = next((d for d in decided if d["action"] != "continue"), None)
-            shown = stop or latest
+            shown = stop or (decided[-1] if decided else None)
             states = {r.state for r in runs}
-            arms.append(
-                {
-                    "name": plan.name,
-                    "overrides": plan.overrides,
-                    "seeds": [r.seed for r in runs],
-                    "status": next(
-                        s for s in ("running", "pending", "stopped", "failed", "completed", "skipped") if s in states
-                    ),
-                    "compute": sum(r.compute for r in runs),
-                    "runs": [self._run_summary(r) for r in runs],
-                    "decision": None if shown is None else shown["outcome"],
-                    "action": None if shown is None else shown["action"],
-                    "why": None if shown is None else shown["reason"],
-                }
-            )
-        return {
+            fit = next((self.pruner.user_attrs(r.trial) for r in runs if r.trial is not None), None)
+            entry: dict[str, Any] = {
+                "name": plan.name,
+                "overrides": plan.overrides,
+                "seeds": [r.seed for r in runs],
+                "status": next(
+                    s for s in ("running", "pending", "stopped", "failed", "completed", "skipped") if s in states
+                ),
+                "compute": sum(r.compute for r in runs),
+                "device_seconds": sum(r.device_seconds for r in runs),
+                "fit": None if fit is None or fit["a"] is None else fit,
+                "runs": [self._run_summary(r) for r in runs],
+                "decision": None if shown is None else shown["outcome"],
+                "action": None if shown is None else shown["action"],
+                "why": None if shown is None else shown["reason"],
+            }
+            if final and plan.name in verdicts:
+                final_verdict = verdicts[plan.name]
+                entry["final"] = {"outcome": final_verdict.outcome, "reason": final_verdict.reason}
+                if stop is not None:
+                    entry["borne_out"] = final_verdict.outcome in ("dominated", "unstable")
+            arms.append(entry)
+        runs_total = len(self.runs) * self.settings.budget_compute
+        spent = sum(r.compute for r in self.runs)
+        out: dict[str, Any] = {
             "audit": self.audit,
             "budget_per_arm": self.spec.budget.per_arm,
             "looks": list(self.settings.looks),
-            "compute": sum(r.compute for r in self.runs),
+            "alpha_look": self.settings.look_alpha(len(self.plans)),
+            "compute": spent,
+            "compute_share": spent / runs_total if runs_total > 0 else None,
+            "device_seconds": sum(r.device_seconds for r in self.runs),
             "arms": arms,
         }
+        if final:
+            out["pick"] = pick
+        return out
 
     def _run_summary(self, run: Run) -> dict[str, Any]:
-        attrs = run.attrs
-        a = attrs.get("a")
         return {
             "run": run.name,
             "seed": run.seed,
@@ -447,14 +605,12 @@ class Controller:
             "trial": run.trial,
             "starts": run.starts,
             "compute": run.compute,
-            "reason": run.reason or (None if run.counts else "its eval rows carry no per-prompt counts: not judged"),
-            "fit": None
-            if a is None or not math.isfinite(float(a))
-            else {k: attrs.get(k) for k in ("a", "a_low", "a_high", "b", "c_mid", "determined")},
+            "device_seconds": run.device_seconds,
+            "reason": run.reason or (f"not judged: {run.not_judged}" if run.not_judged else None),
         }
 
-    def write_summary(self) -> None:
-        atomic_write(self.dir / "sweep.json", json.dumps(self.summary(), indent=2))
+    def write_summary(self, final: bool = False) -> None:
+        atomic_write(self.dir / "sweep.json", json.dumps(self.summary(final), indent=2))
 
 
 def read_summary(directory: Path) -> Mapping[str, Any]:

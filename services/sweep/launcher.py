@@ -3,8 +3,9 @@
 Owns the processes of a sweep's runs, not their decisions (``controller.py``). One interface
 (``Launcher``) and, here, one kind: ``LocalLauncher``, each run an ``asymptote up --config
 DIR/runs/<run>/config.yaml`` subprocess with its own run directory and NATS prefix (one shared
-nats-server for the sweep). Pause is a clean stop (SIGINT: the run writes its checkpoint and
-summary.json), resume is ``asymptote up --resume RUN_DIR``.
+nats-server for the sweep, ``SharedNats``). Pause is a clean stop (SIGINT: the run writes its checkpoint and
+summary.json), asked for without waiting and escalated to SIGKILL when asked again past the grace; resume is
+``asymptote up --resume RUN_DIR``.
 
 A run's process is recorded in ``DIR/runs/<run>/process.json`` as its pid and its start time (field 22
 of ``/proc/<pid>/stat``, clock ticks since boot), so that a controller restarted after SIGKILL adopts a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -74,16 +76,20 @@ class Launcher(Protocol):
         """Start the run from its config."""
 
     def stop(self, run: RunPaths) -> None:
-        """Stop the run for good (a clean stop; it is not resumed)."""
+        """Ask the run to stop for good (a clean stop; it is not resumed) and return at once; called again
+        while it lives, escalate past the grace."""
 
     def pause(self, run: RunPaths) -> None:
-        """Stop the run cleanly, keeping its checkpoint, to resume later."""
+        """Ask the run to stop cleanly, keeping its checkpoint, to resume later; returns at once."""
 
     def resume(self, run: RunPaths) -> None:
         """Continue a paused or dead run from its checkpoint."""
 
     def status(self, run: RunPaths) -> RunStatus:
         """Whether the run's process is alive, gone, or never started."""
+
+    def close(self) -> None:
+        """Let go of the runs' processes (they keep running, to be adopted)."""
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -129,9 +135,13 @@ class LocalLauncher:
     file or run directory as one argument, which is how a run without a process record is found.
     """
 
-    def __init__(self, command: Callable[[RunPaths, bool], list[str]] = asymptote_up) -> None:
+    def __init__(
+        self, command: Callable[[RunPaths, bool], list[str]] = asymptote_up, grace_s: float = STOP_GRACE_S
+    ) -> None:
         self.command = command
+        self.grace_s = grace_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._asked: dict[str, float] = {}
 
     def _record(self, run: RunPaths) -> tuple[int, int] | None:
         try:
@@ -168,6 +178,7 @@ class LocalLauncher:
         with run.log.open("ab") as out:
             child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._children[run.name] = child
+        self._asked.pop(run.name, None)
         ticks = process_start_ticks(child.pid)
         if ticks is not None:
             self._write_record(run, child.pid, ticks)
@@ -180,17 +191,18 @@ class LocalLauncher:
         self._spawn(run, resume=True)
 
     def pause(self, run: RunPaths) -> None:
+        """Ask the run for a clean stop (SIGINT) and return; asked again past ``STOP_GRACE_S``, kill it."""
         pid = self._live_pid(run)
         if pid is None:
+            self._asked.pop(run.name, None)
             return
-        os.kill(pid, signal.SIGINT)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while self._live_pid(run) is not None:
-            if time.monotonic() > deadline:
-                log.warning("run %s: no clean stop in %.0f s, killed", run.name, STOP_GRACE_S)
-                os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
+        asked = self._asked.get(run.name)
+        if asked is None:
+            self._asked[run.name] = time.monotonic()
+            os.kill(pid, signal.SIGINT)
+        elif time.monotonic() - asked >= self.grace_s:
+            log.warning("run %s: no clean stop in %.0f s, killed", run.name, self.grace_s)
+            os.kill(pid, signal.SIGKILL)
 
     def stop(self, run: RunPaths) -> None:
         self.pause(run)
@@ -204,3 +216,65 @@ class LocalLauncher:
         """Reap this launcher's exited children (the live ones keep running)."""
         for child in self._children.values():
             child.poll()
+
+
+class SharedNats:
+    """The one nats-server (JetStream) a sweep's runs share, each under its own prefix.
+
+    Started in ``DIR/nats`` on a port kept in ``DIR/nats.json`` with its pid and start time; it outlives
+    the controller (a controller killed mid-sweep leaves its runs connected), is adopted by a restarted
+    one while it lives, and is started again on the same port and store when it does not (the file store
+    keeps every stream). Stopped when the sweep ends.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.store = directory / "nats"
+        self.record = directory / "nats.json"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _recorded(self) -> dict[str, int] | None:
+        try:
+            raw = json.loads(self.record.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        return {k: int(raw[k]) for k in ("pid", "start_ticks", "port")}
+
+    def pid(self) -> int | None:
+        """The live server's pid, or None."""
+        held = self._recorded()
+        if held is None or process_start_ticks(held["pid"]) != held["start_ticks"]:
+            return None
+        return held["pid"]
+
+    def ensure(self) -> str:
+        """The server's URL, started (or started again) first when it is not alive."""
+        from asymptote.nats_local import free_port, start_nats
+
+        held = self._recorded()
+        port = held["port"] if held is not None else free_port()
+        if self.pid() is None:
+            server = start_nats(self.store, port, self.store / "nats-server.log", outlive_parent=True)
+            self.process = server.process
+            ticks = process_start_ticks(server.process.pid)
+            tmp = self.record.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"pid": server.process.pid, "start_ticks": ticks, "port": port}))
+            os.replace(tmp, self.record)
+            log.info("nats-server for the sweep on port %d (pid %d)", port, server.process.pid)
+        return f"nats://127.0.0.1:{port}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL past ``timeout_s``); nothing when it is not alive."""
+        pid = self.pid()
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while process_start_ticks(pid) is not None:
+            if self.process is not None and self.process.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline = math.inf
+            time.sleep(0.05)
+        if self.process is not None:
+            self.process.wait()

@@ -19,7 +19,8 @@ dominated on A or unstable, and False otherwise, including between looks.
 
 An arm is the trials that share the user attribute ``arm`` (a sweep's seeds of one recipe), or one trial
 without it. Its trials are pooled (``rule.pool``: one curve through all their points, the seed term over
-sqrt(seeds), each seed's own stability checked), its looks fall at its furthest trial's compute, and the
+sqrt(seeds), each seed's own stability checked), its looks fall at its trials' compute summed over the
+seeds it plans, and the
 error rate is split over the arms, not the trials. Torch-free.
 """
 
@@ -59,12 +60,17 @@ class AsymptotePruner(optuna.pruners.BasePruner):
     """Prunes a trial whose arm is dominated on A by the leader, or unstable, at a planned look.
 
     ``num_arms`` is the number of arms the sweep plans (the rule splits its error rate over them);
-    ``compute_per_step`` the compute one Optuna step stands for (the axis's unit).
+    ``compute_per_step`` the compute one Optuna step stands for (the axis's unit); ``seeds`` the runs each
+    arm plans. An arm's progress, which its looks fall at, is its trials' compute summed over ``seeds``: its
+    seeds run side by side or one after another, each brings the arm to its next looks.
     """
 
-    def __init__(self, settings: SweepSettings, num_arms: int, compute_per_step: float = 1.0) -> None:
+    def __init__(self, settings: SweepSettings, num_arms: int, compute_per_step: float = 1.0, seeds: int = 1) -> None:
         if not compute_per_step > 0:
             raise ValueError(f"compute_per_step must be > 0, got {compute_per_step}")
+        if seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {seeds}")
+        self.seeds = seeds
         settings.look_alpha(num_arms)  # refuses a sweep of fewer than two arms
         self.settings = settings
         self.num_arms = num_arms
@@ -106,7 +112,8 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         rounds.append(eval_round)
         trial.report(eval_round.pass_rate, self.step(eval_round.compute))
 
-    def _seed_arm(self, number: int) -> Arm | None:
+    def seed_arm(self, number: int) -> Arm | None:
+        """Trial ``number``'s own rounds as an arm (``trial<number>``); None before a round past step 0."""
         baseline, rounds = self._baselines.get(number), self._rounds.get(number)
         if baseline is None or not rounds:
             return None
@@ -127,7 +134,7 @@ class AsymptotePruner(optuna.pruners.BasePruner):
 
     def _fit(self, name: str, numbers: list[int]) -> ArmFit | None:
         """The arm ``name`` of trials ``numbers``, pooled and fitted (cached until a trial gains a round)."""
-        seeds = {n: a for n in sorted(numbers) if (a := self._seed_arm(n)) is not None}
+        seeds = {n: a for n in sorted(numbers) if (a := self.seed_arm(n)) is not None}
         if not seeds:
             return None
         key = tuple((n, len(a.rounds)) for n, a in seeds.items())
@@ -163,7 +170,7 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         arm = self._fit(name, numbers)
         if arm is None:
             return False
-        due = sum(look <= arm.arm.compute * (1 + 1e-9) for look in self.settings.looks)
+        due = sum(look <= self.progress(numbers) * (1 + 1e-9) for look in self.settings.looks)
         if due <= self._looks_judged.get(name, 0):
             return False
         self._looks_judged[name] = due
@@ -171,6 +178,10 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         verdict = judge(fits, self.settings, self.num_arms)[name]
         self._verdicts[name] = verdict
         return verdict.stop
+
+    def progress(self, numbers: list[int]) -> float:
+        """The progress of the arm of trials ``numbers``: their compute summed over the seeds it plans."""
+        return sum(a.compute for n in numbers if (a := self.seed_arm(n)) is not None) / self.seeds
 
     def looks_judged(self, arm: str) -> int:
         """How many planned looks arm ``arm`` has been judged at."""
@@ -186,7 +197,7 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         cached = self._fits.get(name) if name is not None else None
         if cached is not None:
             return cached[1]
-        arm = self._seed_arm(number)
+        arm = self.seed_arm(number)
         return None if arm is None else self._seed_fit(number, arm)
 
     def objective_value(self, number: int) -> float:
@@ -195,7 +206,7 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         fitted = self._arm_fit(number)
         if fitted is not None and fitted.fit is not None:
             return fitted.fit.a
-        arm = self._seed_arm(number)
+        arm = self.seed_arm(number)
         if arm is None:
             raise ValueError(f"trial {number} has recorded no eval round after its step-0 round")
         return arm.rounds[-1].pass_rate

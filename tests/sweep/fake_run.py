@@ -1,11 +1,15 @@
 """A stand-in for ``asymptote up`` in the sweep controller's tests, for speed: a real child process that
-appends a recorded curve's eval rows to its run directory's eval.jsonl, one every ``interval_s``.
+appends a recorded curve's rows to its run directory, as far as its test releases them.
 
     python fake_run.py CURVE.json --config CONFIG.yaml | --resume RUN_DIR
 
-CURVE.json: ``{"interval_s": s, "rows": [eval rows], "crash_after": n}`` (``crash_after``: exit 1 once the
-file holds n rows, at every start). It writes stack.json when it starts, continues after the rows already
-written when resumed, and on SIGINT (a clean stop) or at its last row writes summary.json and exits 0.
+CURVE.json: ``{"rows": [eval rows], "steps": [metrics rows], "crash_after": n, "ignore_sigint": bool}``.
+Row i of ``steps`` (when given) is appended to metrics.jsonl just before eval row i. The test paces the
+run by writing a count to ``release`` beside the run directory: the run writes rows up to that count and
+waits for more (an event, not a pace of its own). ``crash_after``: exit 1 once eval.jsonl holds n rows, at
+every start. It writes stack.json when it starts, continues after the rows already written when resumed,
+and on SIGINT (a clean stop; ignored with ``ignore_sigint``) or after its last row writes summary.json and
+exits 0.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+POLL_S = 0.005
+
 
 def main(argv: list[str]) -> int:
     curve = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
@@ -27,27 +33,32 @@ def main(argv: list[str]) -> int:
         run_dir = Path(argv[2])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "stack.json").write_text("{}", encoding="utf-8")
+    release = run_dir.parent / "release"
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, stop)
-    eval_path = run_dir / "eval.jsonl"
+    signal.signal(signal.SIGINT, signal.SIG_IGN if curve.get("ignore_sigint") else stop)
+    eval_path, metrics_path = run_dir / "eval.jsonl", run_dir / "metrics.jsonl"
     done = len(eval_path.read_text(encoding="utf-8").splitlines()) if eval_path.exists() else 0
+    rows, steps = curve["rows"], curve.get("steps")
     crash_after = curve.get("crash_after")
-    with eval_path.open("a", encoding="utf-8") as out:
-        for row in curve["rows"][done:]:
-            if stopping:
-                break
-            if crash_after is not None and done >= crash_after:
-                print(f"fake run: out of memory after {done} rows", flush=True)
-                return 1
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            done += 1
-            time.sleep(curve["interval_s"])  # the run's own pace, as a real run's rounds take time
+    while done < len(rows) and not stopping:
+        if crash_after is not None and done >= crash_after:
+            print(f"fake run: out of memory after {done} rows", flush=True)
+            return 1
+        released = int(release.read_text(encoding="utf-8") or 0) if release.exists() else 0
+        if done >= released:
+            time.sleep(POLL_S)
+            continue
+        if steps is not None:
+            with metrics_path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(steps[done]) + "\n")
+        with eval_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(rows[done]) + "\n")
+        done += 1
     (run_dir / "summary.json").write_text(json.dumps({"rows": done}), encoding="utf-8")
     return 0
 
