@@ -145,7 +145,12 @@ def run_sweep(args: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="asymptote sweep", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="asymptote sweep",
+        description=__doc__.split("\n\n")[0],
+        epilog="plan SPEC [--json]: check a spec and print its plan. run SPEC --dir DIR [--audit] [--poll-s S]: "
+        "run it in DIR (the same DIR continues it); --audit runs every arm to its budget. docs/sweeps.md",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     plan = sub.add_parser("plan", help="check a sweep spec and print its arms, runs, budget and looks")
     plan.add_argument("spec", type=Path, help="the sweep spec (sweep.yaml)")
