@@ -54,9 +54,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
 from asymptote.errors import ConfigError
+from services.fitter.plot import PlotSeries, plot_curves
 from services.sweep.launcher import Launcher, RunPaths, SharedNats
 from services.sweep.pruner import ARM_ATTR, AsymptotePruner
-from services.sweep.rule import Arm, EvalRound, SweepSettings, Verdict, choose, fit_arm, judge, pool, prompt_draws
+from services.sweep.rule import ArmFit, EvalRound, SweepSettings, Verdict, choose, judge
 from services.sweep.spec import ArmPlan, SweepSpec
 
 log = logging.getLogger(__name__)
@@ -527,31 +528,50 @@ class Controller:
 
     # -- sweep.json -------------------------------------------------------------------------------------
 
-    def final_verdicts(self) -> tuple[dict[str, Verdict], str | None]:
-        """Every arm judged on all its rounds (the arms the rule stopped too), and the arm the rule picks
-        among those it did not stop: what the completed curves say, against which an audit's looks are read."""
-        seed_arms = {
-            plan.name: [a for r in self.runs if r.arm is plan and (a := self._seed_arm(r)) is not None]
-            for plan in self.plans
-        }
-        arms = {name: arms for name, arms in seed_arms.items() if arms}
-        if len(arms) < 2 or self.prompt_ids is None:
-            return {}, None
-        draws = prompt_draws(len(self.prompt_ids), self.settings)
-        fits = [fit_arm(pool(name, group), self.settings, draws, group) for name, group in arms.items()]
-        verdicts = judge(fits, self.settings, len(self.plans))
+    def final_verdicts(self) -> tuple[dict[str, ArmFit], dict[str, Verdict], str | None]:
+        """Every arm fitted and judged on all its rounds (the arms the rule stopped too), and the arm the rule
+        picks among those it did not stop: what the completed curves say, against which an audit's looks
+        are read."""
+        fits = self.pruner.fit_arms(self.study)
+        if len(fits) < 2:
+            return fits, {}, None
+        verdicts = judge(list(fits.values()), self.settings, len(self.plans))
         stopped = {plan.name for plan in self.plans if self._arm_stopped(plan.name)}
-        alive = [f for f in fits if f.arm.name not in stopped]
-        return verdicts, choose(alive, {k: v for k, v in verdicts.items() if k not in stopped})
+        alive = [f for name, f in fits.items() if name not in stopped]
+        return fits, verdicts, choose(alive, {k: v for k, v in verdicts.items() if k not in stopped})
 
-    def _seed_arm(self, run: Run) -> Arm | None:
-        arm = self.pruner.seed_arm(run.trial) if run.trial is not None else None
-        return None if arm is None else Arm(run.name, arm.baseline, arm.rounds)
+    def plot(self, fits: Mapping[str, ArmFit], path: Path) -> Path | None:
+        """Every arm's points, pooled fit and A interval in one PNG (the fitter's curve plot), each labelled
+        with the decision that stands; None before any arm has a round."""
+        series = []
+        for plan in self.plans:
+            fitted = fits.get(plan.name)
+            if fitted is None:
+                continue
+            decided = sorted((d for d in self.decisions.values() if d["arm"] == plan.name), key=lambda d: d["look"])
+            stop = next((d for d in decided if d["action"] != "continue"), None)
+            shown = stop or (decided[-1] if decided else None)
+            label = plan.name if shown is None else f"{plan.name} ({shown['outcome']}, look {shown['look']})"
+            rounds = fitted.arm.rounds
+            series.append(
+                PlotSeries(
+                    label,
+                    [r.compute for r in rounds],
+                    [r.pass_rate for r in rounds],
+                    fitted.fit,
+                    fitted.intervals,
+                    fitted.judged,
+                )
+            )
+        if not series:
+            return None
+        title = f"sweep{' (audit)' if self.audit else ''}: {len(self.plans)} arms x {self.spec.seeds} seeds"
+        return plot_curves(series, path, target_compute=self.settings.budget_compute, title=title)
 
     def summary(self, final: bool = False) -> dict[str, Any]:
         """Every arm: its overrides, seeds, compute, runs, fit, decision and why; at the end, the completed
         curves' verdicts, the pick, and (audit) whether each logged stop was borne out."""
-        verdicts, pick = self.final_verdicts() if final else ({}, None)
+        fits, verdicts, pick = self.final_verdicts() if final else ({}, {}, None)
         arms = []
         for plan in self.plans:
             runs = [r for r in self.runs if r.arm is plan]
@@ -577,7 +597,14 @@ class Controller:
             }
             if final and plan.name in verdicts:
                 final_verdict = verdicts[plan.name]
-                entry["final"] = {"outcome": final_verdict.outcome, "reason": final_verdict.reason}
+                whole = fits[plan.name]
+                entry["final"] = {
+                    "outcome": final_verdict.outcome,
+                    "reason": final_verdict.reason,
+                    "a": None if whole.fit is None else whole.fit.a,
+                    "a_interval": None if whole.intervals is None else [whole.intervals.a.low, whole.intervals.a.high],
+                    "determined": bool(whole.judged is not None and whole.judged.determined),
+                }
                 if stop is not None:
                     entry["borne_out"] = final_verdict.outcome in ("dominated", "unstable")
             arms.append(entry)
@@ -610,7 +637,10 @@ class Controller:
         }
 
     def write_summary(self, final: bool = False) -> None:
+        """sweep.json, and at the end sweep.png: every arm's whole curve."""
         atomic_write(self.dir / "sweep.json", json.dumps(self.summary(final), indent=2))
+        if final:
+            self.plot(self.pruner.fit_arms(self.study), self.dir / "sweep.png")
 
 
 def read_summary(directory: Path) -> Mapping[str, Any]:

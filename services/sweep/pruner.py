@@ -153,9 +153,17 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         self._fits[name] = (key, fitted)
         return fitted
 
-    def _groups(self, study: Study) -> dict[str, list[int]]:
+    def fit_arms(self, study: Study) -> dict[str, ArmFit]:
+        """Every arm of ``study`` fitted on all its trials' rounds, pruned trials too (an audit or a report
+        reads the whole curves)."""
+        groups = self._groups(study, states=None)
+        return {name: f for name, nums in groups.items() if (f := self._fit(name, nums)) is not None}
+
+    def _groups(
+        self, study: Study, states: tuple[optuna.trial.TrialState, ...] | None = _JUDGED_STATES
+    ) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {}
-        for other in study.get_trials(deepcopy=False, states=_JUDGED_STATES):
+        for other in study.get_trials(deepcopy=False, states=states):
             groups.setdefault(self.arm_name(other.number, other.user_attrs), []).append(other.number)
         return groups
 

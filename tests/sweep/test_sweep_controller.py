@@ -207,6 +207,9 @@ def test_an_audit_sweep_stops_nothing_and_its_report_checks_the_rule_against_the
     low = next(a for a in summary["arms"] if a["name"] == "low")
     assert low["action"] == "audit: would stop" and low["final"]["outcome"] == "dominated" and low["borne_out"]
     assert summary["pick"] == "good" and summary["compute_share"] == 1.0
+    good = next(a for a in summary["arms"] if a["name"] == "good")
+    assert good["final"]["determined"] and good["final"]["a_interval"][0] < good["final"]["a"] < 0.68 + 0.06
+    assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ConfigError, match="started with --audit"):
         controller(spec, tmp_path / "sweep", fake_launcher(tmp_path, {}))
 
