@@ -120,6 +120,14 @@ def run_sweep(args: Any) -> int:
     # One nats-server for every run, unless the base names one already running.
     nats = None if spec.base.get("nats_url") else SharedNats(directory)
     controller = Controller(spec, plans, directory, LocalLauncher(), audit=args.audit, nats=nats)
+    if args.metrics_port is not None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from services.sweep.metrics import SweepCollector
+
+        registry = CollectorRegistry()
+        registry.register(SweepCollector(lambda: controller.latest))
+        start_http_server(args.metrics_port, registry=registry)
     console = Console()
     try:
         with Live(arms_table(controller.summary()), console=console, refresh_per_second=2) as live:
@@ -148,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="asymptote sweep",
         description=__doc__.split("\n\n")[0],
-        epilog="plan SPEC [--json]: check a spec and print its plan. run SPEC --dir DIR [--audit] [--poll-s S]: "
+        epilog="plan SPEC [--json]: check a spec and print its plan. run SPEC --dir DIR [--audit] [--metrics-port P]: "
         "run it in DIR (the same DIR continues it); --audit runs every arm to its budget. docs/sweeps.md",
     )
     sub = parser.add_subparsers(dest="action", required=True)
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("spec", type=Path, help="the sweep spec (sweep.yaml)")
     run.add_argument("--dir", type=Path, required=True, help="the sweep's folder (its state; the same to continue it)")
     run.add_argument("--audit", action="store_true", help="run every arm to its budget; log what the rule decides")
+    run.add_argument("--metrics-port", type=int, default=None, help="serve the sweep's Prometheus metrics here")
     run.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the runs' eval.jsonl")
     args = parser.parse_args(argv)
     if args.action == "run":

@@ -188,6 +188,8 @@ class Controller:
         self._trials: dict[str, Trial] = {}
         self._load_decisions()
         self._load_trials()
+        self.latest: dict[str, Any] = self.summary()
+        """The summary last written to sweep.json (what the Prometheus export reads)."""
 
     # -- state in DIR -----------------------------------------------------------------------------------
 
@@ -610,6 +612,10 @@ class Controller:
             arms.append(entry)
         runs_total = len(self.runs) * self.settings.budget_compute
         spent = sum(r.compute for r in self.runs)
+        saved = sum(self.settings.budget_compute - r.compute for r in self.runs if r.state in ("stopped", "skipped"))
+        counts: dict[str, int] = {}
+        for d in self.decisions.values():
+            counts[d["outcome"]] = counts.get(d["outcome"], 0) + 1
         out: dict[str, Any] = {
             "audit": self.audit,
             "budget_per_arm": self.spec.budget.per_arm,
@@ -617,6 +623,8 @@ class Controller:
             "alpha_look": self.settings.look_alpha(len(self.plans)),
             "compute": spent,
             "compute_share": spent / runs_total if runs_total > 0 else None,
+            "compute_by_kind": {"spent": spent, "planned": runs_total, "saved": max(saved, 0.0)},
+            "decision_counts": counts,
             "device_seconds": sum(r.device_seconds for r in self.runs),
             "arms": arms,
         }
@@ -638,7 +646,8 @@ class Controller:
 
     def write_summary(self, final: bool = False) -> None:
         """sweep.json, and at the end sweep.png: every arm's whole curve."""
-        atomic_write(self.dir / "sweep.json", json.dumps(self.summary(final), indent=2))
+        self.latest = self.summary(final)
+        atomic_write(self.dir / "sweep.json", json.dumps(self.latest, indent=2))
         if final:
             self.plot(self.pruner.fit_arms(self.study), self.dir / "sweep.png")
 

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from asymptote.errors import ConfigError
+from asymptote.nats_local import free_port
 from benchmarks.sweep import simulate_arms
 from services.fitter.curve import CurveFitSettings
 from services.sweep.controller import Controller
 from services.sweep.launcher import LocalLauncher, RunPaths, SharedNats, process_start_ticks
+from services.sweep.metrics import SweepCollector
 from services.sweep.rule import Arm, SweepSettings
 from services.sweep.spec import ArmPlan, SweepSpec, resolve
 
@@ -188,6 +193,35 @@ def test_a_dominated_arm_is_stopped_at_a_look_once_across_a_restart_mid_look(tmp
     low_arm = next(a for a in summary["arms"] if a["name"] == "low")
     assert low_arm["decision"] == "dominated" and low_arm["action"] == "stop" and "dominated by" in low_arm["why"]
     assert summary["pick"] in ("good", "twin") and summary["compute_share"] < 1.0
+    scraped = scrape(second)
+    assert scraped[("asymptote_sweep_arms", ("state", "stopped"))] == 1.0
+    assert scraped[("asymptote_sweep_arms", ("state", "completed"))] == 2.0
+    assert scraped[("asymptote_sweep_arms", ("state", "failed"))] == 0.0
+    assert scraped[("asymptote_sweep_arm_stopped", ("arm", "low"))] == 1.0
+    assert scraped[("asymptote_sweep_decisions_total", ("outcome", "dominated"))] >= 1.0
+    assert scraped[("asymptote_sweep_decisions_total", ("outcome", "unstable"))] == 0.0
+    assert scraped[("asymptote_sweep_compute_flops", ("kind", "saved"))] == pytest.approx(1.0 - low.compute)
+    assert scraped[("asymptote_sweep_compute_flops", ("kind", "spent"))] == pytest.approx(summary["compute"])
+
+
+def scrape(ctl: Controller) -> dict[tuple[str, tuple[str, str]], float]:
+    """The controller's metrics as Prometheus scrapes them: over HTTP from prometheus_client's own server."""
+    registry = CollectorRegistry()
+    registry.register(SweepCollector(lambda: ctl.latest))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+        thread.join(10)
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if len(sample.labels) == 1:
+                (label,) = sample.labels.items()
+                out[(sample.name, label)] = sample.value
+    return out
 
 
 def test_an_audit_sweep_stops_nothing_and_its_report_checks_the_rule_against_the_whole_curves(
