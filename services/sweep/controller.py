@@ -424,7 +424,8 @@ class Controller:
         run.paths.root.mkdir(parents=True, exist_ok=True)
         url = self._nats_url() or run.arm.config.nats_url
         config = run.arm.run_config(run.seed, run.paths.run_dir, _prefix(run.index, run.name), url)
-        atomic_write(run.paths.config, yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
+        # The fields given, as a user writes them (not less: a default-valued discriminator is still given).
+        atomic_write(run.paths.config, yaml.safe_dump(config.model_dump(mode="json", exclude_unset=True)))
         if run.trial is None:
             trial = self.study.ask()
             attrs = {"run": run.name, ARM_ATTR: run.arm.name, "seed": run.seed, "starts": 0}

@@ -26,10 +26,12 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from asymptote.config import load_config
 from asymptote.errors import ConfigError
 from asymptote.nats_local import free_port
 from benchmarks.sweep import simulate_arms
 from services.fitter.curve import CurveFitSettings
+from services.local.config import StackConfig
 from services.sweep.controller import Controller
 from services.sweep.launcher import LocalLauncher, RunPaths, SharedNats, process_start_ticks
 from services.sweep.metrics import SweepCollector
@@ -288,6 +290,10 @@ def test_seeds_pool_into_one_arm_and_a_restart_adopts_live_runs_and_the_shared_n
     assert len(urls) == 1 and urls.pop().startswith("nats://127.0.0.1:")
     prefixes = {yaml.safe_load(r.paths.config.read_text(encoding="utf-8"))["prefix"] for r in ctl.runs}
     assert len(prefixes) == 4
+    for run in ctl.runs:  # what `asymptote up --config` reads back is the run the plan made
+        loaded = load_config(StackConfig, run.paths.config, "ASY_UP")
+        assert loaded.task == run.arm.config.task and loaded.lr == run.arm.config.lr and loaded.seed == run.seed
+        assert loaded.run_dir == run.paths.run_dir
     for run in ctl.runs:
         computes = [json.loads(line)["compute"] for line in (run.paths.run_dir / "eval.jsonl").open()]
         assert computes == sorted(set(computes)) and len(computes) == ROUNDS.size + 1
