@@ -3,8 +3,8 @@
 Owns the processes of a sweep's runs, not their decisions (``controller.py``). One interface
 (``Launcher``) and, here, one kind: ``LocalLauncher``, each run an ``asymptote up --config
 DIR/runs/<run>/config.yaml`` subprocess with its own run directory and NATS prefix (one shared
-nats-server for the sweep, ``SharedNats``). Pause is a clean stop (SIGINT: the run writes its checkpoint and
-summary.json), asked for without waiting and escalated to SIGKILL when asked again past the grace; resume is
+nats-server for the sweep, ``SharedNats``). Pause is a clean stop (SIGTERM, as Kubernetes stops a pod: the run writes its
+checkpoint, ledger and summary.json; not SIGINT, which a shell's background job inherits ignored), asked for without waiting and escalated to SIGKILL when asked again past the grace; resume is
 ``asymptote up --resume RUN_DIR``.
 
 A run's process is recorded in ``DIR/runs/<run>/process.json`` as its pid and its start time (field 22
@@ -16,6 +16,7 @@ command line, which names its own config file. Linux-only (``/proc``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ RunStatus = Literal["running", "exited", "absent"]
 """A run's process: alive, started once and now gone, or never started."""
 
 STOP_GRACE_S = 60.0
-"""How long a clean stop (SIGINT) may take before the run is killed: its checkpoint's write."""
+"""How long a clean stop (SIGTERM) may take before the run is killed: its checkpoint's write and ledger audit."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class LocalLauncher:
         self._spawn(run, resume=True)
 
     def pause(self, run: RunPaths) -> None:
-        """Ask the run for a clean stop (SIGINT) and return; asked again past ``STOP_GRACE_S``, kill it."""
+        """Ask the run for a clean stop (SIGTERM) and return; asked again past ``grace_s``, kill its process group."""
         pid = self._live_pid(run)
         if pid is None:
             self._asked.pop(run.name, None)
@@ -199,10 +200,11 @@ class LocalLauncher:
         asked = self._asked.get(run.name)
         if asked is None:
             self._asked[run.name] = time.monotonic()
-            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGTERM)
         elif time.monotonic() - asked >= self.grace_s:
             log.warning("run %s: no clean stop in %.0f s, killed", run.name, self.grace_s)
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # its session's group: what it started and left there too
 
     def stop(self, run: RunPaths) -> None:
         self.pause(run)

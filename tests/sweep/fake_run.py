@@ -3,12 +3,12 @@ appends a recorded curve's rows to its run directory, as far as its test release
 
     python fake_run.py CURVE.json --config CONFIG.yaml | --resume RUN_DIR
 
-CURVE.json: ``{"rows": [eval rows], "steps": [metrics rows], "crash_after": n, "ignore_sigint": bool}``.
+CURVE.json: ``{"rows": [eval rows], "steps": [metrics rows], "crash_after": n, "ignore_sigterm": bool}``.
 Row i of ``steps`` (when given) is appended to metrics.jsonl just before eval row i. The test paces the
 run by writing a count to ``release`` beside the run directory: the run writes rows up to that count and
 waits for more (an event, not a pace of its own). ``crash_after``: exit 1 once eval.jsonl holds n rows, at
 every start. It writes stack.json when it starts, continues after the rows already written when resumed,
-and on SIGINT (a clean stop; ignored with ``ignore_sigint``) or after its last row writes summary.json and
+and on SIGTERM (a clean stop; ignored with ``ignore_sigterm``) or after its last row writes summary.json and
 exits 0.
 """
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN if curve.get("ignore_sigint") else stop)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if curve.get("ignore_sigterm") else stop)
     eval_path, metrics_path = run_dir / "eval.jsonl", run_dir / "metrics.jsonl"
     done = len(eval_path.read_text(encoding="utf-8").splitlines()) if eval_path.exists() else 0
     rows, steps = curve["rows"], curve.get("steps")

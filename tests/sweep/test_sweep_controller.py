@@ -2,7 +2,7 @@
 
 Each run is a real subprocess (``fake_run.py``) that stands in for ``asymptote up`` for speed: it appends a
 recorded curve's eval rows (each held-out prompt's counts included, on the FLOPs axis) and training steps to
-its run directory as far as the test releases them, stops cleanly on SIGINT, and continues after its last
+its run directory as far as the test releases them, stops cleanly on SIGTERM, and continues after its last
 row when resumed. The driver releases one more row to a run only once the controller has read all it was
 given, so every run's rows reach the controller one at a time whatever the machine's pace. A "restart" is a
 new Controller on the same folder, the old one dropped where it stood, as SIGKILL would leave it.
@@ -317,13 +317,13 @@ def test_a_run_that_keeps_crashing_is_failed_with_its_reason_and_the_sweep_goes_
 
 def test_an_arm_truncating_past_the_limit_is_unstable_and_its_stop_does_not_block(tmp_path: Path) -> None:
     """An arm whose training truncates 25% of its completions (metrics.jsonl) is stopped as unstable, never
-    as dominated, though its curve is the leader's. Its run ignores SIGINT: the controller does not wait on
+    as dominated, though its curve is the leader's. Its run ignores SIGTERM: the controller does not wait on
     it (it steps on, and the other arm gains rounds, while the run lives) and kills it past the grace."""
     spec = sweep_spec(["good", "long"])
     arms = curves([0.68, 0.68], ["good", "long"])
     arms["good"]["steps"] = steps_of(ROUNDS.size + 1, 0.02)
     arms["long"]["steps"] = steps_of(ROUNDS.size + 1, 0.25)
-    arms["long"]["ignore_sigint"] = True
+    arms["long"]["ignore_sigterm"] = True
     ctl = controller(spec, tmp_path / "sweep", fake_launcher(tmp_path, arms, grace_s=2.0))
     long_run, good = ctl.by_name["long-s0"], ctl.by_name["good-s0"]
     drive(ctl, lambda: long_run.state == "stopped")
