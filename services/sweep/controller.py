@@ -556,19 +556,24 @@ class Controller:
             shown = stop or (decided[-1] if decided else None)
             label = plan.name if shown is None else f"{plan.name} ({shown['outcome']}, look {shown['look']})"
             rounds = fitted.arm.rounds
+            # A fit without its intervals (too few points to bootstrap) is drawn as points, saying why.
+            whole = fitted.intervals is not None
+            if not whole:
+                label += f": {fitted.unstable.text if fitted.unstable else fitted.why_not or 'no fit'}"
             series.append(
                 PlotSeries(
                     label,
                     [r.compute for r in rounds],
                     [r.pass_rate for r in rounds],
-                    fitted.fit,
+                    fitted.fit if whole else None,
                     fitted.intervals,
                     fitted.judged,
                 )
             )
         if not series:
             return None
-        title = f"sweep{' (audit)' if self.audit else ''}: {len(self.plans)} arms x {self.spec.seeds} seeds"
+        seeds = f"{self.spec.seeds} seed{'s' if self.spec.seeds > 1 else ''}"
+        title = f"sweep{' (audit)' if self.audit else ''}: {len(self.plans)} arms x {seeds}"
         return plot_curves(series, path, target_compute=self.settings.budget_compute, title=title)
 
     def summary(self, final: bool = False) -> dict[str, Any]:
