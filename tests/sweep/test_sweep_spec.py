@@ -125,11 +125,16 @@ BAD: list[tuple[str, dict[str, Any] | str, str]] = [
 ]
 
 
+@pytest.mark.parametrize("action", ["plan", "run"])
 @pytest.mark.parametrize(("spec", "said"), [(s, w) for _, s, w in BAD], ids=[k for k, _, _ in BAD])
 def test_a_wrong_spec_is_one_line_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any] | str, said: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any] | str, said: str, action: str
 ) -> None:
-    assert main(["sweep", "plan", str(write(tmp_path, spec))]) == 2
+    """``plan`` and ``run`` alike: exit 2, one line, and (``run``) not even the sweep's folder made."""
+    folder = tmp_path / "sweep-dir"
+    extra = ["--dir", str(folder)] if action == "run" else []
+    assert main(["sweep", action, str(write(tmp_path, spec)), *extra]) == 2
+    assert not folder.exists()
     captured = capsys.readouterr()
     assert captured.out == ""
     err = captured.err.strip()
