@@ -2,6 +2,7 @@
 
     asymptote sweep plan SPEC [--json]
     asymptote sweep run SPEC --dir DIR [--audit]
+    asymptote sweep replay RUN_DIR... [--spec SPEC] [--out DIR]
 
 ``plan`` reads ``sweep.yaml`` (services/sweep/spec.py), resolves every arm
 into the whole config its runs start from, checks that the machine can
@@ -31,6 +32,7 @@ from rich.table import Table
 
 from asymptote.cli_args import ArgumentParser
 from asymptote.compute import flops_text
+from asymptote.errors import ConfigError
 from services.sweep.spec import ArmPlan, SweepSpec, planned
 
 
@@ -152,12 +154,31 @@ def run_sweep(args: Any) -> int:
     return 0
 
 
+def replay_runs(args: Any) -> int:
+    from services.sweep.replay import find_runs, main_replay, read_run
+    from services.sweep.rule import SweepSettings
+    from services.sweep.spec import load_spec
+
+    if args.spec is not None:
+        settings = load_spec(args.spec).settings
+    else:
+        budget = args.budget
+        if budget is None:
+            budget = min(read_run(path, arm)[0].rounds[-1].compute for arm, path in find_runs(args.runs, args.arm))
+        warmup = args.warmup if args.warmup is not None else budget / 10
+        if not 0 < warmup < budget:
+            raise ConfigError(f"--warmup {warmup:g} must be above 0 and below the budget {budget:g}")
+        settings = SweepSettings(warmup_compute=warmup, budget_compute=budget)
+    return main_replay(args.runs, settings, args.out, args.arm)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="asymptote sweep",
         description=__doc__.split("\n\n")[0],
         epilog="plan SPEC [--json]: check a spec and print its plan. run SPEC --dir DIR [--audit] [--metrics-port P]: "
-        "run it in DIR (the same DIR continues it); --audit runs every arm to its budget. docs/sweeps.md",
+        "run it in DIR (the same DIR continues it); --audit runs every arm to its budget. replay RUN... [--spec SPEC] "
+        "[--budget B] [--warmup W] [--arm NAME] [--out DIR]: the rule over finished runs. docs/sweeps.md",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     plan = sub.add_parser("plan", help="check a sweep spec and print its arms, runs, budget and looks")
@@ -169,9 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--audit", action="store_true", help="run every arm to its budget; log what the rule decides")
     run.add_argument("--metrics-port", type=int, default=None, help="serve the sweep's Prometheus metrics here")
     run.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the runs' eval.jsonl")
+    rep = sub.add_parser("replay", help="the rule over finished runs cut at each look, against their whole curves")
+    rep.add_argument("runs", type=Path, nargs="+", help="run directories or sweep folders")
+    rep.add_argument("--spec", type=Path, default=None, help="the sweep spec whose warm-up, budget and rule to use")
+    rep.add_argument("--budget", type=float, default=None, help="compute per run (default: the shortest run's)")
+    rep.add_argument("--warmup", type=float, default=None, help="compute before any look (default: budget / 10)")
+    rep.add_argument("--arm", action="append", default=[], help="the arm of each run directory, in order")
+    rep.add_argument("--out", type=Path, default=Path("sweep-replay"), help="where replay.json goes")
     args = parser.parse_args(argv)
     if args.action == "run":
         return run_sweep(args)
+    if args.action == "replay":
+        return replay_runs(args)
     spec, plans = planned(args.spec)
     if args.json:
         print(json.dumps(plan_json(spec, plans), indent=2))

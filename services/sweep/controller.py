@@ -86,6 +86,10 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+Step = tuple[int, float, float, bool]
+"""A training step of metrics.jsonl as the stops read it: (policy version, truncated, completions, finite)."""
+
+
 @dataclass
 class Run:
     """One run of the sweep as the controller tracks it."""
@@ -110,8 +114,8 @@ class Run:
     offset: int = 0
     """Bytes of its eval.jsonl read so far."""
     metrics_offset: int = 0
-    steps: list[tuple[int, float, float, bool]] = field(default_factory=list)
-    """Its training steps read from metrics.jsonl: (policy version, truncated, completions, finite)."""
+    steps: list[Step] = field(default_factory=list)
+    """Its training steps read from metrics.jsonl."""
     last_version: int = -1
     last_compute: float = -1.0
     closing: bool = False
@@ -133,6 +137,43 @@ def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
         return [], offset
     end = data.rfind(b"\n") + 1
     return data[:end].decode("utf-8").splitlines(), offset + end
+
+
+def step_of(row: Mapping[str, Any]) -> Step:
+    """One metrics.jsonl row as a ``Step``."""
+    truncated = float(row.get("rollout/truncated", 0.0) or 0.0)
+    completions = float(row.get("rollout/completions", 0.0) or 0.0)
+    return int(row.get("policy_version", row.get("step", 0))), truncated, completions, _finite(row)
+
+
+def eval_round(
+    row: Mapping[str, Any], steps: Sequence[Step], after_version: int, prompt_ids: Sequence[str] | None
+) -> EvalRound | str:
+    """An eval.jsonl row as the rule reads it, with the training truncation rate and finiteness of ``steps``
+    after ``after_version`` (the previous round's) up to its own version; or why it cannot be judged: no
+    per-prompt counts, compute on another axis, prompts sampled unevenly, other prompts than
+    ``prompt_ids`` (the sweep's held-out set; None: any)."""
+    ids, correct, samples = row.get("prompt_ids"), row.get("correct"), row.get("samples")
+    if ids is None or correct is None or samples is None:
+        return "its eval rows carry no per-prompt counts"
+    unit = row.get("compute_unit", "device_seconds")
+    if unit != "flops":
+        return f"its eval rows' compute is in {unit}, not FLOPs"
+    if len(set(samples)) != 1:
+        return f"its eval round at version {row.get('policy_version')} sampled prompts unevenly"
+    if prompt_ids is not None and list(ids) != list(prompt_ids):
+        return "its held-out prompts are not the sweep's (another eval set, or a round cut short)"
+    compute = float(row["compute"])
+    truncation, finite = None, True
+    if compute > 0:
+        version = int(row.get("policy_version", row.get("step", 0)))
+        window = [s for s in steps if after_version < s[0] <= version]
+        completions = sum(s[2] for s in window)
+        truncation = sum(s[1] for s in window) / completions if completions > 0 else None
+        finite = all(s[3] for s in window)
+    return EvalRound(
+        compute, np.asarray(correct, dtype=np.int64), int(samples[0]), truncation_rate=truncation, finite=finite
+    )
 
 
 def _finite(row: Mapping[str, Any]) -> bool:
@@ -247,44 +288,17 @@ class Controller:
 
     def _read_steps(self, run: Run) -> None:
         lines, run.metrics_offset = _new_lines(run.paths.run_dir / "metrics.jsonl", run.metrics_offset)
-        for line in lines:
-            if line.strip():
-                row = json.loads(line)
-                truncated = float(row.get("rollout/truncated", 0.0) or 0.0)
-                completions = float(row.get("rollout/completions", 0.0) or 0.0)
-                run.steps.append(
-                    (int(row.get("policy_version", row.get("step", 0))), truncated, completions, _finite(row))
-                )
-
-    def _since(self, run: Run, version: int) -> tuple[float | None, bool]:
-        """The training truncation rate and finiteness of ``run``'s steps after its last round, up to ``version``."""
-        steps = [s for s in run.steps if run.last_version < s[0] <= version]
-        completions = sum(s[2] for s in steps)
-        rate = sum(s[1] for s in steps) / completions if completions > 0 else None
-        return rate, all(s[3] for s in steps)
+        run.steps.extend(step_of(json.loads(line)) for line in lines if line.strip())
 
     def _eval_round(self, run: Run, row: Mapping[str, Any], compute: float) -> EvalRound | None:
         """The row as the rule reads it, or None (and ``run.not_judged`` says why)."""
-        ids, correct, samples = row.get("prompt_ids"), row.get("correct"), row.get("samples")
-        if ids is None or correct is None or samples is None:
-            run.not_judged = "its eval rows carry no per-prompt counts"
-            return None
-        if row.get("compute_unit", "device_seconds") != "flops":
-            run.not_judged = f"its eval rows' compute is in {row.get('compute_unit', 'device_seconds')}, not FLOPs"
-            return None
-        if len(set(samples)) != 1:
-            run.not_judged = f"its eval round at version {row.get('policy_version')} sampled prompts unevenly"
+        got = eval_round(row, run.steps, run.last_version, self.prompt_ids)
+        if isinstance(got, str):
+            run.not_judged = got
             return None
         if self.prompt_ids is None:
-            self.prompt_ids = list(ids)
-        elif list(ids) != self.prompt_ids:
-            run.not_judged = "its held-out prompts are not the sweep's (another eval set, or a round cut short)"
-            return None
-        version = int(row.get("policy_version", row.get("step", 0)))
-        truncation, finite = self._since(run, version) if compute > 0 else (None, True)
-        return EvalRound(
-            compute, np.asarray(correct, dtype=np.int64), int(samples[0]), truncation_rate=truncation, finite=finite
-        )
+            self.prompt_ids = list(row["prompt_ids"])
+        return got
 
     def _read_rounds(self, run: Run) -> int:
         """Record the rows of ``run``'s eval.jsonl past what was read; the number of new rounds."""
