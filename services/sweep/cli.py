@@ -3,6 +3,7 @@
     asymptote sweep plan SPEC [--json]
     asymptote sweep run SPEC --dir DIR [--audit]
     asymptote sweep replay RUN_DIR... [--spec SPEC] [--out DIR]
+    asymptote sweep promote DIR --budget X [--arm NAME]
 
 ``plan`` reads ``sweep.yaml`` (services/sweep/spec.py), resolves every arm
 into the whole config its runs start from, checks that the machine can
@@ -154,6 +155,33 @@ def run_sweep(args: Any) -> int:
     return 0
 
 
+def promote_pick(args: Any) -> int:
+    from services.sweep.promote import promote
+
+    console = Console()
+
+    def show(row: dict[str, Any]) -> None:
+        band = "" if row["band"] is None else f" band [{row['band'][0]:.3f}, {row['band'][1]:.3f}]"
+        console.print(
+            f"{flops_text(row['compute'])}: observed {row['observed']:.3f}, forecast {row['forecast']:.3f}{band}, "
+            f"error {row['error']:+.3f}"
+        )
+
+    done = promote(args.dir.resolve(), args.budget, args.arm, report=show)
+    f = done["forecast"]
+    console.print(
+        f"{f['arm']}: forecast at {flops_text(f['budget'])} {f['projected']:.3f}"
+        + ("" if f["band"] is None else f" [{f['band'][0]:.3f}, {f['band'][1]:.3f}]")
+        + ("" if f["determined"] else f" (not determined: {f['why_not']})")
+        + (
+            ""
+            if done["last"] is None
+            else f"; last observed {done['last']['observed']:.3f}, error {done['last']['error']:+.3f}"
+        )
+    )
+    return 0
+
+
 def replay_runs(args: Any) -> int:
     from services.sweep.replay import find_runs, main_replay, read_run
     from services.sweep.rule import SweepSettings
@@ -178,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="plan SPEC [--json]: check a spec and print its plan. run SPEC --dir DIR [--audit] [--metrics-port P]: "
         "run it in DIR (the same DIR continues it); --audit runs every arm to its budget. replay RUN... [--spec SPEC] "
-        "[--budget B] [--warmup W] [--arm NAME] [--out DIR]: the rule over finished runs. docs/sweeps.md",
+        "[--budget B] [--warmup W] [--arm NAME] [--out DIR]: the rule over finished runs. promote DIR --budget X "
+        "[--arm NAME]: continue the pick, its forecast first. docs/sweeps.md",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     plan = sub.add_parser("plan", help="check a sweep spec and print its arms, runs, budget and looks")
@@ -197,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--warmup", type=float, default=None, help="compute before any look (default: budget / 10)")
     rep.add_argument("--arm", action="append", default=[], help="the arm of each run directory, in order")
     rep.add_argument("--out", type=Path, default=Path("sweep-replay"), help="where replay.json goes")
+    pro = sub.add_parser("promote", help="continue the sweep's pick to a larger budget, its forecast recorded first")
+    pro.add_argument("dir", type=Path, help="the sweep's folder")
+    pro.add_argument("--budget", type=float, required=True, help="compute to continue the run to (above the sweep's)")
+    pro.add_argument("--arm", default=None, help="the arm to promote (default: the sweep's pick)")
     args = parser.parse_args(argv)
+    if args.action == "promote":
+        return promote_pick(args)
     if args.action == "run":
         return run_sweep(args)
     if args.action == "replay":
