@@ -122,15 +122,20 @@ def run_sweep(args: Any) -> int:
     directory = args.dir.resolve()
     # One nats-server for every run, unless the base names one already running.
     nats = None if spec.base.get("nats_url") else SharedNats(directory)
-    controller = Controller(spec, plans, directory, LocalLauncher(), audit=args.audit, nats=nats)
-    if args.metrics_port is not None:
+    held: list[Controller] = []
+    if args.metrics_port is not None:  # before the sweep's folder is made: a port in use starts nothing
         from prometheus_client import CollectorRegistry, start_http_server
 
         from services.sweep.metrics import SweepCollector
 
         registry = CollectorRegistry()
-        registry.register(SweepCollector(lambda: controller.latest))
-        start_http_server(args.metrics_port, registry=registry)
+        registry.register(SweepCollector(lambda: held[0].latest))
+        try:
+            start_http_server(args.metrics_port, registry=registry)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {args.metrics_port}: cannot serve metrics there: {exc}") from exc
+    controller = Controller(spec, plans, directory, LocalLauncher(), audit=args.audit, nats=nats)
+    held.append(controller)
     console = Console()
     try:
         with Live(arms_table(controller.summary()), console=console, refresh_per_second=2) as live:

@@ -3,6 +3,7 @@ whole configs, leave-one-out and grids, and every wrong spec one line naming wha
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,19 @@ def test_runs_at_once_on_gpus_count_each_arms_gpus(tmp_path: Path) -> None:
     assert len(plans) == 2
     with pytest.raises(Exception, match="2 runs of 2 GPUs each need 4, and 3 are visible"):
         planned(write(tmp_path, spec), gpus_visible=3, cores=2)
+
+
+def test_a_metrics_port_in_use_is_one_line_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        folder = tmp_path / "sweep-dir"
+        assert (
+            main(["sweep", "run", str(write(tmp_path, GOOD)), "--dir", str(folder), "--metrics-port", str(port)]) == 2
+        )
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--metrics-port {port}: cannot serve metrics there" in err
+    assert not folder.exists()
