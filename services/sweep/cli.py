@@ -56,6 +56,7 @@ def plan_json(spec: SweepSpec, plans: list[ArmPlan]) -> dict[str, object]:
             for p in plans
         ],
         "seeds": spec.seeds,
+        "extra_seeds": spec.extra_seeds,
         "runs": runs,
         "at_once": spec.at_once,
         "budget_per_arm": spec.budget.per_arm,
@@ -85,6 +86,12 @@ def print_plan(spec: SweepSpec, plans: list[ArmPlan], console: Console) -> None:
         f"judged from {flops_text(spec.warmup)} at {len(settings.looks)} looks: {looks}\n"
         f"margin {spec.margin}, error rate {spec.alpha} ({settings.look_alpha(len(plans)):.4f} a comparison at a "
         "look, Bonferroni)"
+        + (
+            f"\nup to {spec.extra_seeds} extra seed{'s' if spec.extra_seeds > 1 else ''} for an undecided leader and "
+            "its closest challenger, within the total"
+            if spec.extra_seeds
+            else ""
+        )
     )
 
 

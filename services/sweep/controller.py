@@ -263,6 +263,8 @@ class Controller:
         for frozen in self.study.get_trials(deepcopy=False):
             name = frozen.user_attrs.get("run")
             run = self.by_name.get(name) if isinstance(name, str) else None
+            if run is None and isinstance(name, str):
+                run = self._extra_run(str(frozen.user_attrs.get("arm")), int(frozen.user_attrs.get("seed", -1)))
             if run is None:
                 if frozen.state == TrialState.RUNNING:
                     # Asked, then the controller died before it named the trial's run: no run started.
@@ -442,7 +444,7 @@ class Controller:
         atomic_write(run.paths.config, yaml.safe_dump(config.model_dump(mode="json", exclude_unset=True)))
         if run.trial is None:
             trial = self.study.ask()
-            attrs = {"run": run.name, ARM_ATTR: run.arm.name, "seed": run.seed, "starts": 0}
+            attrs = {"run": run.name, ARM_ATTR: run.arm.name, "seed": run.seed, "starts": 0, "extra": run.reason}
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
             run.trial = trial.number
@@ -499,6 +501,49 @@ class Controller:
             self._launch(run, resume=(run.paths.run_dir / "stack.json").exists())
         return True
 
+    def _extra_run(self, arm: str, seed: int, why: str = "") -> Run | None:
+        """A run of an extra seed of ``arm`` (LUCB), added to the sweep's runs; None for an arm not planned."""
+        plan = next((p for p in self.plans if p.name == arm), None)
+        if plan is None or seed < self.spec.seeds:
+            return None
+        name = f"{arm}-s{seed}"
+        run = Run(name, plan, seed, len(self.runs), RunPaths(self.dir / "runs" / name), reason=why)
+        self.runs.append(run)
+        self.by_name[name] = run
+        return run
+
+    def _add_seeds(self) -> bool:
+        """Spend free capacity on the leader and its closest challenger while the two are undecided: one
+        more seed each, up to ``extra_seeds`` beyond the plan's, within the total budget. True when added."""
+        verdicts = self.pruner.verdicts()
+        leader = next((name for name, v in verdicts.items() if v.outcome == "leader"), None)
+        if leader is None:
+            return False
+        undecided = [
+            (abs(v.a_difference.low + v.a_difference.high), name)
+            for name, v in verdicts.items()
+            if v.outcome == "undecided" and v.leader == leader and v.a_difference is not None
+            and not self._arm_stopped(name)
+        ]  # fmt: skip
+        if not undecided:
+            return False
+        challenger = min(undecided)[1]
+        added = False
+        for arm, other in ((leader, challenger), (challenger, leader)):
+            runs = [r for r in self.runs if r.arm.name == arm]
+            if len(runs) >= self.spec.seeds + self.spec.extra_seeds or any(r.state == "pending" for r in runs):
+                continue
+            total = self.spec.budget.total
+            planned = len(self.plans) * self.spec.seeds * self.settings.budget_compute if total is None else total
+            pending = sum(r.state == "pending" for r in self.runs)
+            if self._committed() + (pending + 1) * self.settings.budget_compute > planned * (1 + 1e-9):
+                return added
+            why = f"extra seed: {arm} and {other} are undecided ({'leader' if arm == leader else 'closest challenger'})"
+            self._extra_run(arm, max(r.seed for r in runs) + 1, why)
+            log.info("%s", why)
+            added = True
+        return added
+
     def _committed(self) -> float:
         """Compute the started runs have spent or will spend: a live run's budget, a settled run's compute."""
         budget = self.settings.budget_compute
@@ -524,6 +569,8 @@ class Controller:
             if run.state == "running":
                 changed |= self._watch(run)
         alive = sum(r.state == "running" or r.closing for r in self.runs)
+        if alive < self.spec.at_once and not any(r.state == "pending" for r in self.runs):
+            changed |= self._add_seeds()
         total = self.spec.budget.total
         for run in self.runs:
             if alive >= self.spec.at_once:

@@ -195,6 +195,10 @@ class AsymptotePruner(optuna.pruners.BasePruner):
         """How many planned looks arm ``arm`` has been judged at."""
         return self._looks_judged.get(arm, 0)
 
+    def verdicts(self) -> dict[str, Verdict]:
+        """Every arm's outcome at its latest look, by arm."""
+        return dict(self._verdicts)
+
     def verdict(self, number: int) -> Verdict | None:
         """The outcome of trial ``number``'s arm at its latest look; None before its first."""
         name = self._names.get(number)

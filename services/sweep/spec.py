@@ -117,6 +117,11 @@ class SweepSpec(Frozen):
     """Compute before which no arm is judged (the fit's early cutoff; the paper's: about one epoch)."""
     at_once: int = Field(default=1, ge=1)
     """Runs at the same time; at most what the machine can place (its GPUs, or its cores on the CPU)."""
+    extra_seeds: int = Field(default=1, ge=0, le=8)
+    """Seeds an arm may get beyond ``seeds`` while it leads, or is the leader's closest challenger, and the
+    two are undecided: capacity and compute that stopped arms freed, spent where they decide (LUCB). Within
+    ``budget.total`` (by default what every planned run at its budget would spend), so it costs nothing
+    the plan did not."""
     margin: float = Field(default=MARGIN, gt=0.0, lt=1.0)
     """Delta: arms whose asymptotes differ by less are equivalent."""
     alpha: float = Field(default=ALPHA, gt=0.0, lt=1.0)

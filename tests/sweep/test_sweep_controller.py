@@ -46,7 +46,7 @@ SETTINGS = SweepSettings(
 DEADLINE_S = 120.0
 
 
-def sweep_spec(arms: list[str], seeds: int = 1, at_once: int = 3) -> SweepSpec:
+def sweep_spec(arms: list[str], seeds: int = 1, at_once: int = 3, **more: Any) -> SweepSpec:
     variants = [{"name": name, "set": {"lr": 1e-4 * (i + 2)}} for i, name in enumerate(arms)]
     return SweepSpec.model_validate(
         {
@@ -56,6 +56,8 @@ def sweep_spec(arms: list[str], seeds: int = 1, at_once: int = 3) -> SweepSpec:
             "budget": {"per_arm": 1.0},
             "warmup": 0.1,
             "at_once": at_once,
+            "extra_seeds": 0,
+            **more,
         }
     )
 
@@ -106,7 +108,9 @@ def fake_launcher(directory: Path, curves: dict[str, dict[str, Any]], grace_s: f
     def command(run: RunPaths, resume: bool) -> list[str]:
         arm = run.name.rsplit("-s", 1)[0]
         target = ["--resume", str(run.run_dir)] if resume else ["--config", str(run.config)]
-        return [sys.executable, str(FAKE_RUN), str(directory / f"curve-{arm}.json"), *target]
+        own = directory / f"curve-{run.name}.json"  # a seed's own curve, else its arm's
+        curve = own if own.exists() else directory / f"curve-{arm}.json"
+        return [sys.executable, str(FAKE_RUN), str(curve), *target]
 
     return LocalLauncher(command, grace_s=grace_s)
 
@@ -360,3 +364,33 @@ def test_a_folder_holding_another_specs_sweep_is_refused_before_anything_starts(
     with pytest.raises(ConfigError, match="another spec"):
         Controller(other, plans, tmp_path / "sweep", launcher, settings=SETTINGS)
     assert not (tmp_path / "sweep" / "runs").exists()
+
+
+def test_freed_compute_buys_the_undecided_leader_and_challenger_a_seed_each(tmp_path: Path) -> None:
+    """Two recipes 0.015 apart (one seed each: undecided, the seed term alone is 0.021) and one far below,
+    stopped early. The compute the low arm freed (a total of 5 runs' budgets) buys the leader and its
+    closest challenger one more seed each, on curves of their own; the low arm gets none. A restart
+    mid-way adopts the extra runs; their arms' looks then pool two seeds."""
+    spec = sweep_spec(["good", "close", "low"], extra_seeds=1, budget={"per_arm": 1.0, "total": 5.0})
+    arms = curves([0.68, 0.665, 0.48], ["good", "close", "low"])
+    more = curves([0.68, 0.665], ["good-s1", "close-s1"], seed=3)
+    launcher = fake_launcher(tmp_path, {**arms, **more})
+    directory = tmp_path / "sweep"
+    ctl = controller(spec, directory, launcher)
+    drive(ctl, lambda: any(r.seed == 1 and r.rounds >= 2 for r in ctl.runs))
+    added = {r.name: r.reason for r in ctl.runs if r.seed == 1}
+    assert set(added) <= {"good-s1", "close-s1"} and all(why.startswith("extra seed: ") for why in added.values())
+    started = {r.name for r in ctl.runs if r.seed == 1 and r.trial is not None}
+    # A restart: the extra runs that started are adopted (one not started yet is decided again).
+    ctl = controller(spec, directory, fake_launcher(tmp_path, {}))
+    assert {r.name for r in ctl.runs if r.seed == 1} == started
+    drive(ctl, lambda: settled(ctl))
+    extra = {r.name: r for r in ctl.runs if r.seed == 1}
+    assert set(extra) == {"good-s1", "close-s1"} and all(r.starts == 1 for r in extra.values())
+    assert ctl.by_name["low-s0"].state == "stopped" and "low-s1" not in ctl.by_name
+    trials = {t.user_attrs["run"]: t for t in ctl.study.get_trials()}
+    assert (
+        trials["good-s1"].user_attrs["extra"].startswith("extra seed: ") and trials["good-s1"].user_attrs["seed"] == 1
+    )
+    assert sum(r.compute for r in ctl.runs) <= 5.0
+    assert any(d["seeds"] == 2 and d["arm"] in ("good", "close") for d in decisions(directory))
