@@ -52,6 +52,7 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
+from pydantic import ValidationError
 
 from asymptote.errors import ConfigError
 from services.fitter.plot import PlotSeries, plot_curves
@@ -240,7 +241,12 @@ class Controller:
         wanted = {"spec": self.spec.model_dump(mode="json"), "audit": self.audit}
         if spec_file.exists():
             held = json.loads(spec_file.read_text(encoding="utf-8"))
-            if held.get("spec") != wanted["spec"]:
+            # Read through today's model: a field added since, at its default, is the same spec.
+            try:
+                same = SweepSpec.model_validate(held.get("spec")) == self.spec
+            except ValidationError:
+                same = False
+            if not same:
                 raise ConfigError(
                     f"--dir {self.dir}: it holds the sweep of another spec (its spec.json differs); "
                     "give a new --dir, or the spec it was started with"

@@ -364,6 +364,12 @@ def test_a_folder_holding_another_specs_sweep_is_refused_before_anything_starts(
     with pytest.raises(ConfigError, match="another spec"):
         Controller(other, plans, tmp_path / "sweep", launcher, settings=SETTINGS)
     assert not (tmp_path / "sweep" / "runs").exists()
+    # A sweep started before a field was added (here extra_seeds, at its default then) is the same spec.
+    held = json.loads((tmp_path / "sweep" / "spec.json").read_text(encoding="utf-8"))
+    del held["spec"]["extra_seeds"]
+    (tmp_path / "sweep" / "spec.json").write_text(json.dumps(held), encoding="utf-8")
+    spec = sweep_spec(["one", "two"], extra_seeds=1)
+    assert controller(spec, tmp_path / "sweep", launcher).spec == spec
 
 
 def test_freed_compute_buys_the_undecided_leader_and_challenger_a_seed_each(tmp_path: Path) -> None:
