@@ -195,21 +195,11 @@ def promote_pick(args: Any) -> int:
 
 
 def replay_runs(args: Any) -> int:
-    from services.sweep.replay import find_runs, main_replay, read_run
-    from services.sweep.rule import SweepSettings
+    from services.sweep.replay import main_replay
     from services.sweep.spec import load_spec
 
-    if args.spec is not None:
-        settings = load_spec(args.spec).settings
-    else:
-        budget = args.budget
-        if budget is None:
-            budget = min(read_run(path, arm)[0].rounds[-1].compute for arm, path in find_runs(args.runs, args.arm))
-        warmup = args.warmup if args.warmup is not None else budget / 10
-        if not 0 < warmup < budget:
-            raise ConfigError(f"--warmup {warmup:g} must be above 0 and below the budget {budget:g}")
-        settings = SweepSettings(warmup_compute=warmup, budget_compute=budget)
-    return main_replay(args.runs, settings, args.out, args.arm)
+    settings = load_spec(args.spec).settings if args.spec is not None else None
+    return main_replay(args.runs, args.out, args.arm, settings, args.budget, args.warmup)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -298,7 +298,7 @@ class Controller:
         lines, run.metrics_offset = _new_lines(run.paths.run_dir / "metrics.jsonl", run.metrics_offset)
         run.steps.extend(step_of(json.loads(line)) for line in lines if line.strip())
 
-    def _eval_round(self, run: Run, row: Mapping[str, Any], compute: float) -> EvalRound | None:
+    def _eval_round(self, run: Run, row: Mapping[str, Any]) -> EvalRound | None:
         """The row as the rule reads it, or None (and ``run.not_judged`` says why)."""
         got = eval_round(row, run.steps, run.last_version, self.prompt_ids)
         if isinstance(got, str):
@@ -326,7 +326,7 @@ class Controller:
             run.device_seconds = float(row.get("device_seconds") or 0.0)
             if trial is not None:
                 new += 1
-                eval_round = None if run.not_judged else self._eval_round(run, row, compute)
+                eval_round = None if run.not_judged else self._eval_round(run, row)
                 if eval_round is None:
                     if compute > 0:
                         self._report(trial, float(row["pass_rate"]), compute)
@@ -357,7 +357,8 @@ class Controller:
         self.decisions[(row["arm"], row["look"])] = row
 
     def _judge(self, plan: ArmPlan) -> None:
-        """Ask the pruner about ``plan``'s arm through its furthest live run; log a new look's verdict once."""
+        """Ask the pruner about ``plan``'s arm through one of its live runs (it judges the arm, all its seeds
+        pooled); log a new look's verdict once."""
         live = [r for r in self.runs if r.arm is plan and r.state == "running" and r.trial is not None and r.rounds]
         if not live:
             return
@@ -380,7 +381,7 @@ class Controller:
             "arm": plan.name,
             "look": look,
             "look_compute": self.settings.looks[look],
-            "progress": sum(r.compute for r in runs) / self.spec.seeds,
+            "progress": self.pruner.progress([r.trial for r in runs if r.trial is not None]),
             "compute": max(r.compute for r in runs),
             "seeds": len(runs),
             "outcome": verdict.outcome,
@@ -473,8 +474,7 @@ class Controller:
         return lines[-1][:300] if lines else "no output"
 
     def _watch(self, run: Run) -> bool:
-        """Follow one live run; True when something changed."""
-        changed = self._read_rounds(run) > 0
+        """Follow one live run (its rounds read this poll); True when something changed."""
         if run.compute >= self.settings.budget_compute * (1 - 1e-9):
             self._judge(run.arm)
             if self._arm_stopped(run.arm.name):
@@ -484,11 +484,11 @@ class Controller:
             return True
         status = self.launcher.status(run.paths)
         if status == "running":
-            return changed
+            return False
         if status == "absent":  # named, then the controller died before it started the run
             self._launch(run, resume=False)
             return True
-        self._read_rounds(run)
+        self._read_rounds(run)  # what it wrote before it exited
         summary = run.paths.run_dir / "summary.json"
         ended = summary.exists() and summary.stat().st_mtime >= run.paths.process.stat().st_mtime
         if ended:
@@ -534,13 +534,13 @@ class Controller:
         if not undecided:
             return False
         challenger = min(undecided)[1]
+        total = self.spec.budget.total
+        planned = len(self.plans) * self.spec.seeds * self.settings.budget_compute if total is None else total
         added = False
         for arm, other in ((leader, challenger), (challenger, leader)):
             runs = [r for r in self.runs if r.arm.name == arm]
             if len(runs) >= self.spec.seeds + self.spec.extra_seeds or any(r.state == "pending" for r in runs):
                 continue
-            total = self.spec.budget.total
-            planned = len(self.plans) * self.spec.seeds * self.settings.budget_compute if total is None else total
             pending = sum(r.state == "pending" for r in self.runs)
             if self._committed() + (pending + 1) * self.settings.budget_compute > planned * (1 + 1e-9):
                 return added
@@ -610,6 +610,13 @@ class Controller:
         alive = [f for name, f in fits.items() if name not in stopped]
         return fits, verdicts, choose(alive, {k: v for k, v in verdicts.items() if k not in stopped})
 
+    def _standing(self, arm: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Arm ``arm``'s first logged stop (or would-be stop), and the decision that stands: that stop, else
+        its latest look's."""
+        decided = sorted((d for d in self.decisions.values() if d["arm"] == arm), key=lambda d: d["look"])
+        stop = next((d for d in decided if d["action"] != "continue"), None)
+        return stop, stop or (decided[-1] if decided else None)
+
     def plot(self, fits: Mapping[str, ArmFit], path: Path) -> Path | None:
         """Every arm's points, pooled fit and A interval in one PNG (the fitter's curve plot), each labelled
         with the decision that stands; None before any arm has a round."""
@@ -618,9 +625,7 @@ class Controller:
             fitted = fits.get(plan.name)
             if fitted is None:
                 continue
-            decided = sorted((d for d in self.decisions.values() if d["arm"] == plan.name), key=lambda d: d["look"])
-            stop = next((d for d in decided if d["action"] != "continue"), None)
-            shown = stop or (decided[-1] if decided else None)
+            _, shown = self._standing(plan.name)
             label = plan.name if shown is None else f"{plan.name} ({shown['outcome']}, look {shown['look']})"
             rounds = fitted.arm.rounds
             # A fit without its intervals (too few points to bootstrap) is drawn as points, saying why.
@@ -650,9 +655,7 @@ class Controller:
         arms = []
         for plan in self.plans:
             runs = [r for r in self.runs if r.arm is plan]
-            decided = sorted((d for d in self.decisions.values() if d["arm"] == plan.name), key=lambda d: d["look"])
-            stop = next((d for d in decided if d["action"] != "continue"), None)
-            shown = stop or (decided[-1] if decided else None)
+            stop, shown = self._standing(plan.name)
             states = {r.state for r in runs}
             fit = next((self.pruner.user_attrs(r.trial) for r in runs if r.trial is not None), None)
             entry: dict[str, Any] = {

@@ -28,6 +28,7 @@ from services.sweep.controller import atomic_write, read_summary
 from services.sweep.launcher import Launcher, LocalLauncher, RunPaths, asymptote_up
 from services.sweep.replay import SEED_DIR, read_run
 from services.sweep.rule import Arm, SweepSettings, fit_arm, pool, prompt_draws
+from services.sweep.spec import SweepSpec
 
 HEADROOM = 1.5
 """The step limit of a promoted run: this many times the steps its pace so far needs to reach the budget
@@ -112,8 +113,6 @@ def promote(
     """Continue the sweep in ``directory``'s pick (or ``arm``) to ``budget`` (module docstring); the final
     comparison of forecast and observation."""
     held = json.loads((directory / "spec.json").read_text(encoding="utf-8"))
-    from services.sweep.spec import SweepSpec
-
     settings = SweepSpec.model_validate(held["spec"]).settings
     if budget <= settings.budget_compute:
         raise ConfigError(f"--budget {budget:g} is not above the sweep's budget per arm {settings.budget_compute:g}")
@@ -131,10 +130,9 @@ def promote(
     else:
         record = forecast(directory, arm, budget, settings)
         atomic_write(record_path, json.dumps(record, indent=2))  # before the run goes on: a forecast, not a fit
-    runs = _arm_runs(directory, arm)
-    run_dir = max(runs, key=lambda p: read_run(p, arm)[0].rounds[-1].compute)
+    first = max((read_run(p, arm)[0] for p in _arm_runs(directory, arm)), key=lambda r: r.rounds[-1].compute)
+    run_dir = first.path
     paths = RunPaths(run_dir.parent)
-    first = read_run(run_dir, arm)[0]
     metrics = run_dir / "metrics.jsonl"
     lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.exists() else []
     steps_done = sum(1 for line in lines if line.strip())

@@ -195,14 +195,32 @@ def print_replay(report: dict[str, Any], console: Console) -> None:
     )
 
 
-def main_replay(paths: Sequence[Path], settings: SweepSettings, out: Path, arms: Sequence[str] = ()) -> int:
+def default_settings(runs: Sequence[ReplayRun], budget: float | None, warmup: float | None) -> SweepSettings:
+    """The rule's settings without a spec: the budget the shortest run's compute unless given, the warm-up a
+    tenth of the budget unless given."""
+    budget = min(r.rounds[-1].compute for r in runs) if budget is None else budget
+    warmup = budget / 10 if warmup is None else warmup
+    if not 0 < warmup < budget:
+        raise ConfigError(f"--warmup {warmup:g} must be above 0 and below the budget {budget:g}")
+    return SweepSettings(warmup_compute=warmup, budget_compute=budget)
+
+
+def main_replay(
+    paths: Sequence[Path],
+    out: Path,
+    arms: Sequence[str] = (),
+    settings: SweepSettings | None = None,
+    budget: float | None = None,
+    warmup: float | None = None,
+) -> int:
+    """Read the runs, replay them under ``settings`` (a spec's) or ``default_settings``, write replay.json."""
     found = find_runs(paths, arms)
     ids: list[str] | None = None
     runs = []
     for arm, path in found:
         run, ids = read_run(path, arm, ids)
         runs.append(run)
-    report = replay(runs, settings)
+    report = replay(runs, settings or default_settings(runs, budget, warmup))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "replay.json", json.dumps(report, indent=2))
     print_replay(report, Console())
