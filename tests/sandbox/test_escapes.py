@@ -121,7 +121,9 @@ class Attack:
 
 def timed_out(result: RunResult, host: Host) -> None:
     assert result.killed == "timeout" and result.signal == 9
-    assert LIMITS.timeout_s <= result.time_s < LIMITS.timeout_s + 0.1
+    # Killed at the wall-clock deadline, well before the CPU backstop
+    # (``LIMITS.cpu_s``, 2 s); the slack covers a loaded machine's scheduling.
+    assert LIMITS.timeout_s <= result.time_s < min(LIMITS.timeout_s + 0.5, LIMITS.cpu_s)
 
 
 def fork_refused(result: RunResult, host: Host) -> None:
