@@ -17,6 +17,7 @@ Knows nothing about losses, checkpoints' files or serving.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -111,14 +112,26 @@ def is_adapted(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def initialize(model: torch.nn.Module) -> None:
-    """The adapter's starting values, as peft gives them: A as a linear layer's default, B zero (the policy
-    starts as the base)."""
-    from peft.tuners.lora import LoraLayer
+def initialize(model: torch.nn.Module, seed: int = 0) -> None:
+    """The adapter's starting values, as peft gives them: A as a linear layer's default (Kaiming-uniform), B
+    zero (the policy starts as the base).
 
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            module.reset_lora_parameters(ADAPTER, True)
+    Drawn whole from a generator seeded by ``seed`` and then cut to each rank's
+    shard, so one rank, DDP replicas and FSDP2 shards start from the same
+    adapter (a sharded draw would give each shard values of its own).
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if not is_adapter(name):
+            continue
+        whole = torch.zeros(param.shape, dtype=torch.float32)
+        if ".lora_A." in name:
+            torch.nn.init.kaiming_uniform_(whole, a=math.sqrt(5), generator=generator)
+        if isinstance(param, DTensor):  # this rank's shard of the whole, cut locally
+            whole = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+        param.copy_(whole.to(device=param.device, dtype=param.dtype))
 
 
 def file_names(model: torch.nn.Module) -> dict[str, str]:

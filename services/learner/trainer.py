@@ -332,7 +332,7 @@ class Trainer:
             shard(policy, model, precision)
         materialize(model, precision.device)
         if lora is not None:
-            adapter.initialize(model)  # before DDP's wrap, which hands every rank rank 0's values
+            adapter.initialize(model)  # the same whole adapter on every rank, cut to its shard under FSDP2
         self.policy: torch.nn.Module = policy if self.sharded else self.dp.wrap(policy)
         self._released = False
         self.checkpointer: Checkpointer | None = None

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asymptote.contracts.v1 import rollout_pb2
+from asymptote.lora import LoraSettings
 from services.learner import checkpoint
 from services.learner.config import LossSettings, OptimizerSettings
 from services.learner.distributed import DataParallel
@@ -111,11 +112,15 @@ def main() -> None:
     parser.add_argument("--checkpoint-after", type=int, default=None)
     parser.add_argument("--resume", type=Path, default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--lora-rank", type=int, default=None)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     args = parser.parse_args()
+    lora = None if args.lora_rank is None else LoraSettings(rank=args.lora_rank, alpha=2 * args.lora_rank)
     torch.set_num_threads(1)
     dp = DataParallel.from_env("gloo")
     report: dict[str, object] = {"world_size": dp.world_size}
-    for name, loss in CONFIGS.items():
+    for name in args.configs:
+        loss = CONFIGS[name]
         model = tiny_model()
         trainer = Trainer(
             model,
@@ -126,6 +131,7 @@ def main() -> None:
             parallelism=args.parallelism,
             micro_batch_tokens=args.micro_batch_tokens,
             activation_checkpointing=args.activation_checkpointing,
+            lora=lora,
         )
         report["sharded"] = trainer.sharded
         report["master_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
@@ -153,28 +159,30 @@ def main() -> None:
                 if args.checkpoint_after == step + 1:
                     trainer.save(step + 1, trainer.meta(step + 1, step + 1))
                     trainer.checkpointer.finish()
-            signature = served_signature(tiny_model())
+            # What rank 0 serves: the model directory's tensors, or with a LoRA the adapter's.
+            signature = trainer.served_signature() or served_signature(tiny_model())
             store = WeightStore(signature)
             served = store.snapshot_tensors(1, trainer.served_tensors(store.names))
             final = trainer.full_state().weights
             trainer.release_followers()
             report[name] = metrics
-            # The same weights in one unsharded model, served the plain way.
-            plain = tiny_model()
-            plain.load_state_dict(final, strict=False)
-            reference = WeightStore(signature).snapshot(1, plain)
             report[f"{name}/served"] = {
                 "digest": served.digest,
                 "names": sorted(served.tensors),
                 "bytes": {k: len(t.data) for k, t in served.tensors.items()},
                 "dtypes": {k: t.dtype for k, t in served.tensors.items()},
             }
-            report[f"{name}/served_unsharded"] = {
-                "digest": reference.digest,
-                "names": sorted(reference.tensors),
-                "bytes": {k: len(t.data) for k, t in reference.tensors.items()},
-                "dtypes": {k: t.dtype for k, t in reference.tensors.items()},
-            }
+            if lora is None:
+                # The same weights in one unsharded model, served the plain way.
+                plain = tiny_model()
+                plain.load_state_dict(final, strict=False)
+                reference = WeightStore(signature).snapshot(1, plain)
+                report[f"{name}/served_unsharded"] = {
+                    "digest": reference.digest,
+                    "names": sorted(reference.tensors),
+                    "bytes": {k: len(t.data) for k, t in reference.tensors.items()},
+                    "dtypes": {k: t.dtype for k, t in reference.tensors.items()},
+                }
             params = {k: v.clone().contiguous() for k, v in final.items()}
         else:
             report[f"{name}/followed"] = trainer.follow()

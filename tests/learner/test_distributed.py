@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.learner import checkpoint
+from services.learner import adapter, checkpoint
 from services.learner.distributed import NodeHealth, choose_backend
 from services.local import torchrun as launcher
 
@@ -73,6 +73,10 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     # Uneven micro-batch counts per rank (about 2 completions per micro-batch), layers recomputed.
     "fsdp-micro": (2, ("--parallelism", "fsdp", "--micro-batch-tokens", "30", "--activation-checkpointing")),
     "fsdp-bf16": (2, ("--parallelism", "fsdp", "--dtype", "bfloat16")),
+    # A rank-4 adapter over the frozen model, one loss configuration.
+    "lora-one": (1, ("--lora-rank", "4", "--configs", "cispo-prompt-batch")),
+    "lora-ddp": (2, ("--parallelism", "ddp", "--lora-rank", "4", "--configs", "cispo-prompt-batch")),
+    "lora-fsdp": (2, ("--parallelism", "fsdp", "--lora-rank", "4", "--configs", "cispo-prompt-batch")),
 }
 """Each run: its ranks and the worker's arguments."""
 
@@ -123,6 +127,36 @@ def test_two_ranks_equal_one_rank(runs: Runs, layout: str, config: str) -> None:
     assert report["sharded"] == layout.startswith("fsdp")
     if layout == "ddp":  # every replica holds the same weights (rank 1 took the same optimizer steps)
         assert largest_difference(two, load_file(str(runs[layout] / f"{config}.rank1.safetensors"))) == 0.0
+
+
+@pytest.mark.slow  # torchrun, once per layout and once on one rank
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_a_lora_on_two_ranks_equals_one_rank_and_leaves_the_base_as_it_was(runs: Runs, layout: str) -> None:
+    config = "cispo-prompt-batch"
+    init = {k.replace(".base_layer.", "."): t for k, t in tiny_model().state_dict().items()}
+    ran = {run: load_file(str(runs[run] / f"{config}.rank0.safetensors")) for run in ("lora-one", f"lora-{layout}")}
+    if layout == "ddp":  # the replica on rank 1 too
+        ran["lora-ddp rank 1"] = load_file(str(runs["lora-ddp"] / f"{config}.rank1.safetensors"))
+    adapters = {run: {k: t for k, t in w.items() if adapter.is_adapter(k)} for run, w in ran.items()}
+    for run, weights in ran.items():  # the frozen base as it was built, bit for bit (gathered under FSDP2)
+        base = {k.replace(".base_layer.", "."): t for k, t in weights.items() if not adapter.is_adapter(k)}
+        assert adapters[run] and base, run
+        changed = [k for k, t in base.items() if not torch.equal(t, init[k])]
+        assert not changed, f"{run}: the steps changed the frozen base: {changed[:4]}"
+    one, two = adapters["lora-one"], adapters[f"lora-{layout}"]
+    # B starts at zero (the policy starts as the base): what it holds now the steps put there.
+    moved = max(float(t.abs().max()) for k, t in one.items() if ".lora_B." in k)
+    assert moved > 1e-3, f"the steps barely changed the adapter ({moved:.2e}): the comparison would be vacuous"
+    worst = largest_difference(one, two)
+    print(f"LoRA, {layout}: two ranks vs one, largest adapter difference {worst:.2e} (B moved {moved:.2e})")
+    assert worst <= PARITY, f"LoRA, {layout}: two ranks differ from one by {worst:.3e} (> {PARITY})"
+    if layout == "ddp":
+        assert largest_difference(two, adapters["lora-ddp rank 1"]) == 0.0
+    reports = [json.loads((runs[run] / "report.rank0.json").read_text()) for run in ("lora-one", f"lora-{layout}")]
+    assert reports[1]["sharded"] == (layout == "fsdp")
+    # Both serve the adapter's tensors under peft's file names, nothing of the base.
+    served = [r[f"{config}/served"]["names"] for r in reports]
+    assert served[0] == served[1] and served[0] and all(".lora_" in n for n in served[0]), served
 
 
 @pytest.mark.slow  # torchrun, twice per layout
