@@ -139,7 +139,7 @@ def test_a_stop_mid_run_leaves_no_process(command: str, tmp_path: Path) -> None:
             wait_until(
                 lambda: trained_past(tmp_path / "run", STOP_AFTER) or main.poll() is not None, 300, f"step {STOP_AFTER}"
             )
-        engine |= engine_processes(token)  # the engine's worker too, started since
+        engine |= engine_processes(token)  # any started since
         if command == "up":  # Ctrl-C: the terminal signals the foreground process group
             os.killpg(main.pid, signal.SIGINT)
         else:
@@ -221,8 +221,10 @@ def resume_and_check(run_dir: Path, token: str) -> None:
     assert [int(r["step"]) for r in rows] == list(range(1, max_steps + 1)), stopped_at
     evals = read_jsonl(run_dir / "eval.jsonl")
     versions = [int(e["policy_version"]) for e in evals]
-    assert versions == sorted(set(versions)) and len(evals) > evals_before >= 1
-    assert versions[0] == 0 and versions[-1] >= max_steps
+    # Each version's round once. A round the stop cut short ends after the resume, when its redelivered
+    # prompts come back, so its row may follow later rounds' (rows are appended as rounds end).
+    assert len(versions) == len(set(versions)) and len(evals) > evals_before >= 1
+    assert min(versions) == 0 and max(versions) >= max_steps
     fit = json.loads((run_dir / "fit.json").read_text())
     assert fit["num_points"] == len(evals)  # one fit over the rounds of both parts
     ledger = json.loads((run_dir / "ledger.json").read_text())
