@@ -226,8 +226,8 @@ def worker_in_engine_core(s: EngineSettings) -> bool:
     """Whether the model runs in the engine core's own process (vLLM's ``uni`` executor), as vLLM runs one
     GPU: a CPU engine of one worker, whose worker vLLM's CPU build otherwise puts in a process of its own.
 
-    That process costs a third of the engine's start (its own imports of vLLM and torch: 49 CPU-s to start
-    an engine against 35 measured here, 31 s against 22 s) and a hop per step. vLLM keeps it on the CPU
+    That process costs a quarter of the engine's start (its own imports of vLLM and torch) and a hop per
+    step (``python -m benchmarks.engine_start`` measures both against it). vLLM keeps it on the CPU
     to set the worker's OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND``) before torch starts its threads;
     a process's threads then run on its CPU affinity instead (the local stack's ``pin_cores``).
     """
@@ -237,11 +237,8 @@ def worker_in_engine_core(s: EngineSettings) -> bool:
 
 
 @contextlib.contextmanager
-def env_set(name: str, value: str | None) -> Iterator[None]:
-    """``os.environ[name]`` is ``value`` inside the block (unchanged for None), as it was after it."""
-    if value is None:
-        yield
-        return
+def env_set(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name]`` is ``value`` inside the block, as it was after it."""
     before = os.environ.get(name)
     os.environ[name] = value
     try:
@@ -297,7 +294,8 @@ class Engine:
         # vLLM's CPU platform turns the ``uni`` executor back into a process of its own unless told that
         # engine processes run their workers in place, which it reads while building the engine's config
         # here; the engine core keeps its own process (AsyncLLM always starts one).
-        with env_set("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if worker_in_engine_core(s) else None):
+        in_core = worker_in_engine_core(s)
+        with env_set("VLLM_ENABLE_V1_MULTIPROCESSING", "0") if in_core else contextlib.nullcontext():
             self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
         if routing is not None:

@@ -227,7 +227,6 @@ def inject(stack: LocalStack, plan: list[Fault], stop: threading.Event, out: Inj
                 return False
         return True
 
-    last = 0
     pending: list[tuple[int, Fault, Proc, int]] = []
     for i, fault in enumerate(plan):
         if not fault.paired:
