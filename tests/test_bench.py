@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.transfercheck import check_transfer_figures
+
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = {
     "learner_step_service_vs_bare",
@@ -106,6 +108,10 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     for name, f in figures.items():
         row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
         assert row.rstrip().endswith({True: "| met |", False: "| MISSED |", None: "| not run |"}[f["met"]])
+    # The weight transfer section's figures add up, and what it pulled is what it served.
+    check_transfer_figures(
+        figures["weight_transfer_grpc_vs_disk"], figures["weight_transfer_relay_hop_vs_disk"], out / "transfer"
+    )
     # The stack run it measured from ran its steps and kept its ledger balanced.
     assert len((out / "pipeline-inflight" / "metrics.jsonl").read_text().splitlines()) >= 8
     ledger = json.loads((out / "pipeline-inflight" / "ledger.json").read_text())

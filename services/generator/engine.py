@@ -236,6 +236,18 @@ def worker_in_engine_core(s: EngineSettings) -> bool:
     return bool(current_platform.device_type == "cpu" and s.tensor_parallel_size == 1)
 
 
+def engine_core_start_method(s: EngineSettings) -> str | None:
+    """How the engine core's process starts: ``fork`` with the model in it on a CPU, else vLLM's choice.
+
+    The engine core keeps a process of its own (AsyncLLM always starts one). Building the engine's config
+    sets vLLM's start method to spawn on the CPU, for its worker processes; with the model in the engine
+    core there are none, and the core is forked from the generator's process as vLLM forks it on a GPU,
+    so it starts with the imports made there instead of importing vLLM and torch again
+    (``python -m benchmarks.engine_start`` measures it).
+    """
+    return "fork" if worker_in_engine_core(s) else None
+
+
 @contextlib.contextmanager
 def env_set(name: str, value: str) -> Iterator[None]:
     """``os.environ[name]`` is ``value`` inside the block, as it was after it."""
@@ -291,12 +303,18 @@ class Engine:
 
         args = engine_args(s, self.lora)
         started = time.monotonic()
-        # vLLM's CPU platform turns the ``uni`` executor back into a process of its own unless told that
-        # engine processes run their workers in place, which it reads while building the engine's config
-        # here; the engine core keeps its own process (AsyncLLM always starts one).
         in_core = worker_in_engine_core(s)
+        # vLLM's CPU platform turns the ``uni`` executor back into a process of its own unless told that
+        # engine processes run their workers in place, which it reads while building the engine's config.
         with env_set("VLLM_ENABLE_V1_MULTIPROCESSING", "0") if in_core else contextlib.nullcontext():
-            self._llm = AsyncLLM.from_engine_args(args)
+            config = args.create_engine_config()
+        method = engine_core_start_method(s)
+        with env_set("VLLM_WORKER_MULTIPROC_METHOD", method) if method else contextlib.nullcontext():
+            self._llm = AsyncLLM.from_vllm_config(
+                config,
+                enable_log_requests=args.enable_log_requests,
+                disable_log_stats=args.disable_log_stats,
+            )
         await self._llm.update_weight_version("0")
         if routing is not None:
             self._moe_layers = moe_layers(json.loads((s.model_dir / "config.json").read_text()))

@@ -198,9 +198,9 @@ def test_local_stack_trains_and_reports_failures(launch: Callable[..., Any]) -> 
         assert not [s for s in listeners if s[1] not in LOOPBACK], listeners
         # Command lines are readable by every local user: no process has the password on its own.
         cmdlines = [" ".join(p.cmdline()) for p in stack_processes(stack)]
-        # nats-server, broker, fitter, learner, generator, its vLLM engine core (the model runs in it) and
-        # multiprocessing's resource tracker at least.
-        assert len(cmdlines) >= 7 and not [c for c in cmdlines if stack.nats_password in c]
+        # nats-server, broker, fitter, learner (torchrun; its ranks have sessions of their own), generator
+        # and its vLLM engine core (forked, the model in it) at least.
+        assert len(cmdlines) >= 6 and not [c for c in cmdlines if stack.nats_password in c]
         stack.save_final_metrics()  # metrics/<service>.prom, searched for the password below
 
         # A dependency dies: every service says so on /readyz.
